@@ -1,0 +1,94 @@
+"""ortbatch: serve Hugging Face transformers fast and safely on ONNX Runtime.
+
+Three parts, one pipeline::
+
+    export_model()  ->  validate()  ->  BatchedSession / BatchedGenerator
+
+Nothing heavy is imported here: the runtime needs only numpy and onnxruntime, and
+the exporter's torch/transformers/optimum are imported when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ExportError,
+    InferenceError,
+    InvalidInputError,
+    ManifestError,
+    ModelContractError,
+    OrtBatchError,
+    ProviderError,
+    QueueFullError,
+    RequestTimeoutError,
+    SessionClosedError,
+    UnsupportedModelError,
+    ValidationError,
+)
+from .manifest import Manifest
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # runtime
+    "BatchedSession",
+    "BatchedGenerator",
+    "Collator",
+    "PaddingCollator",
+    "Completion",
+    "Stats",
+    # export and checks
+    "export_model",
+    "validate",
+    "ValidationReport",
+    "Manifest",
+    # errors
+    "OrtBatchError",
+    "InvalidInputError",
+    "QueueFullError",
+    "RequestTimeoutError",
+    "SessionClosedError",
+    "InferenceError",
+    "ProviderError",
+    "ModelContractError",
+    "ManifestError",
+    "ExportError",
+    "UnsupportedModelError",
+    "ValidationError",
+    "__version__",
+]
+
+# name -> module that defines it; imported on first attribute access (PEP 562).
+_LAZY = {
+    "BatchedSession": "ortbatch.runtime.session",
+    "Collator": "ortbatch.runtime.collate",
+    "PaddingCollator": "ortbatch.runtime.collate",
+    "Stats": "ortbatch.runtime.stats",
+    "BatchedGenerator": "ortbatch.generation",
+    "Completion": "ortbatch.generation",
+    "export_model": "ortbatch.export",
+    "validate": "ortbatch.export",
+    "ValidationReport": "ortbatch.export",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .export import ValidationReport, export_model, validate
+    from .generation import BatchedGenerator, Completion
+    from .runtime.collate import Collator, PaddingCollator
+    from .runtime.session import BatchedSession
+    from .runtime.stats import Stats
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ortbatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

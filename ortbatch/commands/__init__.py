@@ -1,0 +1,1 @@
+"""Subcommands of the ``ortbatch`` CLI, one module each (see :mod:`ortbatch.cli`)."""

@@ -1,0 +1,132 @@
+"""Every error ortbatch raises, rooted at :class:`OrtBatchError`.
+
+The tree is chosen by what the caller does next::
+
+    OrtBatchError
+    ├── InvalidInputError (ValueError)      fix the request; the session keeps serving
+    ├── QueueFullError                      back off and retry (carries queued, max_queue)
+    ├── RequestTimeoutError (TimeoutError)  the deadline passed before the request ran
+    ├── SessionClosedError                  the session is closed; make a new one
+    ├── InferenceError                      ONNX Runtime failed on this request
+    ├── ProviderError                       a requested execution provider is not active
+    ├── ModelContractError (ValueError)     the model cannot be batched as described
+    ├── ManifestError (ValueError)          ortbatch.json is missing, malformed or too new
+    ├── ExportError                         converting a model to ONNX failed
+    │   └── UnsupportedModelError (ValueError)  architecture/task not supported
+    └── ValidationError                     an accuracy check failed (carries the report)
+
+onnxruntime's own exceptions are mapped onto this tree at one boundary,
+:func:`map_ort_error`, so callers never need to import onnxruntime to catch them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ExportError",
+    "InferenceError",
+    "InvalidInputError",
+    "ManifestError",
+    "ModelContractError",
+    "OrtBatchError",
+    "ProviderError",
+    "QueueFullError",
+    "RequestTimeoutError",
+    "SessionClosedError",
+    "UnsupportedModelError",
+    "ValidationError",
+    "map_ort_error",
+]
+
+
+class OrtBatchError(Exception):
+    """Root of every error raised by ortbatch."""
+
+
+class InvalidInputError(OrtBatchError, ValueError):
+    """A request does not fit the model: the message names the input, what was
+    expected and what came. Raised at submit; other requests are unaffected."""
+
+    def __init__(self, message: str, *, input_name: str | None = None) -> None:
+        super().__init__(message)
+        self.input_name = input_name
+
+
+class QueueFullError(OrtBatchError):
+    """``max_queue`` requests are already waiting: the request was not accepted."""
+
+    def __init__(self, queued: int, max_queue: int) -> None:
+        super().__init__(
+            f"queue full: {queued} requests waiting (max_queue={max_queue}); retry later"
+        )
+        self.queued = queued
+        self.max_queue = max_queue
+
+
+class RequestTimeoutError(OrtBatchError, TimeoutError):
+    """The request's deadline passed before it ran; it was dropped unrun."""
+
+
+class SessionClosedError(OrtBatchError):
+    """The session is closed (or closing without drain): the request will not run."""
+
+
+class InferenceError(OrtBatchError):
+    """ONNX Runtime (or a custom collator) failed on this request.
+
+    When a batch fails it is split and retried, so this error reaches only the
+    request(s) that fail on their own."""
+
+
+class ProviderError(OrtBatchError):
+    """A requested execution provider (CUDA, TensorRT) is not active in the session,
+    e.g. ONNX Runtime silently fell back to CPU."""
+
+
+class ModelContractError(OrtBatchError, ValueError):
+    """The model cannot be served batched as described (e.g. an output without a
+    batch axis, a fixed batch dimension). Raised when the session is built."""
+
+
+class ManifestError(OrtBatchError, ValueError):
+    """ortbatch.json is missing, malformed, or from a newer format."""
+
+
+class ExportError(OrtBatchError):
+    """Converting a model to ONNX failed."""
+
+
+class UnsupportedModelError(ExportError, ValueError):
+    """The architecture or task is not supported; the message lists what is."""
+
+
+class ValidationError(OrtBatchError):
+    """An accuracy check failed. ``report`` holds the full :class:`ValidationReport`."""
+
+    def __init__(self, message: str, report: Any = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+# Names of onnxruntime.capi.onnxruntime_pybind11_state exceptions that mean the
+# *request* was wrong (shape/type/argument), as opposed to a runtime failure.
+_ORT_INPUT_ERRORS = frozenset({"InvalidArgument", "InvalidGraph"})
+
+
+def map_ort_error(exc: BaseException, context: str = "") -> OrtBatchError:
+    """Map an exception raised by onnxruntime to the most specific ortbatch error.
+
+    Argument errors become :class:`InvalidInputError`; everything else
+    (Fail, RuntimeException, NotImplemented, EP failures, ...) becomes
+    :class:`InferenceError`. The original exception is kept as ``__cause__`` by
+    the caller (``raise map_ort_error(e) from e``).
+    """
+    if isinstance(exc, OrtBatchError):
+        return exc
+    name = type(exc).__name__
+    prefix = f"{context}: " if context else ""
+    text = f"{prefix}{name}: {exc}"
+    if name in _ORT_INPUT_ERRORS:
+        return InvalidInputError(text)
+    return InferenceError(text)
