@@ -1,0 +1,283 @@
+"""Collators: the seam between requests and the model.
+
+A collator does three things, all pure numpy:
+
+* :meth:`Collator.prepare` checks one request at submit time and returns a
+  :class:`Prepared` (its feed, how many rows it carries, its per-row length) or
+  raises :class:`~ortbatch.errors.InvalidInputError`;
+* :meth:`Collator.collate` pads and stacks a group of prepared requests into one feed;
+* :meth:`Collator.split` cuts the batch outputs back into one result per request.
+
+:class:`PaddingCollator` is the default, built from the model's signature (the
+manifest, or the graph's symbolic dims). Pass your own subclass of
+:class:`Collator` to ``BatchedSession(collator=...)`` for custom request types
+(images of different sizes, extra per-request inputs, other padding rules).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InferenceError, InvalidInputError
+from .signature import InputSig, ModelSignature
+
+__all__ = ["Collator", "PaddingCollator", "Prepared"]
+
+
+@dataclass
+class Prepared:
+    """One checked request.
+
+    ``feed`` is what :meth:`Collator.collate` receives back; ``rows`` counts toward
+    ``max_batch_size``; ``length`` is the per-row cost along the padded axes (the
+    product of its ragged lengths; 1 when nothing is ragged): a batch costs
+    ``sum(rows) * max(length)`` padded elements. ``lengths`` maps each ragged axis
+    name to this request's length along it.
+    """
+
+    feed: Any
+    rows: int = 1
+    length: int = 1
+    lengths: dict[str, int] = field(default_factory=dict)
+
+
+class Collator(abc.ABC):
+    """Turns requests into one model feed and the outputs back into per-request results."""
+
+    @abc.abstractmethod
+    def prepare(self, feed: Any) -> Prepared:
+        """Check one request; raise :class:`InvalidInputError` naming what is wrong."""
+
+    @abc.abstractmethod
+    def collate(self, items: Sequence[Prepared]) -> tuple[dict[str, np.ndarray], Any]:
+        """Stack ``items`` into one feed. Returns ``(feed, state)``; ``state`` is
+        handed back to :meth:`split`."""
+
+    @abc.abstractmethod
+    def split(self, outputs: Mapping[str, np.ndarray], state: Any) -> list[dict[str, np.ndarray]]:
+        """Cut batch ``outputs`` (only those requested) into one dict per item, in order."""
+
+
+@dataclass
+class _BatchState:
+    rows: list[int]
+    lengths: list[dict[str, int]]
+    padded: dict[str, int]
+
+
+class PaddingCollator(Collator):
+    """Pads ragged axes to the batch's longest and trims outputs back per request.
+
+    ``signature`` says, per input, the dtype, the fixed dims, which axes are ragged
+    (and under which shared name), the pad value, and per output which axes to
+    trim. ``padding_side`` is ``"right"`` (pad after the data) or ``"left"``.
+    """
+
+    def __init__(self, signature: ModelSignature) -> None:
+        self.signature = signature
+        self._left = signature.padding_side == "left"
+        self._inputs = list(signature.inputs.values())
+        self._names = frozenset(signature.inputs)
+
+    # -- submit-time checks ------------------------------------------------------------
+    def prepare(self, feed: Any) -> Prepared:
+        if not isinstance(feed, Mapping):
+            raise InvalidInputError(f"input_feed must be a mapping of input name to array, got {type(feed).__name__}")
+        if len(feed) != len(self._names) or not self._names.issuperset(feed):
+            unknown = sorted(str(k) for k in feed if k not in self._names)
+            if unknown:
+                raise InvalidInputError(
+                    f"unknown input {unknown[0]!r}; the model's inputs are {sorted(self._names)}",
+                    input_name=unknown[0],
+                )
+            missing = sorted(self._names.difference(feed))
+            raise InvalidInputError(
+                f"missing input {missing[0]!r}; the model needs {sorted(self._names)}",
+                input_name=missing[0],
+            )
+        arrays: dict[str, np.ndarray] = {}
+        rows = -1
+        rows_from = ""
+        lengths: dict[str, int] = {}
+        lengths_from: dict[str, str] = {}
+        for sig in self._inputs:
+            arr = _as_array(sig, feed[sig.name])
+            if arr.ndim != len(sig.shape):
+                raise InvalidInputError(
+                    f"input {sig.name!r}: expected rank {len(sig.shape)} {sig.describe()}, "
+                    f"got rank {arr.ndim} with shape {list(arr.shape)}",
+                    input_name=sig.name,
+                )
+            shape = arr.shape
+            if shape[0] < 1:
+                raise InvalidInputError(
+                    f"input {sig.name!r}: zero rows (shape {list(shape)}); a request needs at least one row",
+                    input_name=sig.name,
+                )
+            if rows < 0:
+                rows, rows_from = shape[0], sig.name
+            elif shape[0] != rows:
+                raise InvalidInputError(
+                    f"input {sig.name!r} has {shape[0]} rows but {rows_from!r} has {rows}: "
+                    "all inputs of a request must have the same batch dimension",
+                    input_name=sig.name,
+                )
+            for axis in range(1, len(shape)):
+                fixed = sig.shape[axis]
+                ragged = sig.axes[axis]
+                n = shape[axis]
+                if isinstance(fixed, int) and ragged is None:
+                    if n != fixed:
+                        raise InvalidInputError(
+                            f"input {sig.name!r}: axis {axis} must be {fixed} {sig.describe()}, "
+                            f"got shape {list(shape)}",
+                            input_name=sig.name,
+                        )
+                    continue
+                if ragged is None:
+                    continue
+                if n < 1:
+                    raise InvalidInputError(
+                        f"input {sig.name!r}: axis {axis} ({ragged!r}) is empty, shape {list(shape)}",
+                        input_name=sig.name,
+                    )
+                seen = lengths.get(ragged)
+                if seen is None:
+                    limit = self.signature.max_lengths.get(ragged)
+                    if limit is not None and n > limit:
+                        raise InvalidInputError(
+                            f"input {sig.name!r}: {ragged} length {n} is over the model's limit of {limit}",
+                            input_name=sig.name,
+                        )
+                    lengths[ragged] = n
+                    lengths_from[ragged] = sig.name
+                elif seen != n:
+                    raise InvalidInputError(
+                        f"input {sig.name!r} has {ragged} length {n} but {lengths_from[ragged]!r} has "
+                        f"{seen}: inputs sharing the {ragged!r} axis must agree",
+                        input_name=sig.name,
+                    )
+            arrays[sig.name] = arr
+        if rows > self.signature.max_rows:
+            raise InvalidInputError(
+                f"request has {rows} rows, over max_batch_size={self.signature.max_rows}",
+                input_name=rows_from,
+            )
+        return Prepared(arrays, rows, math.prod(lengths.values()) if lengths else 1, lengths)
+
+    # -- batching --------------------------------------------------------------------------
+    def collate(self, items: Sequence[Prepared]) -> tuple[dict[str, np.ndarray], Any]:
+        row_counts = [it.rows for it in items]
+        lengths = [it.lengths for it in items]
+        padded = {k: max(ls[k] for ls in lengths) for k in lengths[0]} if lengths[0] else {}
+        state = _BatchState(row_counts, lengths, padded)
+        if len(items) == 1:
+            feed = {k: np.ascontiguousarray(v) for k, v in items[0].feed.items()}
+            return feed, state
+        total = sum(row_counts)
+        feed = {}
+        for sig in self._inputs:
+            parts = [it.feed[sig.name] for it in items]
+            if not sig.ragged_axes:
+                feed[sig.name] = np.concatenate(parts, axis=0)
+                continue
+            out_shape = list(parts[0].shape)
+            out_shape[0] = total
+            for axis, key in sig.ragged_axes:
+                out_shape[axis] = padded[key]
+            if all(p.shape[1:] == tuple(out_shape[1:]) for p in parts):
+                feed[sig.name] = np.concatenate(parts, axis=0)
+                continue
+            out = np.full(out_shape, sig.pad, dtype=sig.dtype)
+            r = 0
+            for p in parts:
+                index: list[slice] = [slice(r, r + p.shape[0])]
+                for axis in range(1, p.ndim):
+                    n = p.shape[axis]
+                    if n == out_shape[axis]:
+                        index.append(slice(None))
+                    elif self._left:
+                        index.append(slice(out_shape[axis] - n, None))
+                    else:
+                        index.append(slice(0, n))
+                out[tuple(index)] = p
+                r += p.shape[0]
+            feed[sig.name] = out
+        return feed, state
+
+    def split(self, outputs: Mapping[str, np.ndarray], state: Any) -> list[dict[str, np.ndarray]]:
+        st: _BatchState = state
+        total = sum(st.rows)
+        plans: list[tuple[str, np.ndarray, list[tuple[int, str]]]] = []
+        for name, arr in outputs.items():
+            if arr.ndim == 0 or arr.shape[0] != total:
+                raise InferenceError(
+                    f"output {name!r} has shape {list(arr.shape)} for a batch of {total} rows: "
+                    "the model does not keep the batch axis on this output"
+                )
+            trims = []
+            for axis, key in self.signature.output_ragged(name):
+                want = st.padded.get(key)
+                if want is None:
+                    continue
+                if arr.shape[axis] != want:
+                    raise InferenceError(
+                        f"output {name!r} axis {axis} ({key!r}) has size {arr.shape[axis]} but the "
+                        f"batch was padded to {want}: cannot trim it back per request"
+                    )
+                trims.append((axis, key))
+            plans.append((name, arr, trims))
+        results: list[dict[str, np.ndarray]] = []
+        r = 0
+        for rows, lengths in zip(st.rows, st.lengths, strict=True):
+            res: dict[str, np.ndarray] = {}
+            for name, arr, trims in plans:
+                if not trims:
+                    res[name] = arr[r : r + rows]
+                    continue
+                index: list[slice] = [slice(r, r + rows)] + [slice(None)] * (arr.ndim - 1)
+                for axis, key in trims:
+                    n = lengths[key]
+                    full = st.padded[key]
+                    if n != full:
+                        index[axis] = slice(full - n, None) if self._left else slice(0, n)
+                res[name] = arr[tuple(index)]
+            results.append(res)
+            r += rows
+        return results
+
+
+def _as_array(sig: InputSig, value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif value is None:
+        raise InvalidInputError(
+            f"input {sig.name!r} is None; expected a numpy array {sig.describe()}", input_name=sig.name
+        )
+    elif isinstance(value, (list, tuple, int, float, bool, np.generic)):
+        try:
+            arr = np.asarray(value)
+        except ValueError as exc:  # ragged nested lists
+            raise InvalidInputError(
+                f"input {sig.name!r} could not be made into an array {sig.describe()}: {exc}",
+                input_name=sig.name,
+            ) from None
+        if arr.dtype != sig.dtype and arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, sig.dtype, "same_kind"):
+            arr = arr.astype(sig.dtype)
+    else:
+        raise InvalidInputError(
+            f"input {sig.name!r}: expected a numpy array {sig.describe()}, got {type(value).__name__}",
+            input_name=sig.name,
+        )
+    if arr.dtype != sig.dtype:
+        raise InvalidInputError(
+            f"input {sig.name!r}: expected dtype {sig.dtype} {sig.describe()}, got {arr.dtype}",
+            input_name=sig.name,
+        )
+    return arr

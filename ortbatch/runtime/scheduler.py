@@ -1,0 +1,312 @@
+"""The request queue and batch formation. Pure Python: no ONNX Runtime here.
+
+Workers call :meth:`Scheduler.take` when they are free; callers call
+:meth:`Scheduler.put`. All queue state lives behind one lock, and every wait is a
+``Condition.wait`` in a loop with a predicate (and a timeout when a deadline or
+``max_delay_ms`` is pending), so a missed notify can delay nothing.
+
+Batch formation (:class:`BatchPolicy`):
+
+* greedy: a free worker takes what is queued at once; no timer runs when idle, so
+  low load adds no latency and batches grow by themselves under load;
+* ``max_delay_ms > 0`` lets a worker wait up to that long after the oldest request
+  arrived for a fuller batch;
+* hard caps: rows <= ``max_rows`` and padded cost (rows x longest) <= ``max_tokens``;
+* the oldest request always goes into the next batch (no starvation);
+* among pending requests, the batch is a window of similar lengths around the oldest
+  that maximises *real* elements per second under a cost model of the run time,
+  ``t(rows, L) = a + b*rows*L + c*rows*L*L`` fitted online from measured runs
+  (:class:`CostModel`). Without measurements, a prior that values one run's fixed cost
+  at ``prior_overhead`` padded elements is used.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import QueueFullError, RequestTimeoutError, SessionClosedError
+
+__all__ = ["BatchPolicy", "CostModel", "Request", "Scheduler"]
+
+
+class Request:
+    """One queued request: its prepared payload, its future, and bookkeeping."""
+
+    __slots__ = ("deadline", "enqueued", "future", "item", "length", "output_names", "rows")
+
+    def __init__(
+        self,
+        item: Any,
+        rows: int,
+        length: int,
+        output_names: Any = None,
+        deadline: float | None = None,
+        future: Future[Any] | None = None,
+    ) -> None:
+        self.item = item
+        self.rows = rows
+        self.length = length
+        self.output_names = output_names
+        self.deadline = deadline
+        self.future: Future[Any] = future if future is not None else Future()
+        self.enqueued = 0.0
+
+
+class CostModel:
+    """Online least-squares fit of batch run time ``t = a + b*R*L + c*R*L*L``.
+
+    ``R`` is rows, ``L`` the padded length. Thread-safe; refits every few samples with
+    exponential forgetting so it follows drift (other load, thermal, a new shape mix).
+    """
+
+    def __init__(self, prior_overhead: float = 64.0, decay: float = 0.98, refit_every: int = 8) -> None:
+        self._lock = threading.Lock()
+        self._xtx = np.zeros((3, 3))
+        self._xty = np.zeros(3)
+        self._n = 0
+        self._decay = decay
+        self._refit_every = refit_every
+        # coefficients in seconds; the prior only matters through ratios
+        self.a = prior_overhead * 1e-6
+        self.b = 1e-6
+        self.c = 0.0
+        self.fitted = False
+
+    def observe(self, rows: int, length: int, seconds: float) -> None:
+        p = float(rows * length)
+        x = np.array([1.0, p, p * length])
+        with self._lock:
+            self._xtx *= self._decay
+            self._xty *= self._decay
+            self._xtx += np.outer(x, x)
+            self._xty += x * seconds
+            self._n += 1
+            if self._n >= 4 and self._n % self._refit_every == 0:
+                self._refit()
+
+    def _refit(self) -> None:
+        # scale columns so the normal equations are well conditioned
+        scale = np.sqrt(np.maximum(np.diag(self._xtx), 1e-30))
+        a_mat = self._xtx / np.outer(scale, scale) + 1e-9 * np.eye(3)
+        try:
+            coef = np.linalg.solve(a_mat, self._xty / scale) / scale
+        except np.linalg.LinAlgError:
+            return
+        a, b, c = (float(v) for v in coef)
+        if c < 0 or not np.isfinite(c):
+            # fall back to the affine model on the same data
+            sub = self._xtx[:2, :2]
+            try:
+                a, b = (float(v) for v in np.linalg.solve(sub + 1e-12 * np.eye(2), self._xty[:2]))
+            except np.linalg.LinAlgError:
+                return
+            c = 0.0
+        if b <= 0 or not np.isfinite(b) or not np.isfinite(a):
+            return
+        self.a, self.b, self.c = max(a, 0.0), b, c
+        self.fitted = True
+
+    def predict(self, rows: int, length: int) -> float:
+        p = rows * length
+        return self.a + self.b * p + self.c * p * length
+
+    def snapshot(self) -> dict[str, float | bool]:
+        return {"a_s": self.a, "b_s_per_elem": self.b, "c_s_per_elem2": self.c, "fitted": self.fitted}
+
+
+@dataclass
+class BatchPolicy:
+    """Caps and knobs of batch formation (see the module docstring)."""
+
+    max_rows: int = 32
+    max_tokens: int | None = None
+    max_delay_s: float = 0.0
+    cost: CostModel = field(default_factory=CostModel)
+
+    def select(self, pending: list[Request]) -> list[int]:
+        """Indices into ``pending`` (arrival order) of the next batch. Always holds 0."""
+        n = len(pending)
+        max_rows, max_tokens = self.max_rows, self.max_tokens
+        if n == 1:
+            return [0]
+        lengths = [r.length for r in pending]
+        # Fast path: all the same length -> FIFO up to the caps (no padding to save).
+        l0 = lengths[0]
+        if all(x == l0 for x in lengths):
+            take, rows = [], 0
+            for i, r in enumerate(pending):
+                if take and (
+                    rows + r.rows > max_rows or (max_tokens is not None and (rows + r.rows) * l0 > max_tokens)
+                ):
+                    break
+                take.append(i)
+                rows += r.rows
+            return take
+        order = sorted(range(n), key=lengths.__getitem__)
+        k = order.index(0)
+        srows = [pending[i].rows for i in order]
+        slen = [lengths[i] for i in order]
+        # prefix sums over the length-sorted order
+        prow = [0] * (n + 1)
+        preal = [0] * (n + 1)
+        for idx in range(n):
+            prow[idx + 1] = prow[idx] + srows[idx]
+            preal[idx + 1] = preal[idx] + srows[idx] * slen[idx]
+        cost = self.cost
+        best: tuple[float, int, int] | None = None
+        for j in range(k, n):  # j: the longest request in the window
+            L = slen[j]
+            if prow[j + 1] - prow[k] > max_rows and j > k:
+                break
+            if max_tokens is not None and j > k and (prow[j + 1] - prow[k]) * L > max_tokens:
+                break
+            best_j: tuple[float, int] | None = None
+            for i in range(k, -1, -1):  # extend toward shorter requests
+                rows = prow[j + 1] - prow[i]
+                if i < k and (rows > max_rows or (max_tokens is not None and rows * L > max_tokens)):
+                    break
+                score = (preal[j + 1] - preal[i]) / cost.predict(rows, L)
+                if best_j is None or score >= best_j[0]:
+                    best_j = (score, i)
+                elif i < k:
+                    break  # past the peak: further extension only adds shorter rows
+            if best_j is not None and (best is None or best_j[0] > best[0]):
+                best = (best_j[0], best_j[1], j)
+        assert best is not None  # j == k, i == k is always feasible
+        _, i, j = best
+        return sorted(order[i : j + 1])  # i <= k <= j: the oldest is always in
+
+
+class Scheduler:
+    """The queue shared by callers (``put``) and workers (``take``)."""
+
+    def __init__(self, policy: BatchPolicy, max_queue: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.max_queue = max_queue
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: list[Request] = []
+        self._closed = False
+        self._drain = True
+        self._in_flight = 0
+
+    # -- callers ----------------------------------------------------------------------
+    def put(self, req: Request) -> None:
+        with self._cond:
+            if self._closed:
+                raise SessionClosedError("the session is closed; no new requests are accepted")
+            if len(self._pending) >= self.max_queue:
+                self._purge_cancelled()
+                if len(self._pending) >= self.max_queue:
+                    raise QueueFullError(len(self._pending), self.max_queue)
+            req.enqueued = self._clock()
+            self._pending.append(req)
+            self._cond.notify()
+
+    def cancel(self, req: Request) -> bool:
+        """Remove ``req`` if still queued; True if it was (its future is then cancelled)."""
+        with self._cond:
+            try:
+                self._pending.remove(req)
+            except ValueError:
+                return False
+        req.future.cancel()
+        return True
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    # -- workers -----------------------------------------------------------------------
+    def take(self) -> list[Request] | None:
+        """Block until a batch is ready; None once closed and (if draining) empty."""
+        expired: list[Request] = []
+        try:
+            with self._cond:
+                while True:
+                    now = self._clock()
+                    self._reap(now, expired)
+                    if self._closed and (not self._pending or not self._drain):
+                        return None
+                    pending = self._pending
+                    if pending:
+                        delay = self.policy.max_delay_s
+                        if delay > 0 and not self._closed:
+                            wait = pending[0].enqueued + delay - now
+                            if wait > 0 and sum(r.rows for r in pending) < self.policy.max_rows:
+                                self._cond.wait(self._timeout(wait, now))
+                                continue
+                        picked = self.policy.select(pending)
+                        batch = [pending[i] for i in picked]
+                        keep = set(picked)
+                        self._pending = [r for i, r in enumerate(pending) if i not in keep]
+                        self._in_flight += 1
+                        if self._pending:
+                            self._cond.notify()  # another free worker may take the rest
+                        return batch
+                    self._cond.wait(self._timeout(None, now))
+        finally:
+            for req in expired:
+                _fail(req, RequestTimeoutError("deadline passed before the request could run; it was dropped"))
+
+    def done(self) -> None:
+        """A worker finished the batch it took."""
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+    def close(self, drain: bool) -> list[Request]:
+        """Stop accepting. Without drain, return the queued requests for the caller to fail."""
+        with self._cond:
+            self._closed = True
+            self._drain = self._drain and drain
+            dropped: list[Request] = []
+            if not drain:
+                dropped, self._pending = self._pending, []
+            self._cond.notify_all()
+            return dropped
+
+    # -- internals (lock held) ------------------------------------------------------------
+    def _timeout(self, wait: float | None, now: float) -> float | None:
+        deadlines = [r.deadline for r in self._pending if r.deadline is not None]
+        if deadlines:
+            d = max(min(deadlines) - now, 0.0) + 1e-4
+            wait = d if wait is None else min(wait, d)
+        return wait
+
+    def _reap(self, now: float, expired: list[Request]) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        keep: list[Request] | None = None
+        for idx, r in enumerate(pending):
+            dead = r.future.cancelled() or (r.deadline is not None and r.deadline <= now)
+            if dead and keep is None:
+                keep = pending[:idx]
+            if dead:
+                if not r.future.cancelled():
+                    expired.append(r)
+            elif keep is not None:
+                keep.append(r)
+        if keep is not None:
+            self._pending = keep
+
+    def _purge_cancelled(self) -> None:
+        self._pending = [r for r in self._pending if not r.future.cancelled()]
+
+
+def _fail(req: Request, exc: BaseException) -> None:
+    """Settle a request that never ran (still PENDING) with ``exc``."""
+    fut = req.future
+    try:
+        if fut.set_running_or_notify_cancel():
+            fut.set_exception(exc)
+    except RuntimeError:  # already running or done: someone else settles it
+        pass

@@ -1,0 +1,423 @@
+"""BatchedSession: many concurrent callers, one batched ONNX Runtime run.
+
+    from ortbatch import BatchedSession
+
+    with BatchedSession("exports/minilm") as bs:
+        (hidden,) = bs.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})
+
+Each caller sends one request (arrays with a leading batch dim, usually 1 row) and
+gets back exactly what the model would have returned for that request alone: its
+own rows, ragged axes trimmed to its own length, the same dtypes. Meanwhile the
+workers pad and stack whatever is queued into one IOBinding run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._extras import require
+from ..errors import (
+    InferenceError,
+    InvalidInputError,
+    OrtBatchError,
+    RequestTimeoutError,
+    SessionClosedError,
+    map_ort_error,
+)
+from ..manifest import MANIFEST_NAME, Manifest
+from .collate import Collator, PaddingCollator
+from .executor import Binding, Executor, build_session, check_providers, cpu_count, resolve_providers
+from .scheduler import BatchPolicy, CostModel, Request, Scheduler
+from .signature import ModelSignature
+from .stats import Stats, StatsRecorder
+
+__all__ = ["BatchedSession"]
+
+log = logging.getLogger("ortbatch")
+
+_OPEN, _CLOSING, _CLOSED = "open", "closing", "closed"
+_LIVE: weakref.WeakSet[BatchedSession] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_at_exit() -> None:  # pragma: no cover - exercised in a subprocess test
+    for bs in list(_LIVE):
+        try:
+            bs.close(drain=False, timeout=1.0)
+        except Exception:
+            pass
+
+
+class BatchedSession:
+    """Wrap an ONNX Runtime session so that concurrent single requests run batched.
+
+    Args:
+        sess_or_path: an ``onnxruntime.InferenceSession``, a path to a ``.onnx`` file,
+            or an export directory holding ``ortbatch.json``.
+        max_batch_size: most rows in one batch (a request's rows all count).
+        max_batch_tokens: hard cap on a batch's padded cost, rows x longest length.
+            ``None``: no cap; batches are formed by the learned cost model.
+        max_delay_ms: how long a free worker may wait after the oldest request
+            arrived for a fuller batch. 0 (default): never wait.
+        max_queue: requests allowed to wait; beyond that ``QueueFullError``.
+        timeout_s: default deadline per request (before it starts running).
+        workers: batches in flight at once. ``None``: 2 (one is padded and copied while
+            another runs); a session built here then gets ``cores // workers`` threads each.
+        pad_values: pad value per input name, overriding the manifest (default 0).
+        padding_side: ``"right"`` or ``"left"``, overriding the manifest.
+        providers: ``None`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``,
+            ``"tensorrt"``, or an ONNX Runtime provider list. Only used when the
+            session is built here; a requested GPU provider that is not active is
+            a :class:`ProviderError`.
+        collator: a custom :class:`~ortbatch.Collator` (default: padding collator built
+            from the manifest or the graph).
+        session_options: ``onnxruntime.SessionOptions`` for a session built here.
+    """
+
+    def __init__(
+        self,
+        sess_or_path: Any,
+        *,
+        max_batch_size: int = 32,
+        max_batch_tokens: int | None = None,
+        max_delay_ms: float = 0.0,
+        max_queue: int = 1024,
+        timeout_s: float | None = None,
+        workers: int | None = None,
+        pad_values: Mapping[str, Any] | None = None,
+        padding_side: str | None = None,
+        providers: str | Sequence[Any] | None = None,
+        collator: Collator | None = None,
+        session_options: Any = None,
+    ) -> None:
+        _check_positive("max_batch_size", max_batch_size)
+        _check_positive("max_queue", max_queue)
+        if max_batch_tokens is not None:
+            _check_positive("max_batch_tokens", max_batch_tokens)
+        if workers is not None:
+            _check_positive("workers", workers)
+        if max_delay_ms < 0:
+            raise ValueError(f"max_delay_ms must be >= 0, got {max_delay_ms}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+
+        self.manifest = _find_manifest(sess_or_path)
+        self.workers = workers if workers is not None else 2
+        if isinstance(sess_or_path, (str, os.PathLike)):
+            model_path = self.manifest.model_path if self.manifest is not None else Path(sess_or_path)
+            if not model_path.is_file():
+                raise FileNotFoundError(f"no ONNX model at {model_path}")
+            manifest_providers = self.manifest.providers if self.manifest is not None else []
+            requested = resolve_providers(providers, manifest_providers)
+            self.session = build_session(model_path, requested, self.workers, session_options)
+            check_providers(self.session, requested)
+        else:
+            self.session = sess_or_path
+            if providers is not None:
+                check_providers(self.session, resolve_providers(providers))
+            _describe_handed_session(self.session, self.workers)
+
+        limit = self.manifest.max_batch_size if self.manifest is not None else None
+        self.max_batch_size = min(max_batch_size, limit) if limit else max_batch_size
+        self.signature = ModelSignature.from_node_args(
+            self.session.get_inputs(),
+            self.session.get_outputs(),
+            manifest=self.manifest,
+            pad_values=pad_values,
+            padding_side=padding_side,
+        )
+        self.signature.max_rows = self.max_batch_size
+        self.collator: Collator = collator if collator is not None else PaddingCollator(self.signature)
+        self.output_names: list[str] = [o.name for o in self.session.get_outputs()]
+        self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
+        self._output_set = frozenset(self.output_names)
+        self.timeout_s = timeout_s
+
+        self._cost = CostModel()
+        self._policy = BatchPolicy(
+            max_rows=self.max_batch_size,
+            max_tokens=max_batch_tokens,
+            max_delay_s=max_delay_ms / 1e3,
+            cost=self._cost,
+        )
+        self._sched = Scheduler(self._policy, max_queue)
+        self._stats = StatsRecorder()
+        self._executor = Executor(self.session)
+        self._state = _OPEN
+        self._state_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._worker, name=f"ortbatch-worker-{i}", daemon=True) for i in range(self.workers)
+        ]
+        for t in self._threads:
+            t.start()
+        _LIVE.add(self)
+
+    # -- the InferenceSession-like face ---------------------------------------------------
+    def get_inputs(self) -> list[Any]:
+        """The wrapped session's inputs (``onnxruntime.NodeArg``)."""
+        return list(self.session.get_inputs())
+
+    def get_outputs(self) -> list[Any]:
+        """The wrapped session's outputs (``onnxruntime.NodeArg``)."""
+        return list(self.session.get_outputs())
+
+    def get_providers(self) -> list[str]:
+        """Execution providers active in the wrapped session."""
+        return list(self.session.get_providers())
+
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: Any = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> list[np.ndarray]:
+        """Run one request, batched with whatever else is queued; blocks until done.
+
+        Same contract as ``InferenceSession.run`` for this one request: returns the
+        outputs named in ``output_names`` (all, in model order, when ``None``).
+        ``timeout_s`` overrides the session's deadline for this request.
+        """
+        if run_options is not None:
+            raise InvalidInputError(
+                "run_options apply to a whole batch and cannot be set per request in a BatchedSession"
+            )
+        req = self._enqueue(input_feed, output_names, timeout_s)
+        fut = req.future
+        if req.deadline is None:
+            return fut.result()
+        try:
+            return fut.result(timeout=max(req.deadline - time.monotonic(), 0.0))
+        except concurrent.futures.TimeoutError:
+            if self._sched.cancel(req):
+                self._stats.error(RequestTimeoutError())
+                raise RequestTimeoutError("deadline passed before the request could run; it was dropped") from None
+            return fut.result()  # already running: its result is on the way
+
+    async def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        *,
+        timeout_s: float | None = None,
+    ) -> list[np.ndarray]:
+        """``await``-able :meth:`run`. Cancelling the task drops a still-queued request."""
+        req = self._enqueue(input_feed, output_names, timeout_s)
+        waiter = asyncio.wrap_future(req.future)
+        if req.deadline is None:
+            return await waiter
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout=max(req.deadline - time.monotonic(), 0.0))
+        except asyncio.TimeoutError:
+            if self._sched.cancel(req):
+                self._stats.error(RequestTimeoutError())
+                raise RequestTimeoutError("deadline passed before the request could run; it was dropped") from None
+            return await waiter
+        except asyncio.CancelledError:
+            self._sched.cancel(req)
+            raise
+
+    def submit(
+        self,
+        input_feed: Mapping[str, Any],
+        output_names: Sequence[str] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> concurrent.futures.Future[list[np.ndarray]]:
+        """Queue one request; the Future resolves to its outputs (list, in ``output_names``
+        order) or to a typed error. ``future.cancel()`` drops it if it has not started."""
+        return self._enqueue(input_feed, output_names, timeout_s).future
+
+    def stats(self) -> Stats:
+        """Counters, batch sizes, padding and timing percentiles so far."""
+        return self._stats.snapshot(self._sched.queued, self.workers, self._cost.snapshot())
+
+    @property
+    def closed(self) -> bool:
+        return self._state != _OPEN
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting requests and join the workers.
+
+        ``drain=True`` runs every queued request first; ``drain=False`` fails them with
+        :class:`SessionClosedError`. Safe to call twice and from any thread.
+        """
+        with self._state_lock:
+            if self._state == _OPEN:
+                self._state = _CLOSING
+        dropped = self._sched.close(drain)
+        for req in dropped:
+            if req.future.set_running_or_notify_cancel():
+                req.future.set_exception(SessionClosedError("session closed before the request ran"))
+                self._stats.error(SessionClosedError())
+        me = threading.current_thread()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            if t is not me:
+                t.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        with self._state_lock:
+            if not any(t.is_alive() for t in self._threads):
+                self._state = _CLOSED
+        _LIVE.discard(self)
+
+    def __enter__(self) -> BatchedSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(drain=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"<BatchedSession {self._state} inputs={self.input_names} workers={self.workers} "
+            f"max_batch_size={self.max_batch_size} providers={self.get_providers()}>"
+        )
+
+    # -- internals -------------------------------------------------------------------------
+    def _enqueue(
+        self, input_feed: Mapping[str, Any], output_names: Sequence[str] | None, timeout_s: float | None
+    ) -> Request:
+        if self._state != _OPEN:
+            raise SessionClosedError("the session is closed; no new requests are accepted")
+        if output_names is None:
+            names: Sequence[str] = self.output_names
+        else:
+            if isinstance(output_names, str):
+                raise InvalidInputError(f"output_names must be a list of names, got the string {output_names!r}")
+            names = list(output_names)
+            for n in names:
+                if n not in self._output_set:
+                    raise InvalidInputError(f"unknown output {n!r}; the model's outputs are {self.output_names}")
+        item = self.collator.prepare(input_feed)
+        t = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + t if t is not None else None
+        req = Request(item, item.rows, item.length, names, deadline)
+        self._sched.put(req)
+        self._stats.submitted()
+        return req
+
+    def _worker(self) -> None:
+        binding = self._executor.binding()
+        sched = self._sched
+        while True:
+            batch = sched.take()
+            if batch is None:
+                return
+            try:
+                live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+                if len(live) < len(batch):
+                    self._stats.cancel(len(batch) - len(live))
+                if live:
+                    now = time.monotonic()
+                    self._run(live, binding, [now - r.enqueued for r in live])
+            except BaseException as exc:  # never let a worker die with futures unsettled
+                for r in batch:
+                    _settle_error(r.future, InferenceError(f"internal error: {exc!r}"))
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                sched.done()
+
+    def _run(self, reqs: list[Request], binding: Binding, waits: list[float] | None) -> None:
+        """Collate, run and split ``reqs``; on failure split the group and retry halves,
+        so only the request(s) that fail on their own get the error."""
+        t0 = time.perf_counter()
+        try:
+            feed, state = self.collator.collate([r.item for r in reqs])
+            if len(reqs) == 1:
+                names = list(reqs[0].output_names)
+            else:
+                wanted = set().union(*(r.output_names for r in reqs))
+                names = [n for n in self.output_names if n in wanted]
+            outs = self._executor.run(binding, feed, names)
+            results = self.collator.split(dict(zip(names, outs, strict=True)), state)
+            if len(results) != len(reqs):
+                raise InferenceError(f"collator returned {len(results)} results for {len(reqs)} requests")
+        except Exception as exc:
+            if len(reqs) > 1:
+                mid = len(reqs) // 2
+                self._run(reqs[:mid], binding, waits[:mid] if waits else None)
+                self._run(reqs[mid:], binding, waits[mid:] if waits else None)
+                return
+            err = exc if isinstance(exc, OrtBatchError) else map_ort_error(exc, "inference failed")
+            if err is not exc:
+                err.__cause__ = exc
+            self._stats.error(err)
+            _settle_error(reqs[0].future, err)
+            return
+        elapsed = time.perf_counter() - t0
+        rows = sum(r.rows for r in reqs)
+        longest = max(r.length for r in reqs)
+        self._cost.observe(rows, longest, elapsed)
+        self._stats.batch(rows, len(reqs), sum(r.rows * r.length for r in reqs), rows * longest, elapsed, waits or [])
+        ok = 0
+        for req, res in zip(reqs, results, strict=True):
+            try:
+                req.future.set_result([res[n] for n in req.output_names])
+                ok += 1
+            except KeyError as exc:
+                _settle_error(req.future, InferenceError(f"collator gave no output {exc}"))
+            except concurrent.futures.InvalidStateError:
+                pass
+        self._stats.finished(ok)
+
+
+def _settle_error(fut: concurrent.futures.Future[Any], exc: BaseException) -> None:
+    try:
+        fut.set_exception(exc)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _find_manifest(sess_or_path: Any) -> Manifest | None:
+    if not isinstance(sess_or_path, (str, os.PathLike)):
+        return None
+    p = Path(sess_or_path)
+    if p.is_dir():
+        return Manifest.load(p)
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist (expected a .onnx file or an export directory)")
+    sidecar = p.parent / MANIFEST_NAME
+    if sidecar.is_file():
+        m = Manifest.load(p.parent)
+        if Path(m.model).name == p.name:
+            return m
+    return None
+
+
+def _describe_handed_session(session: Any, workers: int) -> None:
+    """Say what thread settings a handed-in session has (they belong to the session)."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    try:
+        ort = require("onnxruntime")
+        opts = session.get_session_options()
+        threads = opts.intra_op_num_threads or cpu_count()
+        log.info(
+            "BatchedSession: wrapping a session with intra_op_num_threads=%s on %s cores, %d worker(s); "
+            "for CPU throughput, build it with intra_op_num_threads=cores//workers or pass a path "
+            "and let BatchedSession choose (ORT %s)",
+            threads,
+            cpu_count(),
+            workers,
+            ort.__version__,
+        )
+    except Exception:  # a duck-typed session may not have options
+        pass
