@@ -1,0 +1,100 @@
+"""The batch's KV cache: one row per active sequence, left-padded. Pure numpy.
+
+Every row's tokens are right-aligned: row ``i`` holds its ``lens[i]`` real positions in
+the last ``lens[i]`` columns and padding before them. Each decode step appends one
+column to every row, so alignment is kept for free; the attention mask masks the
+padding and positions are counted from the mask, so each row sees exactly what it
+would see alone.
+
+Membership changes are the only copies: rows that leave are dropped and the columns
+that are padding in every remaining row are trimmed (compaction, so the padded length
+is always the longest row's length); rows that join are left-padded to the common
+length and stacked. Layer tensors may also be device-resident ``OrtValue`` objects
+(IOBinding); they are brought to the host only when membership changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["KVCache"]
+
+
+def _host(t: Any) -> np.ndarray:
+    return t if isinstance(t, np.ndarray) else t.numpy()
+
+
+class KVCache:
+    """``tensors``: ``2 * layers`` arrays ``[rows, kv_heads, length, head_dim]`` (k0, v0, k1, ...)."""
+
+    def __init__(self, tensors: Sequence[Any], lens: np.ndarray, length: int) -> None:
+        self.tensors = list(tensors)
+        self.lens = np.asarray(lens, dtype=np.int64)
+        self.length = int(length)
+        if self.lens.ndim != 1:
+            raise ValueError(f"lens must be 1-D, got shape {self.lens.shape}")
+        if self.rows and int(self.lens.max()) > self.length:
+            raise ValueError(f"a row is longer ({int(self.lens.max())}) than the cache ({self.length})")
+
+    @classmethod
+    def empty(cls, layers: int, kv_heads: int, head_dim: int, dtype: Any) -> KVCache:
+        z = np.zeros((0, kv_heads, 0, head_dim), dtype=dtype)
+        return cls([z] * (2 * layers), np.zeros(0, np.int64), 0)
+
+    @property
+    def rows(self) -> int:
+        return int(self.lens.shape[0])
+
+    def attention_mask(self, new: int = 1, dtype: Any = np.int64) -> np.ndarray:
+        """``[rows, length + new]``: 0 on each row's left padding, 1 on its tokens and the new ones."""
+        cols = np.arange(self.length + new)
+        return (cols[None, :] >= (self.length - self.lens)[:, None]).astype(dtype)
+
+    def host(self) -> KVCache:
+        """The same cache with every tensor as a numpy array."""
+        self.tensors = [_host(t) for t in self.tensors]
+        return self
+
+    def advance(self, presents: Sequence[Any], new: int = 1) -> None:
+        """Replace the tensors by the step's ``present`` outputs (``new`` columns longer)."""
+        if len(presents) != len(self.tensors):
+            raise ValueError(f"expected {len(self.tensors)} present tensors, got {len(presents)}")
+        self.tensors = list(presents)
+        self.lens = self.lens + new
+        self.length += new
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (in that order), then trim columns that are padding everywhere."""
+        idx = np.asarray(rows, dtype=np.int64)
+        if len(idx) == self.rows and np.array_equal(idx, np.arange(self.rows)):
+            return
+        self.host()
+        lens = self.lens[idx]
+        new_length = int(lens.max()) if len(lens) else 0
+        start = self.length - new_length
+        self.tensors = [np.ascontiguousarray(t[idx][:, :, start:, :]) for t in self.tensors]
+        self.lens = lens
+        self.length = new_length
+
+    def extend(self, other: KVCache) -> None:
+        """Append ``other``'s rows below this cache's, left-padding the shorter side."""
+        if other.rows == 0:
+            return
+        if self.rows == 0:
+            self.tensors, self.lens, self.length = list(other.tensors), other.lens.copy(), other.length
+            return
+        self.host()
+        other.host()
+        length = max(self.length, other.length)
+        merged = []
+        for a, b in zip(self.tensors, other.tensors, strict=True):
+            out = np.zeros((a.shape[0] + b.shape[0], a.shape[1], length, a.shape[3]), dtype=a.dtype)
+            out[: a.shape[0], :, length - a.shape[2]:, :] = a
+            out[a.shape[0]:, :, length - b.shape[2]:, :] = b
+            merged.append(out)
+        self.tensors = merged
+        self.lens = np.concatenate([self.lens, other.lens])
+        self.length = length

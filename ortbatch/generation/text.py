@@ -1,0 +1,72 @@
+"""Turning a growing list of token ids into text, with stop strings. Pure Python.
+
+Byte-level BPE tokenizers can split one character over several tokens, so the text of
+a prefix may end in U+FFFD until the rest arrives, and a stop string may arrive in
+pieces. :class:`TextTracker` therefore holds back what could still change and hands
+out only text that is final.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+__all__ = ["TextTracker"]
+
+_REPLACEMENT = "\ufffd"
+
+
+class TextTracker:
+    """Decode the generated ids of one request incrementally.
+
+    ``decode(ids) -> str`` is the tokenizer's decode with special tokens skipped (or
+    ``None`` when the export has no tokenizer: text stays empty). ``push`` returns the
+    newly final text and whether a stop string was completed.
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str] | None, stop: Sequence[str] = ()) -> None:
+        self._decode = decode
+        self._stop = tuple(stop)
+        self._holdback = max((len(s) for s in self._stop), default=1) - 1
+        self._ids: list[int] = []
+        self._text = ""
+        self._emitted = 0
+        self.stop_string: str | None = None
+
+    @property
+    def text(self) -> str:
+        """All text decoded so far (cut before the stop string once one matched)."""
+        return self._text
+
+    def push(self, token_id: int) -> tuple[str, bool]:
+        """Add one generated id; return (text that became final, stop string matched)."""
+        if self._decode is None:
+            return "", False
+        self._ids.append(token_id)
+        text = self._decode(self._ids)
+        if self._stop:
+            # Only the tail can contain a stop string that was not already there.
+            start = max(0, self._emitted - self._holdback)
+            hits = [(i, s) for s in self._stop if (i := text.find(s, start)) != -1]
+            if hits:
+                index, self.stop_string = min(hits)
+                self._text = text[:index]
+                return self._flush(), True
+        self._text = text
+        end = len(text) - self._holdback
+        # An unfinished multi-byte character decodes to U+FFFD: wait for the rest.
+        while end > self._emitted and text[end - 1] == _REPLACEMENT:
+            end -= 1
+        if end <= self._emitted:
+            return "", False
+        delta = text[self._emitted:end]
+        self._emitted = end
+        return delta, False
+
+    def finish(self) -> str:
+        """The text not yet handed out; call once when the request ends."""
+        return self._flush()
+
+    def _flush(self) -> str:
+        delta = self._text[self._emitted:]
+        self._emitted = len(self._text)
+        return delta
