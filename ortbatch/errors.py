@@ -57,9 +57,7 @@ class QueueFullError(OrtBatchError):
     """``max_queue`` requests are already waiting: the request was not accepted."""
 
     def __init__(self, queued: int, max_queue: int) -> None:
-        super().__init__(
-            f"queue full: {queued} requests waiting (max_queue={max_queue}); retry later"
-        )
+        super().__init__(f"queue full: {queued} requests waiting (max_queue={max_queue}); retry later")
         self.queued = queued
         self.max_queue = max_queue
 

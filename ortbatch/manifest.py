@@ -36,8 +36,22 @@ MANIFEST_NAME = "ortbatch.json"
 FORMAT_VERSION = 1
 BATCH_AXIS = "batch"
 _DTYPES = frozenset(
-    {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-     "float16", "bfloat16", "float32", "float64", "string"}
+    {
+        "bool",
+        "int8",
+        "uint8",
+        "int16",
+        "uint16",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "string",
+    }
 )
 
 
@@ -130,8 +144,7 @@ class Manifest:
             raise ManifestError(f"{where}: 'format' must be an integer, got {fmt!r}")
         if fmt > FORMAT_VERSION:
             raise ManifestError(
-                f"{where}: format {fmt} is newer than this ortbatch understands "
-                f"({FORMAT_VERSION}); upgrade ortbatch"
+                f"{where}: format {fmt} is newer than this ortbatch understands ({FORMAT_VERSION}); upgrade ortbatch"
             )
         model = data.get("model", "model.onnx")
         if not isinstance(model, str) or not model:
@@ -148,8 +161,18 @@ class Manifest:
         providers = data.get("providers", [])
         if not isinstance(providers, list):
             raise ManifestError(f"{where}: 'providers' must be a list, got {type(providers).__name__}")
-        known = {"format", "model", "source", "inputs", "outputs", "padding_side", "limits",
-                 "providers", "validation", "generation"}
+        known = {
+            "format",
+            "model",
+            "source",
+            "inputs",
+            "outputs",
+            "padding_side",
+            "limits",
+            "providers",
+            "validation",
+            "generation",
+        }
         return cls(
             model=model,
             inputs=inputs,

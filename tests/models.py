@@ -25,14 +25,14 @@ def echo_model(path: Path) -> Path:
     inputs:  input_ids [batch, sequence] int64, attention_mask [batch, sequence] int64,
              extra [batch, 3] float32
     outputs: hidden [batch, sequence, 2] float32 = (ids, mask)         (ragged)
-             pooled [batch, 1] float32 = sum(ids * mask) over sequence (not ragged)
+             pooled [batch, 1] int64 = sum(ids * mask) over sequence (not ragged, exact)
              extra_out [batch, 3] float32 = extra * 2                  (fixed)
     """
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])
     mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])
     extra = helper.make_tensor_value_info("extra", TensorProto.FLOAT, ["batch", 3])
     hidden = helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "sequence", 2])
-    pooled = helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 1])
+    pooled = helper.make_tensor_value_info("pooled", TensorProto.INT64, ["batch", 1])
     extra_out = helper.make_tensor_value_info("extra_out", TensorProto.FLOAT, ["batch", 3])
     two = numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")
     axes_last = numpy_helper.from_array(np.array([-1], dtype=np.int64), "axes_last")
@@ -43,7 +43,7 @@ def echo_model(path: Path) -> Path:
         helper.make_node("Unsqueeze", ["ids_f", "axes_last"], ["ids_u"]),
         helper.make_node("Unsqueeze", ["mask_f", "axes_last"], ["mask_u"]),
         helper.make_node("Concat", ["ids_u", "mask_u"], ["hidden"], axis=-1),
-        helper.make_node("Mul", ["ids_f", "mask_f"], ["masked"]),
+        helper.make_node("Mul", ["input_ids", "attention_mask"], ["masked"]),
         helper.make_node("ReduceSum", ["masked", "axes_seq"], ["pooled"], keepdims=1),
         helper.make_node("Mul", ["extra", "two"], ["extra_out"]),
     ]
@@ -56,7 +56,7 @@ def echo_model(path: Path) -> Path:
 def echo_reference(ids: np.ndarray, mask: np.ndarray, extra: np.ndarray) -> list[np.ndarray]:
     """What echo_model computes, in numpy."""
     hidden = np.stack([ids.astype(np.float32), mask.astype(np.float32)], axis=-1)
-    pooled = (ids * mask).sum(axis=1, keepdims=True).astype(np.float32)
+    pooled = (ids * mask).sum(axis=1, keepdims=True).astype(np.int64)
     return [hidden, pooled, (extra * 2).astype(np.float32)]
 
 
