@@ -1,0 +1,63 @@
+"""``ortbatch serve DIR``: serve an export over HTTP (Open Inference Protocol / KServe v2)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "serve an export directory over HTTP (KServe v2 / Triton protocol, /v1/embeddings, /metrics)"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", metavar="DIR", help="export directory (model.onnx + ortbatch.json)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0: pick a free one; default 8000)")
+    parser.add_argument("--name", default=None, help="model name in URLs (default: the directory name)")
+    parser.add_argument("--max-batch-size", type=_positive_int, default=32, help="rows per batch (default 32)")
+    parser.add_argument("--max-batch-tokens", type=_positive_int, default=None,
+                        help="cap on rows x longest length per batch")
+    parser.add_argument("--max-delay-ms", type=float, default=0.0,
+                        help="how long a free worker may wait for a fuller batch (default 0)")
+    parser.add_argument("--max-queue", type=_positive_int, default=1024,
+                        help="requests allowed to wait; beyond that 429 (default 1024)")
+    parser.add_argument("--workers", type=_positive_int, default=None, help="batches in flight (default 2)")
+    parser.add_argument("--timeout-s", type=float, default=None,
+                        help="deadline per request before it runs; then 504 (default none)")
+    parser.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available)")
+    parser.add_argument("--max-body-bytes", type=_positive_int, default=64 * 1024 * 1024,
+                        help="largest request body; larger is 413 (default 64 MiB)")
+    parser.add_argument("--no-normalize", action="store_true",
+                        help="do not L2-normalize /v1/embeddings vectors")
+    parser.add_argument("--graceful-timeout-s", type=float, default=60.0,
+                        help="on SIGTERM, wait this long for in-flight requests (default 60)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..serve.server import ServeConfig, serve
+
+    config = ServeConfig(
+        host=args.host,
+        port=args.port,
+        name=args.name,
+        max_batch_size=args.max_batch_size,
+        max_batch_tokens=args.max_batch_tokens,
+        max_delay_ms=args.max_delay_ms,
+        max_queue=args.max_queue,
+        workers=args.workers,
+        timeout_s=args.timeout_s,
+        providers=args.providers,
+        max_body_bytes=args.max_body_bytes,
+        normalize_embeddings=not args.no_normalize,
+        graceful_timeout_s=args.graceful_timeout_s,
+        log_level=args.log_level,
+        access_log=not args.no_access_log,
+    )
+    return serve(args.directory, config)

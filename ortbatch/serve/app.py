@@ -1,0 +1,391 @@
+"""The HTTP face: an ASGI (Starlette) app speaking the Open Inference Protocol
+(KServe v2) plus an OpenAI-compatible ``/v1/embeddings``, over one ServedModel.
+
+Routes::
+
+    GET  /v2/health/live | /v2/health/ready | /v2
+    GET  /v2/models/{name}[/versions/{version}]            model metadata
+    GET  /v2/models/{name}[/versions/{version}]/ready
+    POST /v2/models/{name}[/versions/{version}]/infer      JSON or binary tensors
+    POST /v1/embeddings        GET /v1/models              OpenAI-compatible
+    GET  /metrics                                          Prometheus
+
+Errors map at one boundary, :func:`error_response`: bad input 400 with the
+InvalidInputError text, unknown model 404, body too large 413, queue full 429 with
+Retry-After, deadline 504, closed 503. The v2 routes answer ``{"error": "..."}`` (the
+protocol's form); the /v1 routes answer OpenAI's ``{"error": {"message": ...}}`` so
+OpenAI clients show the message. Only a fault of the server itself is a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import __version__
+from .._extras import require
+from ..errors import (
+    InferenceError,
+    InvalidInputError,
+    QueueFullError,
+    RequestTimeoutError,
+    SessionClosedError,
+)
+from .metrics import ServerMetrics
+from .model import ServedModel
+from .protocol import encode_infer_response, parse_infer_request
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTPError", "RequestCounts", "create_app", "error_response"]
+
+log = logging.getLogger("ortbatch.serve")
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+HEADER_LENGTH = "inference-header-content-length"
+# Bodies bigger than this are parsed/encoded off the event loop so one large request
+# does not stall every other connection.
+_OFFLOAD_BYTES = 1 << 20
+_RETRY_AFTER_S = "1"
+
+
+class HTTPError(Exception):
+    """An error answered with ``status`` (and optional headers)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+@dataclass
+class RequestCounts:
+    """HTTP requests that reached the app (``accepted``) and that got a complete
+    response (``answered``); after a graceful shutdown the two are equal."""
+
+    accepted: int = 0
+    answered: int = 0
+    by_status: dict[int, int] = field(default_factory=dict)
+
+
+def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Map an exception to ``(status, body, headers)``: the one place where errors
+    become HTTP answers."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, HTTPError):
+        status, headers = exc.status, dict(exc.headers)
+    elif isinstance(exc, InvalidInputError):
+        status = 400
+    elif isinstance(exc, QueueFullError):
+        status, headers = 429, {"Retry-After": _RETRY_AFTER_S}
+    elif isinstance(exc, RequestTimeoutError):
+        status = 504
+    elif isinstance(exc, SessionClosedError):
+        status = 503
+    elif isinstance(exc, InferenceError):
+        status = 500
+    else:
+        status = 500
+    message = str(exc) if status != 500 or isinstance(exc, InferenceError) else f"internal server error: {exc!r}"
+    if openai:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    else:
+        body = {"error": message}
+    return status, body, headers
+
+
+def create_app(
+    model: ServedModel,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    close_model_on_shutdown: bool = True,
+) -> Any:
+    """Build the Starlette app serving ``model``.
+
+    ``app.state.counts`` is a :class:`RequestCounts`; ``app.state.metrics`` the
+    :class:`~ortbatch.serve.metrics.ServerMetrics`. On lifespan shutdown the model's
+    session is closed with ``drain=True`` (unless ``close_model_on_shutdown=False``).
+    """
+    starlette = require("starlette")  # noqa: F841 - a clear ImportError naming the extra
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    metrics = ServerMetrics(model.session.stats)
+    counts = RequestCounts()
+
+    def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+        return Response(
+            json.dumps(body, separators=(",", ":")).encode("utf-8"),
+            status_code=status,
+            media_type="application/json",
+            headers=headers,
+        )
+
+    def fail(exc: BaseException, openai: bool = False) -> Response:
+        status, body, headers = error_response(exc, openai)
+        if status >= 500 and not isinstance(exc, (SessionClosedError, InferenceError)):
+            log.error("internal error", exc_info=exc)
+        return json_response(body, status, headers)
+
+    def find_model(request: Request) -> ServedModel:
+        name = request.path_params["name"]
+        version = request.path_params.get("version")
+        if name != model.name:
+            raise HTTPError(404, f"unknown model {name!r}; this server serves {model.name!r}")
+        if version is not None and version != model.version:
+            raise HTTPError(404, f"unknown version {version!r} of model {name!r}; served: {model.version!r}")
+        return model
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                raise HTTPError(400, f"invalid Content-Length {declared!r}") from None
+            if size > max_body_bytes:
+                raise HTTPError(413, f"request body of {size} bytes exceeds the limit of {max_body_bytes}")
+        chunks = bytearray()
+        async for chunk in request.stream():
+            chunks += chunk
+            if len(chunks) > max_body_bytes:
+                raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding in ("", "identity"):
+            return bytes(chunks)
+        if encoding not in ("gzip", "deflate"):
+            raise HTTPError(415, f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
+        # bounded decompression: a small compressed body must not inflate past the limit
+        d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+        try:
+            out = d.decompress(bytes(chunks), max_body_bytes + 1)
+        except zlib.error as exc:
+            raise HTTPError(400, f"body is not valid {encoding} data: {exc}") from None
+        if len(out) > max_body_bytes or d.unconsumed_tail:
+            raise HTTPError(413, f"decompressed request body exceeds the limit of {max_body_bytes} bytes")
+        if not d.eof:
+            raise HTTPError(400, f"body is truncated {encoding} data")
+        return out
+
+    async def maybe_offload(size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        if size > _OFFLOAD_BYTES:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    # -- v2 handlers ------------------------------------------------------------------
+    async def live(request: Request) -> Response:
+        return json_response({"live": True})
+
+    async def ready(request: Request) -> Response:
+        if model.ready:
+            return json_response({"ready": True})
+        return json_response({"error": "the server is shutting down"}, 503)
+
+    async def server_metadata(request: Request) -> Response:
+        return json_response({"name": "ortbatch", "version": __version__, "extensions": ["binary_tensor_data"]})
+
+    async def model_metadata(request: Request) -> Response:
+        return json_response(find_model(request).metadata())
+
+    async def model_ready(request: Request) -> Response:
+        m = find_model(request)
+        if m.ready:
+            return json_response({"name": m.name, "ready": True})
+        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
+
+    async def infer(request: Request) -> Response:
+        m = find_model(request)
+        body = await read_body(request)
+        raw_length = request.headers.get(HEADER_LENGTH)
+        header_length = None
+        if raw_length is not None:
+            try:
+                header_length = int(raw_length)
+            except ValueError:
+                raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length!r}") from None
+        req = await maybe_offload(len(body), parse_infer_request, body, header_length)
+        outputs = await m.infer(req)
+        binary = [req.wants_binary(name) for name, _ in outputs]
+        nbytes = sum(a.nbytes for _, a in outputs)
+        data, ctype, hlen = await maybe_offload(
+            nbytes, encode_infer_response, m.name, m.version, outputs, binary, req.id
+        )
+        headers = {"Inference-Header-Content-Length": str(hlen)} if hlen is not None else None
+        return Response(data, media_type=ctype, headers=headers)
+
+    # -- OpenAI-compatible --------------------------------------------------------------
+    async def embeddings(request: Request) -> Response:
+        body = await read_body(request)
+        try:
+            doc = json.loads(body)
+        except (RecursionError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise InvalidInputError("request body must be a JSON object")
+        name = doc.get("model")
+        if name is not None and name != model.name:
+            raise HTTPError(404, f"unknown model {name!r}; this server serves {model.name!r}")
+        if model.embedding_output is None:
+            raise HTTPError(404, f"model {model.name!r} does not serve embeddings: {model.embeddings_disabled_reason}")
+        inputs = _embedding_inputs(doc.get("input"))
+        fmt = doc.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise InvalidInputError(f"encoding_format must be 'float' or 'base64', got {fmt!r}")
+        result = await model.embed(inputs)
+        emb = result.embeddings
+        dims = doc.get("dimensions")
+        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != emb.shape[1]):
+            raise InvalidInputError(f"dimensions: this model's embeddings have {emb.shape[1]} dimensions, got {dims!r}")
+        data = []
+        for i, row in enumerate(emb):
+            value: Any = (
+                base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else row.tolist()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        return json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": model.name,
+                "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
+            }
+        )
+
+    async def list_models(request: Request) -> Response:
+        return json_response(
+            {"object": "list", "data": [{"id": model.name, "object": "model", "created": 0, "owned_by": "ortbatch"}]}
+        )
+
+    async def prometheus(request: Request) -> Response:
+        data, ctype = metrics.render()
+        return Response(data, headers={"Content-Type": ctype})
+
+    # -- plumbing -----------------------------------------------------------------------
+    def route(path: str, handler: Callable[[Request], Awaitable[Response]], method: str) -> Route:
+        openai = path.startswith("/v1/")
+
+        async def endpoint(request: Request) -> Response:
+            request.scope["ortbatch.endpoint"] = path
+            try:
+                return await handler(request)
+            except Exception as exc:
+                return fail(exc, openai)
+
+        return Route(path, endpoint, methods=[method])
+
+    base = "/v2/models/{name}"
+    versioned = "/v2/models/{name}/versions/{version}"
+    routes = [
+        route("/v2/health/live", live, "GET"),
+        route("/v2/health/ready", ready, "GET"),
+        route("/v2", server_metadata, "GET"),
+        route(base, model_metadata, "GET"),
+        route(versioned, model_metadata, "GET"),
+        route(base + "/ready", model_ready, "GET"),
+        route(versioned + "/ready", model_ready, "GET"),
+        route(base + "/infer", infer, "POST"),
+        route(versioned + "/infer", infer, "POST"),
+        route("/v1/embeddings", embeddings, "POST"),
+        route("/v1/models", list_models, "GET"),
+        route("/metrics", prometheus, "GET"),
+    ]
+
+    async def http_exception(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        message = {404: f"no route {request.url.path!r}", 405: f"method {request.method} not allowed"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        return json_response({"error": message}, exc.status_code, dict(exc.headers or {}))
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        yield
+        if close_model_on_shutdown:
+            # close() joins the workers after draining; keep the loop free meanwhile
+            await asyncio.to_thread(model.close, True)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception}, lifespan=lifespan)
+    app.state.model = model
+    app.state.metrics = metrics
+    app.state.counts = counts
+    return _Observed(app, metrics, counts)
+
+
+class _Observed:
+    """ASGI middleware: request counts, metrics by route template, and a last-resort
+    JSON 500 (never a bare connection drop) for errors outside the handlers."""
+
+    def __init__(self, app: Any, metrics: ServerMetrics, counts: RequestCounts) -> None:
+        self.app = app
+        self.state = app.state
+        self.metrics = metrics
+        self.counts = counts
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        self.counts.accepted += 1
+        self.metrics.in_flight.inc()
+        status = 500
+        response_started = False
+        complete = False
+
+        async def observed_send(message: dict[str, Any]) -> None:
+            nonlocal status, response_started, complete
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_started = True
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete = True
+
+        try:
+            await self.app(scope, receive, observed_send)
+        except Exception as exc:
+            log.exception("unhandled error", exc_info=exc)
+            if not response_started:
+                body = json.dumps({"error": f"internal server error: {exc!r}"}).encode()
+                await observed_send(
+                    {"type": "http.response.start", "status": 500,
+                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+                )
+                await observed_send({"type": "http.response.body", "body": body})
+        finally:
+            self.metrics.in_flight.dec()
+            endpoint = scope.get("ortbatch.endpoint", "unmatched")
+            self.metrics.observe(endpoint, scope.get("method", ""), status, started)
+            if complete:
+                self.counts.answered += 1
+                self.counts.by_status[status] = self.counts.by_status.get(status, 0) + 1
+
+
+def _embedding_inputs(value: Any) -> list[str] | list[list[int]]:
+    def is_ids(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(x, str) for x in value):
+            return value
+        if is_ids(value):
+            return [value]
+        if all(is_ids(x) for x in value):
+            return value
+    raise InvalidInputError(
+        "'input' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists"
+    )
+

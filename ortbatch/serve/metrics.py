@@ -1,0 +1,98 @@
+"""Prometheus metrics of the server (``GET /metrics``).
+
+HTTP metrics are recorded per request by an ASGI middleware, labelled by the route
+*template* (``/v2/models/{name}/infer``), never the raw path, so a client cannot
+grow the label set. Batching metrics are read from ``BatchedSession.stats()`` at
+scrape time by a custom collector, so the hot path pays nothing for them.
+
+Each server gets its own registry, so several servers (and tests) in one process
+never share counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._extras import require
+
+__all__ = ["ServerMetrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class _SessionCollector:
+    """Exposes a BatchedSession's stats as Prometheus families at scrape time."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[Any]:
+        return []  # families are produced only at collect time
+
+    def collect(self) -> Iterator[Any]:
+        core = require("prometheus_client.core")
+        s = self._stats()
+        yield core.GaugeMetricFamily("ortbatch_queue_depth", "Requests waiting in the batching queue", value=s.queued)
+        yield core.GaugeMetricFamily(
+            "ortbatch_padding_fraction",
+            "Share of padded elements in all batches run (0 = no padding)",
+            value=s.padding_fraction,
+        )
+        yield core.CounterMetricFamily(
+            "ortbatch_session_requests", "Requests submitted to the BatchedSession", value=s.requests
+        )
+        yield core.CounterMetricFamily("ortbatch_batches", "Batches run", value=s.batches)
+        failed = core.CounterMetricFamily(
+            "ortbatch_session_failures", "Requests that ended in an error, by error type", labels=["error"]
+        )
+        for name, count in sorted(s.errors.items()):
+            failed.add_metric([name], count)
+        yield failed
+        hist = sorted(s.rows_histogram.items())
+        buckets = []
+        for le in _ROWS_BUCKETS:
+            buckets.append((str(le), sum(c for rows, c in hist if rows <= le)))
+        buckets.append(("+Inf", sum(c for _, c in hist)))
+        yield core.HistogramMetricFamily(
+            "ortbatch_batch_rows", "Rows per batch run", buckets=buckets, sum_value=s.rows
+        )
+
+
+class ServerMetrics:
+    """The server's Prometheus registry and the instruments the app records into."""
+
+    def __init__(self, stats: Callable[[], Any] | None = None) -> None:
+        prom = require("prometheus_client")
+        self._prom = prom
+        self.registry = prom.CollectorRegistry(auto_describe=False)
+        self.requests = prom.Counter(
+            "ortbatch_http_requests",
+            "HTTP requests answered, by endpoint (route template), method and status",
+            ["endpoint", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = prom.Histogram(
+            "ortbatch_http_request_duration_seconds",
+            "Time from request start to the last byte of the response, by endpoint and status",
+            ["endpoint", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = prom.Gauge(
+            "ortbatch_http_requests_in_flight", "HTTP requests being handled now", registry=self.registry
+        )
+        if stats is not None:
+            self.registry.register(_SessionCollector(stats))  # type: ignore[arg-type]
+
+    def observe(self, endpoint: str, method: str, status: int, started: float) -> None:
+        """Record one answered request (``started`` from :func:`time.perf_counter`)."""
+        code = str(status)
+        self.requests.labels(endpoint, method, code).inc()
+        self.latency.labels(endpoint, code).observe(time.perf_counter() - started)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST

@@ -1,0 +1,388 @@
+"""One served model: a BatchedSession plus what the protocol needs to know about it
+(metadata, datatypes, the optional tokenizer and pooling for text requests).
+
+Every request handled here becomes one or more requests to the *same*
+BatchedSession, so HTTP callers are batched together exactly like in-process ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._extras import require
+from ..errors import InvalidInputError, RequestTimeoutError
+from ..manifest import MANIFEST_NAME, Manifest
+from .protocol import DATATYPES, InferRequest, ort_type_to_datatype
+
+__all__ = ["EmbeddingResult", "ServedModel", "TensorMetadata"]
+
+log = logging.getLogger("ortbatch.serve")
+
+TOKENIZER_FILE = "tokenizer.json"
+#: Name of the BYTES input that carries raw text, for models exported with a tokenizer.
+TEXT_INPUT = "text"
+# Tasks whose exports answer /v1/embeddings (token embeddings, pooled here).
+EMBEDDING_TASKS = frozenset({"feature-extraction", "sentence-similarity", "sentence-embeddings"})
+# Already-pooled outputs, preferred over pooling token embeddings ourselves.
+_POOLED_OUTPUTS = ("sentence_embedding", "sentence_embeddings", "embeddings")
+_TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
+
+
+@dataclass(frozen=True)
+class TensorMetadata:
+    """One input or output as the protocol describes it (-1 for a dynamic dim)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    """Pooled embeddings (one row per input) and the number of tokens they used."""
+
+    embeddings: np.ndarray
+    tokens: int
+
+
+def _metadata(node: Any) -> TensorMetadata:
+    shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (node.shape or ()))
+    return TensorMetadata(node.name, ort_type_to_datatype(node.type), shape)
+
+
+class ServedModel:
+    """A BatchedSession behind the Open Inference Protocol.
+
+    Args:
+        session: the :class:`~ortbatch.BatchedSession` every request goes through.
+        name: the model name in URLs (``/v2/models/{name}``).
+        version: the one version served (``/v2/models/{name}/versions/{version}``).
+        manifest: the export's manifest (default: the session's own).
+        tokenizer: a ``tokenizers.Tokenizer`` for BYTES text inputs and
+            ``/v1/embeddings``; ``None`` disables text input.
+        normalize_embeddings: L2-normalize ``/v1/embeddings`` vectors (as
+            sentence-transformers models such as all-MiniLM-L6-v2 do).
+    """
+
+    def __init__(
+        self,
+        session: Any,
+        name: str,
+        *,
+        version: str = "1",
+        manifest: Manifest | None = None,
+        tokenizer: Any = None,
+        normalize_embeddings: bool = True,
+    ) -> None:
+        self.session = session
+        self.name = name
+        self.version = version
+        self.manifest = manifest if manifest is not None else getattr(session, "manifest", None)
+        self.inputs = [_metadata(n) for n in session.get_inputs()]
+        self.outputs = [_metadata(n) for n in session.get_outputs()]
+        self._input_types = {m.name: m.datatype for m in self.inputs}
+        self._output_names = [m.name for m in self.outputs]
+        self.normalize_embeddings = normalize_embeddings
+        self.tokenizer = None
+        self.vocab_size = None
+        self.text_input: str | None = None
+        self.text_disabled_reason = "the export has no tokenizer.json"
+        if tokenizer is not None:
+            self._setup_tokenizer(tokenizer)
+        self.embedding_output, self.embeddings_disabled_reason = self._pick_embedding_output()
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        directory: str | Path,
+        *,
+        name: str | None = None,
+        session_kwargs: dict[str, Any] | None = None,
+        normalize_embeddings: bool = True,
+    ) -> ServedModel:
+        """Build the BatchedSession for an export directory (or a bare ``.onnx`` file)
+        and load its tokenizer when ``tokenizer.json`` sits next to the model."""
+        from ..runtime.session import BatchedSession
+
+        path = Path(directory)
+        session = BatchedSession(path, **(session_kwargs or {}))
+        try:
+            base = path if path.is_dir() else path.parent
+            tokenizer = None
+            if (base / TOKENIZER_FILE).is_file() and (path.is_dir() or (base / MANIFEST_NAME).is_file()):
+                tokenizers = require("tokenizers")
+                tokenizer = tokenizers.Tokenizer.from_file(str(base / TOKENIZER_FILE))
+            if name is None:
+                name = _default_name(path, session.manifest)
+            return cls(session, name, tokenizer=tokenizer, normalize_embeddings=normalize_embeddings)
+        except BaseException:
+            session.close(drain=False)
+            raise
+
+    def _setup_tokenizer(self, tokenizer: Any) -> None:
+        known = {"input_ids", "attention_mask", "token_type_ids"}
+        unknown = [n for n in self._input_types if n not in known]
+        if "input_ids" not in self._input_types or unknown:
+            self.text_disabled_reason = (
+                f"the model's inputs {sorted(self._input_types)} are not input_ids/attention_mask/"
+                "token_type_ids, so text cannot be tokenized for it"
+            )
+            log.warning("text input disabled: %s", self.text_disabled_reason)
+            return
+        # Each text is its own request (the session pads batches itself), so the
+        # tokenizer must not pad; it truncates to the export's length limit.
+        tokenizer.no_padding()
+        max_len = self.manifest.max_sequence_length if self.manifest is not None else None
+        if max_len:
+            tokenizer.enable_truncation(max_length=max_len)
+        self.tokenizer = tokenizer
+        self.vocab_size: int | None = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.text_input = TEXT_INPUT if TEXT_INPUT not in self._input_types else "text_input"
+
+    def _pick_embedding_output(self) -> tuple[str | None, str]:
+        task = (self.manifest.source.get("task") if self.manifest is not None else None) or None
+        if self.tokenizer is None:
+            return None, self.text_disabled_reason
+        if task not in EMBEDDING_TASKS:
+            return None, f"the export's task is {task!r}, not one of {sorted(EMBEDDING_TASKS)}"
+        by_name = {m.name: m for m in self.outputs}
+        for n in (*_POOLED_OUTPUTS, *_TOKEN_OUTPUTS):
+            if n in by_name and len(by_name[n].shape) in (2, 3):
+                return n, ""
+        for m in self.outputs:
+            if len(m.shape) == 3:
+                return m.name, ""
+        return None, f"no output looks like embeddings (outputs: {self._output_names})"
+
+    # -- protocol views --------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Whether the session accepts requests."""
+        return not getattr(self.session, "closed", False)
+
+    def metadata(self) -> dict[str, Any]:
+        """The model metadata response (``GET /v2/models/{name}``)."""
+        inputs = [m.to_dict() for m in self.inputs]
+        if self.text_input is not None:
+            inputs.append({"name": self.text_input, "datatype": "BYTES", "shape": [-1], "optional": True})
+        doc: dict[str, Any] = {
+            "name": self.name,
+            "versions": [self.version],
+            "platform": "onnxruntime_onnx",
+            "inputs": inputs,
+            "outputs": [m.to_dict() for m in self.outputs],
+        }
+        params: dict[str, Any] = {"max_batch_size": getattr(self.session, "max_batch_size", None)}
+        if self.manifest is not None:
+            params["task"] = self.manifest.source.get("task")
+            params["source_model"] = self.manifest.source.get("model")
+            params["max_sequence_length"] = self.manifest.max_sequence_length
+        if self.text_input is not None:
+            params["text_input"] = self.text_input
+        doc["parameters"] = {k: v for k, v in params.items() if v is not None}
+        return doc
+
+    # -- inference -------------------------------------------------------------------
+    def _output_names_for(self, req: InferRequest) -> list[str]:
+        if not req.outputs:
+            return list(self._output_names)
+        names = [o.name for o in req.outputs]
+        for n in names:
+            if n not in self._output_names:
+                raise InvalidInputError(f"unknown output {n!r}; the model's outputs are {self._output_names}")
+        return names
+
+    async def infer(self, req: InferRequest) -> list[tuple[str, np.ndarray]]:
+        """Run a decoded request through the BatchedSession; returns ``(name, array)``
+        pairs in the order the request asked for (model order by default)."""
+        names = self._output_names_for(req)
+        if self.text_input is not None and self.text_input in req.inputs:
+            if len(req.inputs) != 1:
+                raise InvalidInputError(
+                    f"send either the text input {self.text_input!r} alone or the tensor inputs "
+                    f"{sorted(self._input_types)}, not both"
+                )
+            if req.datatypes[self.text_input] != "BYTES":
+                raise InvalidInputError(
+                    f"input {self.text_input!r}: expected datatype BYTES, got {req.datatypes[self.text_input]}"
+                )
+            texts = _texts(req.inputs[self.text_input], self.text_input)
+            coro = self._run_texts(texts, names)
+        else:
+            feed = self._tensor_feed(req)
+            coro = self.session.run_async(names, feed)
+        if req.timeout_s is None:
+            outs = await coro
+        else:
+            try:
+                outs = await asyncio.wait_for(coro, req.timeout_s)
+            except asyncio.TimeoutError:
+                raise RequestTimeoutError(
+                    f"the request's timeout of {req.timeout_s * 1e3:g} ms passed before it finished"
+                ) from None
+        return list(zip(names, outs, strict=True))
+
+    def _tensor_feed(self, req: InferRequest) -> dict[str, np.ndarray]:
+        missing = [n for n in self._input_types if n not in req.inputs]
+        unknown = [n for n in req.inputs if n not in self._input_types]
+        if unknown:
+            hint = f" (or the text input {self.text_input!r} alone)" if self.text_input else ""
+            raise InvalidInputError(
+                f"unknown input(s) {unknown}; the model's inputs are {list(self._input_types)}{hint}"
+            )
+        if missing:
+            raise InvalidInputError(f"missing input(s) {missing}; the model's inputs are {list(self._input_types)}")
+        for n in req.inputs:
+            want = self._input_types[n]
+            if req.datatypes[n] != want:
+                raise InvalidInputError(f"input {n!r}: expected datatype {want}, got {req.datatypes[n]}")
+            if want not in DATATYPES:
+                raise InvalidInputError(f"input {n!r}: datatype {want} is not supported by this server")
+        ids = req.inputs.get("input_ids")
+        if ids is not None:
+            self._check_ids(ids)
+        return req.inputs
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        # An out-of-vocabulary id makes the embedding Gather fail inside ORT, which the
+        # session can only report as an InferenceError; it is the request's fault (400).
+        if self.vocab_size is None or ids.size == 0 or ids.dtype.kind not in "iu":
+            return
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise InvalidInputError(
+                f"input 'input_ids': token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                input_name="input_ids",
+            )
+
+    # -- text ------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> list[dict[str, np.ndarray]]:
+        """One feed (1 row each) per text, in the model's input dtypes."""
+        if self.tokenizer is None:
+            raise InvalidInputError(f"this model takes no text: {self.text_disabled_reason}")
+        encodings = self.tokenizer.encode_batch(list(texts))
+        return [self._feed_from_ids(e.ids, e.attention_mask, e.type_ids) for e in encodings]
+
+    def _feed_from_ids(
+        self, ids: Sequence[int], mask: Sequence[int] | None = None, type_ids: Sequence[int] | None = None
+    ) -> dict[str, np.ndarray]:
+        n = len(ids)
+        columns = {
+            "input_ids": ids,
+            "attention_mask": mask if mask is not None else [1] * n,
+            "token_type_ids": type_ids if type_ids is not None else [0] * n,
+        }
+        try:
+            return {
+                name: np.asarray(columns[name], dtype=DATATYPES[dt]).reshape(1, n)
+                for name, dt in self._input_types.items()
+            }
+        except OverflowError:
+            raise InvalidInputError("a token id is out of range for the model's input dtype") from None
+
+    async def _run_texts(self, texts: Sequence[str], names: list[str]) -> list[np.ndarray]:
+        if not texts:
+            raise InvalidInputError(f"input {self.text_input!r} has no texts")
+        feeds = self.tokenize(texts)
+        results = await self._gather(feeds, names)
+        return [_stack_ragged([r[i] for r in results]) for i in range(len(names))]
+
+    async def _gather(self, feeds: list[dict[str, np.ndarray]], names: list[str]) -> list[list[np.ndarray]]:
+        """Submit every feed as its own request; wait for all, then raise the first error."""
+        tasks = [asyncio.ensure_future(self.session.run_async(names, f)) for f in feeds]
+        try:
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            for t in tasks:
+                t.cancel()
+            raise
+        for r in done:
+            if isinstance(r, BaseException):
+                raise r
+        return done  # type: ignore[return-value]
+
+    async def embed(self, inputs: Sequence[str] | Sequence[Sequence[int]]) -> EmbeddingResult:
+        """Pooled (and by default L2-normalized) embeddings, one row per input: texts
+        are tokenized here; token-id lists are used as they are."""
+        if self.embedding_output is None:
+            raise LookupError(self.embeddings_disabled_reason)
+        if not inputs:
+            raise InvalidInputError("'input' must not be empty")
+        if all(isinstance(x, str) for x in inputs):
+            feeds = self.tokenize(inputs)  # type: ignore[arg-type]
+        else:
+            feeds = [self._feed_from_ids(list(ids)) for ids in inputs]  # type: ignore[arg-type]
+            for feed in feeds:
+                self._check_ids(feed["input_ids"])
+        results = await self._gather(feeds, [self.embedding_output])
+        rows = []
+        tokens = 0
+        for feed, (out,) in zip(feeds, results, strict=True):
+            mask = feed.get("attention_mask")
+            if mask is None:
+                mask = np.ones(feed["input_ids"].shape, dtype=np.int64)
+            tokens += int(mask.sum())
+            rows.append(_pool(out, mask))
+        emb = np.concatenate(rows, axis=0).astype(np.float32, copy=False)
+        if self.normalize_embeddings:
+            norms = np.linalg.norm(emb, axis=1, keepdims=True)
+            emb = emb / np.maximum(norms, 1e-12)
+        return EmbeddingResult(emb, tokens)
+
+    def close(self, drain: bool = True) -> None:
+        """Close the session (draining queued requests by default)."""
+        self.session.close(drain=drain)
+
+
+def _pool(out: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Mean of token embeddings over the attention mask (sentence-transformers' mean
+    pooling); a 2-D output is already pooled."""
+    if out.ndim == 2:
+        return out.astype(np.float32, copy=False)
+    m = mask[:, : out.shape[1], None].astype(np.float32)
+    summed = (out.astype(np.float32) * m).sum(axis=1)
+    return summed / np.maximum(m.sum(axis=1), 1e-9)
+
+
+def _texts(array: np.ndarray, name: str) -> list[str]:
+    texts = []
+    for i, item in enumerate(array.reshape(-1).tolist()):
+        try:
+            texts.append(item.decode("utf-8") if isinstance(item, bytes) else str(item))
+        except UnicodeDecodeError:
+            raise InvalidInputError(f"input {name!r}: element {i} is not valid UTF-8") from None
+    return texts
+
+
+def _stack_ragged(arrays: list[np.ndarray]) -> np.ndarray:
+    """Concatenate per-request outputs along the batch axis, zero-padding any axis on
+    which they differ (a ragged axis trimmed per request) to the longest."""
+    if len(arrays) == 1:
+        return arrays[0]
+    ndim = arrays[0].ndim
+    if ndim == 0 or any(a.ndim != ndim for a in arrays):
+        return np.concatenate([np.atleast_1d(a) for a in arrays], axis=0)
+    target = [max(a.shape[d] for a in arrays) for d in range(1, ndim)]
+    padded = []
+    for a in arrays:
+        pad = [(0, 0)] + [(0, t - s) for t, s in zip(target, a.shape[1:], strict=True)]
+        padded.append(np.pad(a, pad) if any(p[1] for p in pad) else a)
+    return np.concatenate(padded, axis=0)
+
+
+def _default_name(path: Path, manifest: Manifest | None) -> str:
+    base = path if path.is_dir() else path.with_suffix("")
+    name = base.resolve().name or "model"
+    return name

@@ -1,0 +1,226 @@
+"""Running the app: ``ortbatch serve DIR`` (foreground, signal-aware) and
+:class:`BackgroundServer` (a thread, for tests and notebooks).
+
+Shutdown on SIGTERM or SIGINT is graceful: uvicorn stops accepting connections,
+every request already received is answered (the BatchedSession keeps running until
+then), and only then is the session closed with ``drain=True``. ``serve`` returns 0.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from .._extras import require
+from .app import DEFAULT_MAX_BODY_BYTES, RequestCounts, create_app
+from .model import ServedModel
+
+__all__ = ["BackgroundServer", "ServeConfig", "bind_socket", "serve"]
+
+log = logging.getLogger("ortbatch.serve")
+
+
+@dataclass
+class ServeConfig:
+    """Everything ``ortbatch serve`` can be told (the CLI flags, one to one)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    name: str | None = None
+    max_batch_size: int = 32
+    max_batch_tokens: int | None = None
+    max_delay_ms: float = 0.0
+    max_queue: int = 1024
+    workers: int | None = None
+    timeout_s: float | None = None
+    providers: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    normalize_embeddings: bool = True
+    #: seconds to wait for in-flight requests on shutdown before cancelling them
+    graceful_timeout_s: float | None = 60.0
+    log_level: str = "info"
+    access_log: bool = True
+    backlog: int = 2048
+
+    def session_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {
+            "max_batch_size": self.max_batch_size,
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_delay_ms": self.max_delay_ms,
+            "max_queue": self.max_queue,
+            "workers": self.workers,
+            "timeout_s": self.timeout_s,
+        }
+        if self.providers is not None:
+            kw["providers"] = self.providers
+        return kw
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket; ``port=0`` picks a free port (read it back with
+    ``sock.getsockname()[1]``), with no window for another process to take it."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(backlog)
+        sock.set_inheritable(True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _uvicorn_config(app: Any, config: ServeConfig) -> Any:
+    uvicorn = require("uvicorn")
+    return uvicorn.Config(
+        app,
+        lifespan="on",
+        log_level=config.log_level,
+        access_log=config.access_log,
+        timeout_graceful_shutdown=config.graceful_timeout_s,
+        backlog=config.backlog,
+        server_header=False,
+    )
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
+    """Serve an export directory in the foreground until SIGTERM/SIGINT; returns 0
+    after a graceful drain. Prints ``listening on URL`` once the model is loaded and
+    the socket is bound, and the request counts after the drain."""
+    config = config or ServeConfig()
+    uvicorn = require("uvicorn")
+    if not is_loopback(config.host):
+        log.warning("ortbatch serve: binding %s, reachable from other machines", config.host)
+    model = ServedModel.load(
+        directory,
+        name=config.name,
+        session_kwargs=config.session_kwargs(),
+        normalize_embeddings=config.normalize_embeddings,
+    )
+    try:
+        app = create_app(model, max_body_bytes=config.max_body_bytes)
+        sock = bind_socket(config.host, config.port, config.backlog)
+    except BaseException:
+        model.close(drain=False)
+        raise
+    server = uvicorn.Server(_uvicorn_config(app, config))
+    received: list[int] = []
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        # uvicorn re-raises the signal it shut down on once it has drained; landing
+        # here instead of the default handler is what makes SIGTERM exit 0.
+        received.append(sig)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    text = "text input on" if model.text_input else "no text input"
+    emb = "/v1/embeddings on" if model.embedding_output else "no /v1/embeddings"
+    print(
+        f"ortbatch serve: model {model.name!r} ({text}, {emb}); listening on {_url(sock)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        sock.close()
+        if not model.session.closed:
+            model.close(drain=True)
+    counts: RequestCounts = app.state.counts
+    print(
+        f"ortbatch serve: stopped; requests accepted={counts.accepted} answered={counts.answered}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if not server.started:
+        return 1
+    return 0
+
+
+class BackgroundServer:
+    """Serve a :class:`ServedModel` from a background thread on a loopback port.
+
+        with BackgroundServer(ServedModel.load("exports/minilm")) as srv:
+            httpx.get(srv.url + "/v2/health/ready")
+
+    ``stop()`` (or leaving the ``with``) shuts down gracefully, closing the model's
+    session after in-flight requests are answered.
+    """
+
+    def __init__(
+        self,
+        model: ServedModel,
+        config: ServeConfig | None = None,
+        *,
+        close_model: bool = True,
+    ) -> None:
+        self.config = config or ServeConfig(port=0, access_log=False, log_level="warning")
+        self.model = model
+        self.app = create_app(model, max_body_bytes=self.config.max_body_bytes, close_model_on_shutdown=close_model)
+        self._sock = bind_socket(self.config.host, self.config.port, self.config.backlog)
+        self.url = _url(self._sock)
+        self.port: int = self._sock.getsockname()[1]
+        uvicorn = require("uvicorn")
+        self._server = uvicorn.Server(_uvicorn_config(self.app, self.config))
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ortbatch-serve", daemon=True)
+
+    @property
+    def counts(self) -> RequestCounts:
+        return self.app.state.counts  # type: ignore[no-any-return]
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._sock])
+        except BaseException as exc:  # surfaced by start()/stop()
+            self._error = exc
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server did not start: {self._error!r}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._sock.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
