@@ -1,0 +1,411 @@
+"""Hugging Face model -> ONNX export directory that BatchedSession can serve.
+
+The conversion is optimum-onnx's (no per-architecture configs here). Around it,
+:func:`export_model`:
+
+1. resolves the task and refuses what ortbatch cannot check or serve;
+2. exports with optimum-onnx, optionally optimises with its ORT optimizer
+   (O1-O3 on CPU; O4 is O3 + fp16 and needs ``device="cuda"``) and converts to fp16
+   with onnxruntime's float16 converter (inputs/outputs stay int64/fp32);
+3. writes ``ortbatch.json``: inputs (dtype, axes, pad values from the tokenizer),
+   outputs, padding side, limits, providers (TensorRT profile and caches with
+   ``trt=True``), source and versions;
+4. runs the built-in checks (:func:`ortbatch.validate`) against the PyTorch model
+   and writes ``validation.json``. A failed check raises
+   :class:`~ortbatch.ValidationError`; the files stay for inspection.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._extras import require
+from ..errors import ExportError, OrtBatchError, UnsupportedModelError, ValidationError
+from ..manifest import Manifest
+from . import graph, tasks
+from .recipes import Recipe, load_recipe, resolve_model_ref, tolerances_for
+from .trt import TRT_PROVIDER, TrtShapes, model_hash, tensorrt_provider_options
+
+__all__ = ["ExportResult", "export_model"]
+
+log = logging.getLogger("ortbatch.export")
+
+Progress = Callable[[str], None]
+_DEFAULT_MAX_SEQ = 512
+_SEQ2SEQ_FILES = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_model` produced."""
+
+    directory: Path
+    manifest: Manifest
+    report: Any  # ValidationReport, or None when validate=False
+
+    @property
+    def passed(self) -> bool:
+        return self.report is None or bool(self.report.passed)
+
+
+def export_model(
+    model: str | os.PathLike[str] | None,
+    output_dir: str | os.PathLike[str],
+    *,
+    task: str | None = None,
+    opset: int | None = None,
+    dtype: str | None = None,
+    optimize: str | None = None,
+    device: str | None = None,
+    trt: bool | None = None,
+    max_batch_size: int | None = None,
+    max_sequence_length: int | None = None,
+    recipe: Recipe | str | os.PathLike[str] | None = None,
+    samples: list[str] | tuple[str, ...] | None = None,
+    providers: list[str] | tuple[str, ...] | None = None,
+    validate: bool = True,
+    raise_on_failure: bool = True,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Export a Hugging Face model to ``output_dir`` and check it.
+
+    Args:
+        model: hub id, local directory, or ``pkg:<module>`` (a package's MODEL_DIR);
+            ``None`` to take it from ``recipe``.
+        output_dir: created if needed; files from an earlier export are replaced.
+        task: ``"auto"`` (from the checkpoint's architecture; decoders get
+            ``-with-past``) or one of :data:`ortbatch.export.SUPPORTED_TASKS`.
+        opset: ONNX opset (default: optimum's choice for the architecture).
+        dtype: ``"fp32"`` or ``"fp16"``.
+        optimize: ``"O1"``..``"O4"`` (ORT graph optimizations via optimum-onnx).
+        device: ``"cpu"`` or ``"cuda"`` (where the export and O4 run).
+        trt: add TensorRT execution-provider options to the manifest.
+        max_batch_size, max_sequence_length: the limits written to the manifest
+            (and the TensorRT profile's max shapes).
+        recipe: a :class:`Recipe` or a TOML file; the other arguments override it.
+        samples: texts the checks run on (default: the recipe's).
+        providers: execution providers to check on (default CPU, plus the GPU
+            providers the export is for).
+        validate: run the checks (default). ``raise_on_failure``: raise
+            :class:`~ortbatch.ValidationError` when one fails (default), else only
+            report it in the result.
+
+    Raises:
+        UnsupportedModelError: the architecture or task is not supported.
+        ExportError: the conversion failed.
+        ValidationError: a check failed (``exc.report`` has the details).
+    """
+    say = progress or (lambda msg: log.info("%s", msg))
+    if isinstance(recipe, (str, os.PathLike)):
+        recipe = load_recipe(recipe)
+    base = recipe if recipe is not None else Recipe()
+    rcp = base.with_overrides(
+        model=os.fspath(model) if model is not None else None,
+        task=task, opset=opset, dtype=dtype, optimize=optimize, device=device, trt=trt,
+        max_batch_size=max_batch_size, max_sequence_length=max_sequence_length,
+        samples=tuple(samples) if samples is not None else None,
+        providers=tuple(providers) if providers is not None else None,
+    )
+    if rcp.model is None:
+        raise ExportError("no model given (pass a hub id or directory, or a recipe that names one)")
+    if rcp.optimize == "O4" and rcp.device != "cuda":
+        raise ExportError(
+            "optimize='O4' is O3 plus fp16 kernels fused for GPU and needs device='cuda'. "
+            "On CPU use O1, O2 or O3 (optionally with dtype='fp16')."
+        )
+    for mod in ("torch", "transformers", "optimum.exporters.onnx", "onnx", "onnxruntime"):
+        require(mod, "export")
+
+    out = Path(output_dir)
+    model_ref = resolve_model_ref(rcp.model)
+    t0 = time.perf_counter()
+    say(f"resolving {rcp.model} (task {rcp.task})")
+    resolved = tasks.resolve_model(model_ref, rcp.task, trust_remote_code=trust_remote_code)
+    fam = tasks.family(resolved.task)
+    tokenizer = _load_tokenizer(model_ref, trust_remote_code)
+    max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length)
+
+    say(f"exporting {resolved.model_type} for {resolved.task} with optimum-onnx")
+    _clean(out)
+    torch_model = _export(resolved, out, rcp, tokenizer, trust_remote_code)
+    onnx_files = list(_SEQ2SEQ_FILES) if fam == "seq2seq" else ["model.onnx"]
+    missing = [f for f in onnx_files if not (out / f).is_file()]
+    if missing:
+        raise ExportError(f"optimum-onnx did not write {missing} in {out} (found {sorted(os.listdir(out))})")
+    if fam == "seq2seq":
+        for extra in ("decoder_model_merged.onnx",):
+            (out / extra).unlink(missing_ok=True)
+
+    if rcp.optimize is not None:
+        say(f"optimizing ({rcp.optimize}) with optimum-onnx's ORT optimizer")
+        _optimize(out, onnx_files, rcp)
+    if rcp.dtype == "fp16" and rcp.optimize != "O4":
+        say("converting to fp16")
+        for f in onnx_files:
+            _to_fp16(out / f)
+
+    tokenizer.save_pretrained(out)
+    manifest = _write_manifest(out, resolved, rcp, tokenizer, onnx_files, max_seq)
+    say(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
+
+    report = None
+    if validate:
+        from .checks import validate as run_checks
+
+        report = run_checks(
+            out, providers=list(rcp.providers) or None, reference=torch_model, progress=say,
+        )
+        manifest = Manifest.load(out)
+        if raise_on_failure and not report.passed:
+            raise ValidationError(f"export written to {out} but {report.summary()}", report=report)
+    return ExportResult(directory=out, manifest=manifest, report=report)
+
+
+# -- steps ---------------------------------------------------------------------------
+
+def _clean(out: Path) -> None:
+    """Remove what an earlier export left (stale decoders, engines for an old model)."""
+    if not out.exists():
+        out.mkdir(parents=True)
+        return
+    if not out.is_dir():
+        raise ExportError(f"{out} exists and is not a directory")
+    for p in out.iterdir():
+        if p.suffix in (".onnx", ".onnx_data") or p.name.endswith(".onnx_data") or p.name in (
+            "ortbatch.json", "validation.json"
+        ):
+            p.unlink()
+        elif p.name == "trt_cache" and p.is_dir():
+            shutil.rmtree(p)
+
+
+def _load_tokenizer(model_ref: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_ref, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise ExportError(
+            f"could not load a tokenizer for {model_ref}: ortbatch exports text models and needs one "
+            f"to set pad values and run the checks ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _max_sequence_length(resolved: tasks.ResolvedModel, tokenizer: Any, requested: int | None) -> int:
+    cfg = resolved.config
+    limits = [getattr(cfg, k) for k in ("max_position_embeddings", "n_positions", "max_seq_len")
+              if isinstance(getattr(cfg, k, None), int)]
+    if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and limits:
+        limits = [limits[0] - 2]  # positions start after the padding index
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
+        limits.append(tok_max)
+    model_max = min(limits) if limits else None
+    if requested is not None:
+        if model_max is not None and requested > model_max:
+            raise ExportError(
+                f"max_sequence_length={requested} exceeds what {resolved.model} supports ({model_max} positions)"
+            )
+        return requested
+    return model_max or _DEFAULT_MAX_SEQ
+
+
+def _export(resolved: tasks.ResolvedModel, out: Path, rcp: Recipe, tokenizer: Any, trust_remote_code: bool) -> Any:
+    from optimum.exporters.onnx import onnx_export_from_model
+    from optimum.exporters.tasks import TasksManager
+    from optimum.utils.save_utils import maybe_load_preprocessors
+
+    fam = tasks.family(resolved.task)
+    try:
+        model = TasksManager.get_model_from_task(
+            resolved.task, resolved.model, framework="pt", library_name=resolved.library,
+            device=rcp.device, trust_remote_code=trust_remote_code,
+        )
+    except OrtBatchError:
+        raise
+    except Exception as exc:
+        raise ExportError(f"could not load {resolved.model} for {resolved.task}: {type(exc).__name__}: {exc}") from exc
+    config = getattr(model, "config", None)
+    if resolved.task == "text-classification" and config is not None and config.pad_token_id is None:
+        config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    try:
+        onnx_export_from_model(
+            model=model,
+            output=out,
+            opset=rcp.opset,
+            task=resolved.task,
+            device=rcp.device,
+            do_validation=False,  # ours is stricter and never downgrades a failure to a warning
+            # seq2seq: keep the plain decoder and decoder-with-past instead of the merged If-graph.
+            no_post_process=fam == "seq2seq",
+            preprocessors=maybe_load_preprocessors(resolved.model, trust_remote_code=trust_remote_code),
+        )
+    except (ValueError, KeyError) as exc:
+        if "not supported" in str(exc) or "unsupported" in str(exc).lower():
+            raise UnsupportedModelError(str(exc)) from exc
+        raise ExportError(f"optimum-onnx failed to export {resolved.model}: {exc}") from exc
+    except Exception as exc:
+        raise ExportError(f"optimum-onnx failed to export {resolved.model}: {type(exc).__name__}: {exc}") from exc
+    if hasattr(model, "to"):
+        model.to("cpu")
+    if hasattr(model, "eval"):
+        model.eval()
+    return model
+
+
+def _optimize(out: Path, onnx_files: list[str], rcp: Recipe) -> None:
+    from optimum.onnxruntime import AutoOptimizationConfig, ORTOptimizer
+
+    for_gpu = rcp.device == "cuda"
+    try:
+        cfg = AutoOptimizationConfig.with_optimization_level(rcp.optimize, for_gpu=for_gpu)
+        cfg.disable_shape_inference = True
+        optimizer = ORTOptimizer.from_pretrained(out, file_names=onnx_files)
+        optimizer.optimize(save_dir=out, optimization_config=cfg, file_suffix="")
+    except Exception as exc:
+        raise ExportError(f"ORT optimization {rcp.optimize} failed: {type(exc).__name__}: {exc}") from exc
+    (out / "ort_config.json").unlink(missing_ok=True)
+
+
+def _to_fp16(path: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(path))
+    # Inputs and outputs stay fp32/int64 so callers and the batcher see the same
+    # interface as the fp32 export; the casts sit at the graph's edges.
+    model16 = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=model.ByteSize() > 2**31)
+    graph.save_onnx(model16, path)
+
+
+def _pads(tokenizer: Any, resolved: tasks.ResolvedModel) -> dict[str, float | int]:
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    return {
+        "input_ids": int(pad),
+        "decoder_input_ids": int(pad),
+        "attention_mask": 0,
+        "encoder_attention_mask": 0,
+        "decoder_attention_mask": 0,
+        "token_type_ids": int(getattr(tokenizer, "pad_token_type_id", 0) or 0),
+        "position_ids": 0,
+    }
+
+
+def _versions() -> dict[str, str]:
+    versions = {}
+    for dist in ("ortbatch", "torch", "transformers", "optimum-onnx", "optimum", "onnx", "onnxruntime",
+                 "onnxruntime-gpu", "sentence-transformers"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return str(onnxruntime.__version__)
+
+
+def _write_manifest(
+    out: Path, resolved: tasks.ResolvedModel, rcp: Recipe, tokenizer: Any, onnx_files: list[str], max_seq: int
+) -> Manifest:
+    fam = tasks.family(resolved.task)
+    pads = _pads(tokenizer, resolved)
+    components: dict[str, Any] = {}
+    main_io = None
+    for f in onnx_files:
+        io = graph.read_graph_io(out / f)
+        inputs, outputs, shapes = graph.manifest_io(io, pads)
+        name = f.removesuffix(".onnx").removesuffix("_model") if fam == "seq2seq" else "model"
+        components[name] = {
+            "model": f,
+            "opset": io.opset,
+            "inputs": {k: v.to_dict() for k, v in inputs.items()},
+            "outputs": {k: v.to_dict() for k, v in outputs.items()},
+            "shapes": shapes,
+            "sha256": model_hash(out / f),
+        }
+        if main_io is None:
+            main_io = (f, inputs, outputs, shapes, io.opset)
+    assert main_io is not None
+    main_file, inputs, outputs, shapes, opset = main_io
+    limits = {"max_batch_size": rcp.max_batch_size, "max_sequence_length": max_seq}
+
+    providers: list[Any] = []
+    if rcp.trt:
+        trt_shapes = TrtShapes(rcp.max_batch_size, max_seq, rcp.trt_opt_batch_size, rcp.trt_opt_sequence_length)
+        fp16 = rcp.trt_fp16 if rcp.trt_fp16 is not None else rcp.dtype == "fp16"
+        opts = tensorrt_provider_options(
+            shapes, trt_shapes, fp16=fp16, model_digest=components[next(iter(components))]["sha256"],
+            ort_version=_ort_version(),
+        )
+        providers.append([TRT_PROVIDER, opts])
+    if rcp.trt or rcp.device == "cuda":
+        providers.append(["CUDAExecutionProvider", {}])
+    providers.append(["CPUExecutionProvider", {}])
+
+    tol = tolerances_for(rcp.dtype, rcp.optimize, rcp.tolerances)
+    tol_fp16 = tolerances_for("fp16", rcp.optimize, rcp.tolerances)
+    check_providers = list(rcp.providers) or ["CPUExecutionProvider"]
+    manifest = Manifest(
+        model=main_file,
+        inputs=inputs,
+        outputs=outputs,
+        padding_side=tasks.padding_side(resolved.task),
+        limits=limits,
+        providers=providers,
+        source={
+            "model": resolved.model,
+            "model_ref": rcp.model,
+            "task": resolved.task,
+            "family": fam,
+            "library": resolved.library,
+            "model_type": resolved.model_type,
+            "dtype": rcp.dtype,
+            "optimize": rcp.optimize,
+            "opset": opset,
+            "device": rcp.device,
+            "versions": _versions(),
+            "recipe": rcp.path,
+        },
+        validation={
+            "passed": None,
+            "report": "validation.json",
+            "samples": list(rcp.samples),
+            "tolerances": tol,
+            "tolerances_fp16": tol_fp16,
+            "providers": check_providers,
+        },
+        extra={"components": components},
+    )
+    if fam == "decoder":
+        manifest.generation = _generation_section(out)
+    manifest.save(out)
+    return manifest
+
+
+def _generation_section(out: Path) -> dict[str, Any]:
+    try:
+        from ortbatch.generation.layout import generation_section  # type: ignore[import-not-found]
+    except ImportError:
+        log.info("ortbatch.generation is not available; the manifest has no generation section")
+        return {}
+    try:
+        return dict(generation_section(out))
+    except OrtBatchError:
+        raise
+    except Exception as exc:
+        raise ExportError(f"could not describe the generation cache layout: {type(exc).__name__}: {exc}") from exc

