@@ -4,6 +4,8 @@ The tree is chosen by what the caller does next::
 
     OrtBatchError
     ├── InvalidInputError (ValueError)      fix the request; the session keeps serving
+    │                                       (at submit, or when ORT rejects its values at run
+    │                                       time, e.g. token ids outside the vocabulary)
     ├── QueueFullError                      back off and retry (carries queued, max_queue)
     ├── RequestTimeoutError (TimeoutError)  the deadline passed before the request ran
     ├── SessionClosedError                  the session is closed; make a new one

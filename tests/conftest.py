@@ -33,7 +33,8 @@ def embed_path(model_dir: Path) -> Path:
 
 @pytest.fixture
 def no_thread_leak():
-    """Fail the test if an ortbatch worker thread outlives it."""
+    """Fail the test if an ortbatch worker thread started during it outlives it."""
+    before = set(threading.enumerate())
     yield
-    alive = [t.name for t in threading.enumerate() if t.name.startswith("ortbatch-")]
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("ortbatch-") and t not in before]
     assert not alive, f"ortbatch threads still alive: {alive}"

@@ -166,7 +166,8 @@ class PaddingCollator(Collator):
             arrays[sig.name] = arr
         if rows > self.signature.max_rows:
             raise InvalidInputError(
-                f"request has {rows} rows, over max_batch_size={self.signature.max_rows}",
+                f"input {rows_from!r} has {rows} rows, over max_batch_size={self.signature.max_rows}: "
+                "split the request",
                 input_name=rows_from,
             )
         return Prepared(arrays, rows, math.prod(lengths.values()) if lengths else 1, lengths)

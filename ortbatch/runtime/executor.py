@@ -112,6 +112,14 @@ def build_session(
     User-supplied ``session_options`` are taken as they are.
     """
     ort = require("onnxruntime")
+    available = ort.get_available_providers()
+    unavailable = [name for name, _ in providers if name not in available]
+    if unavailable:
+        raise ProviderError(
+            f"execution provider(s) {unavailable} are not in this onnxruntime build "
+            f"(onnxruntime {ort.__version__} has {available}); install onnxruntime-gpu "
+            "('pip install ortbatch[gpu]') for CUDA/TensorRT, or pass providers='cpu'"
+        )
     if session_options is None:
         so = ort.SessionOptions()
         on_gpu = any(name in GPU_PROVIDERS for name, _ in providers)

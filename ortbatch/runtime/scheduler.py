@@ -187,8 +187,15 @@ class BatchPolicy:
 class Scheduler:
     """The queue shared by callers (``put``) and workers (``take``)."""
 
-    def __init__(self, policy: BatchPolicy, max_queue: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_expired: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.policy = policy
+        self._on_expired = on_expired
         self.max_queue = max_queue
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
@@ -254,7 +261,9 @@ class Scheduler:
                     self._cond.wait(self._timeout(None, now))
         finally:
             for req in expired:
-                _fail(req, RequestTimeoutError("deadline passed before the request could run; it was dropped"))
+                exc = RequestTimeoutError("deadline passed before the request could run; it was dropped")
+                if _fail(req, exc) and self._on_expired is not None:
+                    self._on_expired(exc)
 
     def done(self) -> None:
         """A worker finished the batch it took."""
@@ -302,11 +311,13 @@ class Scheduler:
         self._pending = [r for r in self._pending if not r.future.cancelled()]
 
 
-def _fail(req: Request, exc: BaseException) -> None:
-    """Settle a request that never ran (still PENDING) with ``exc``."""
+def _fail(req: Request, exc: BaseException) -> bool:
+    """Settle a request that never ran (still PENDING) with ``exc``; True if this did."""
     fut = req.future
     try:
         if fut.set_running_or_notify_cancel():
             fut.set_exception(exc)
+            return True
     except RuntimeError:  # already running or done: someone else settles it
         pass
+    return False

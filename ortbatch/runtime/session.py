@@ -152,8 +152,8 @@ class BatchedSession:
             max_delay_s=max_delay_ms / 1e3,
             cost=self._cost,
         )
-        self._sched = Scheduler(self._policy, max_queue)
         self._stats = StatsRecorder()
+        self._sched = Scheduler(self._policy, max_queue, on_expired=self._stats.error)
         self._executor = Executor(self.session)
         self._state = _OPEN
         self._state_lock = threading.Lock()

@@ -51,9 +51,7 @@ def run_threads(bs: BatchedSession, feeds: list[dict[str, np.ndarray]]) -> list:
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_threads_every_result_equals_unbatched(echo_path, workers, no_thread_leak):
     rng = np.random.default_rng(workers)
-    feeds = [
-        make_feed(i, int(rng.integers(1, 40)), int(rng.integers(1, 5))) for i in range(THREADS * PER_THREAD)
-    ]
+    feeds = [make_feed(i, int(rng.integers(1, 40)), int(rng.integers(1, 5))) for i in range(THREADS * PER_THREAD)]
     plain = ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"])
     with BatchedSession(str(echo_path), max_batch_size=16, workers=workers) as bs:
         results = run_threads(bs, feeds)
