@@ -150,6 +150,9 @@ def _infer_task(config: Any, library: str) -> str:
     import transformers
 
     for arch in config.architectures or []:
+        # BART-like heads are registered for fill-mask too; generation is what they are for.
+        if getattr(config, "is_encoder_decoder", False) and arch.endswith("ForConditionalGeneration"):
+            return "text2text-generation"
         cls = getattr(transformers, arch, None)
         if cls is None:
             continue
