@@ -8,10 +8,8 @@ Nothing heavy is imported here: the runtime needs only numpy and onnxruntime, an
 the exporter's torch/transformers/optimum are imported when first used.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 from .errors import (
     ExportError,
@@ -73,7 +71,7 @@ _LAZY = {
     "ValidationReport": "ortbatch.export",
 }
 
-if TYPE_CHECKING:  # pragma: no cover
+if _typing.TYPE_CHECKING:  # pragma: no cover
     from .export import ValidationReport, export_model, validate
     from .generation import BatchedGenerator, Completion
     from .runtime.collate import Collator, PaddingCollator
@@ -81,11 +79,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .runtime.stats import Stats
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "_typing.Any":
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ortbatch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value
 
