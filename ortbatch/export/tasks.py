@@ -117,7 +117,9 @@ def resolve_model(model: str, task: str = "auto", *, trust_remote_code: bool = F
                 f"task {task!r} is not supported by ortbatch export; supported tasks: {', '.join(SUPPORTED_TASKS)}"
             )
     try:
-        model_tasks = TasksManager.get_supported_tasks_for_model_type(model_type, "onnx", library_name=library)
+        # sentence-transformers checkpoints are exported through one generic config.
+        lookup = "transformer" if library == "sentence_transformers" else model_type
+        model_tasks = TasksManager.get_supported_tasks_for_model_type(lookup, "onnx", library_name=library)
     except KeyError:
         raise UnsupportedModelError(
             f"architecture {model_type!r} is not supported by the ONNX exporter (optimum-onnx). "

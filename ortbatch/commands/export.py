@@ -1,0 +1,78 @@
+"""``ortbatch export MODEL``: Hugging Face model -> checked ONNX export directory."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+HELP = "export a Hugging Face model to ONNX (+ manifest, checks) for batched serving"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", help="hub id, local directory or pkg:<module> (default: the recipe's)")
+    parser.add_argument("-o", "--output", help="output directory (default: ./exports/<model name>)")
+    parser.add_argument("--task", default=None, help="auto (default) or e.g. feature-extraction, "
+                        "text-classification, token-classification, text-generation-with-past")
+    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: optimum's for the model)")
+    parser.add_argument("--dtype", choices=["fp32", "fp16"], default=None, help="weights/compute precision")
+    parser.add_argument("--optimize", choices=["O1", "O2", "O3", "O4"], default=None,
+                        help="ORT graph optimizations via optimum-onnx (O4 = O3 + fp16, needs --device cuda)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where to export/optimize")
+    parser.add_argument("--trt", action="store_true", default=None,
+                        help="write TensorRT provider options (profile shapes, engine/timing caches)")
+    parser.add_argument("--max-batch-size", type=int, default=None, help="rows per batch (default 64)")
+    parser.add_argument("--max-sequence-length", type=int, default=None,
+                        help="longest input (default: the model's position limit)")
+    parser.add_argument("--recipe", default=None, help="TOML recipe (see export/*.toml); flags override it")
+    parser.add_argument("--providers", default=None,
+                        help="comma-separated providers to check on, e.g. cpu,cuda,trt (default: cpu)")
+    parser.add_argument("--no-validate", action="store_true", help="skip the accuracy checks")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show third-party logs, every check case")
+
+
+def _default_output(model: str) -> Path:
+    name = model.removeprefix("pkg:").rstrip("/\\")
+    name = os.path.basename(name) if os.path.isdir(name) else name.split("/")[-1]
+    if name == "model" and model.startswith("pkg:"):
+        name = model[4:]
+    return Path("exports") / re.sub(r"[^\w.-]+", "-", name)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ._progress import quiet_third_parties, stepper
+
+    quiet_third_parties(args.verbose)
+    from ..export import export_model
+    from ..export.recipes import Recipe, load_recipe
+
+    recipe = load_recipe(args.recipe) if args.recipe else Recipe()
+    model = args.model or recipe.model
+    if model is None:
+        print("ortbatch export: give a MODEL or a --recipe that names one")
+        return 2
+    out = Path(args.output) if args.output else _default_output(model)
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()] if args.providers else None
+    step = stepper()
+    result = export_model(
+        model, out, task=args.task, opset=args.opset, dtype=args.dtype, optimize=args.optimize,
+        device=args.device, trt=args.trt, max_batch_size=args.max_batch_size,
+        max_sequence_length=args.max_sequence_length, recipe=recipe, providers=providers,
+        validate=not args.no_validate, raise_on_failure=False, progress=step,
+    )
+    m = result.manifest
+    files = sorted(p.name for p in out.iterdir() if p.is_file())
+    size = sum((out / f).stat().st_size for f in files if ".onnx" in f) / 2**20
+    if result.report is not None:
+        print(result.report.format_table(verbose=args.verbose))
+    print(f"\nexport: {out}  task={m.source.get('task')}  dtype={m.source.get('dtype')}  "
+          f"opset={m.source.get('opset')}  onnx={size:.1f} MiB  padding={m.padding_side}  "
+          f"limits={m.limits}")
+    if result.report is None:
+        print("checks: not run (--no-validate); run `ortbatch validate DIR` before serving")
+        return 0
+    if not result.report.passed:
+        print(f"FAILED: the files are kept in {out} for inspection; see {out / 'validation.json'}")
+        return 1
+    return 0
