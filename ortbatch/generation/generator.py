@@ -24,11 +24,13 @@ Every request ends in exactly one of: a :class:`Completion`; or a typed error fr
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import os
 import secrets
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -67,7 +69,36 @@ _NP_TYPES = {
     "tensor(int32)": np.int32,
 }
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider")
+_SHORTCUTS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "gpu": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    "trt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
 _IDLE_WAIT_S = 0.25  # the scheduler re-checks deadlines at least this often when idle
+
+
+_LIVE: weakref.WeakSet[BatchedGenerator] = weakref.WeakSet()
+
+
+@atexit.register
+def _abort_all_at_exit() -> None:  # pragma: no cover - runs at interpreter exit
+    for gen in list(_LIVE):
+        try:
+            gen.close(drain=False, timeout=1.0)
+        except Exception:
+            pass
+
+
+def _resolve_providers(ort: Any, providers: str | Sequence[Any] | None) -> list[Any]:
+    if providers is None:
+        available = ort.get_available_providers()
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"] if "CUDAExecutionProvider" in available \
+            else ["CPUExecutionProvider"]
+    if isinstance(providers, str):
+        return list(_SHORTCUTS.get(providers.lower(), [providers]))
+    return list(providers)
 
 
 @dataclass(frozen=True)
@@ -193,8 +224,10 @@ class BatchedGenerator:
         max_queue: most requests waiting for admission; beyond it ``submit`` raises
             :class:`QueueFullError`.
         timeout_s: default deadline of each request, from submit to its last token.
-        providers: ONNX Runtime execution providers (default CPU). A requested GPU
-            provider that is not active raises :class:`ProviderError`.
+        providers: ``None`` (CUDA when this onnxruntime build has it, else CPU), a
+            shortcut ``"cpu"`` / ``"cuda"`` / ``"tensorrt"``, or a list as ONNX Runtime
+            takes it. A requested GPU provider that is not active raises
+            :class:`ProviderError` (no silent fallback to CPU).
         session_options: ``onnxruntime.SessionOptions`` for the model's session.
         io_binding: run through IOBinding with the cache kept where the provider
             lives (default: on for GPU providers, off on CPU where plain numpy is as fast).
@@ -212,7 +245,7 @@ class BatchedGenerator:
         max_tokens_in_flight: int | None = None,
         max_queue: int = 1024,
         timeout_s: float | None = None,
-        providers: Sequence[Any] | None = None,
+        providers: str | Sequence[Any] | None = None,
         session_options: Any = None,
         io_binding: bool | None = None,
         max_new_tokens: int = 64,
@@ -231,7 +264,7 @@ class BatchedGenerator:
         ort = require("onnxruntime")
         self._ort = ort
         model_path = self._dir / self.layout.model
-        wanted = list(providers) if providers else ["CPUExecutionProvider"]
+        wanted = _resolve_providers(ort, providers)
         try:
             self._session = ort.InferenceSession(str(model_path), sess_options=session_options,
                                                  providers=wanted)
@@ -285,8 +318,10 @@ class BatchedGenerator:
         self._rows: list[_Request] = []
         self._cache = self._empty_cache()
 
+        # Daemon, so a process that never calls close() still exits; atexit aborts it first.
         self._thread = threading.Thread(target=self._run, name="ortbatch-generator", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     # -- construction helpers ---------------------------------------------------------
     @staticmethod
