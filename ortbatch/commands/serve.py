@@ -20,22 +20,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (0: pick a free one; default 8000)")
     parser.add_argument("--name", default=None, help="model name in URLs (default: the directory name)")
     parser.add_argument("--max-batch-size", type=_positive_int, default=32, help="rows per batch (default 32)")
-    parser.add_argument("--max-batch-tokens", type=_positive_int, default=None,
-                        help="cap on rows x longest length per batch")
-    parser.add_argument("--max-delay-ms", type=float, default=0.0,
-                        help="how long a free worker may wait for a fuller batch (default 0)")
-    parser.add_argument("--max-queue", type=_positive_int, default=1024,
-                        help="requests allowed to wait; beyond that 429 (default 1024)")
+    parser.add_argument(
+        "--max-batch-tokens", type=_positive_int, default=None, help="cap on rows x longest length per batch"
+    )
+    parser.add_argument(
+        "--max-delay-ms", type=float, default=0.0, help="how long a free worker may wait for a fuller batch (default 0)"
+    )
+    parser.add_argument(
+        "--max-queue", type=_positive_int, default=1024, help="requests allowed to wait; beyond that 429 (default 1024)"
+    )
     parser.add_argument("--workers", type=_positive_int, default=None, help="batches in flight (default 2)")
-    parser.add_argument("--timeout-s", type=float, default=None,
-                        help="deadline per request before it runs; then 504 (default none)")
+    parser.add_argument(
+        "--timeout-s", type=float, default=None, help="deadline per request before it runs; then 504 (default none)"
+    )
     parser.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available)")
-    parser.add_argument("--max-body-bytes", type=_positive_int, default=64 * 1024 * 1024,
-                        help="largest request body; larger is 413 (default 64 MiB)")
-    parser.add_argument("--no-normalize", action="store_true",
-                        help="do not L2-normalize /v1/embeddings vectors")
-    parser.add_argument("--graceful-timeout-s", type=float, default=60.0,
-                        help="on SIGTERM, wait this long for in-flight requests (default 60)")
+    parser.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=64 * 1024 * 1024,
+        help="largest request body; larger is 413 (default 64 MiB)",
+    )
+    parser.add_argument("--no-normalize", action="store_true", help="do not L2-normalize /v1/embeddings vectors")
+    parser.add_argument(
+        "--graceful-timeout-s",
+        type=float,
+        default=60.0,
+        help="on SIGTERM, wait this long for in-flight requests (default 60)",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
 

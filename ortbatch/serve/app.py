@@ -359,8 +359,14 @@ class _Observed:
             if not response_started:
                 body = json.dumps({"error": f"internal server error: {exc!r}"}).encode()
                 await observed_send(
-                    {"type": "http.response.start", "status": 500,
-                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+                    {
+                        "type": "http.response.start",
+                        "status": 500,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
                 )
                 await observed_send({"type": "http.response.body", "body": body})
         finally:
@@ -388,4 +394,3 @@ def _embedding_inputs(value: Any) -> list[str] | list[list[int]]:
     raise InvalidInputError(
         "'input' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists"
     )
-

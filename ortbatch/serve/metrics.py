@@ -56,9 +56,7 @@ class _SessionCollector:
         for le in _ROWS_BUCKETS:
             buckets.append((str(le), sum(c for rows, c in hist if rows <= le)))
         buckets.append(("+Inf", sum(c for _, c in hist)))
-        yield core.HistogramMetricFamily(
-            "ortbatch_batch_rows", "Rows per batch run", buckets=buckets, sum_value=s.rows
-        )
+        yield core.HistogramMetricFamily("ortbatch_batch_rows", "Rows per batch run", buckets=buckets, sum_value=s.rows)
 
 
 class ServerMetrics:

@@ -159,15 +159,11 @@ def decode_bytes_tensor(buf: bytes | memoryview, count: int, where: str = "tenso
         (n,) = struct.unpack_from("<I", view, offset)
         offset += 4
         if offset + n > len(view):
-            raise InvalidInputError(
-                f"{where}: BYTES element {i} claims {n} bytes but only {len(view) - offset} remain"
-            )
+            raise InvalidInputError(f"{where}: BYTES element {i} claims {n} bytes but only {len(view) - offset} remain")
         out[i] = bytes(view[offset : offset + n])
         offset += n
     if offset != len(view):
-        raise InvalidInputError(
-            f"{where}: {len(view) - offset} bytes left over after {count} BYTES elements"
-        )
+        raise InvalidInputError(f"{where}: {len(view) - offset} bytes left over after {count} BYTES elements")
     return out
 
 
@@ -221,9 +217,7 @@ def _json_tensor(data: Any, datatype: str, shape: tuple[int, ...], where: str) -
     flat = _flatten(data, where)
     count = math.prod(shape)
     if len(flat) != count:
-        raise InvalidInputError(
-            f"{where}: shape {list(shape)} needs {count} elements but 'data' has {len(flat)}"
-        )
+        raise InvalidInputError(f"{where}: shape {list(shape)} needs {count} elements but 'data' has {len(flat)}")
     if datatype == "BYTES":
         out = np.empty(count, dtype=object)
         for i, item in enumerate(flat):
@@ -257,9 +251,7 @@ def _json_tensor(data: Any, datatype: str, shape: tuple[int, ...], where: str) -
         raise InvalidInputError(f"{where}: a value is out of range for {datatype}") from None
 
 
-def _binary_tensor(
-    buf: memoryview, datatype: str, shape: tuple[int, ...], where: str
-) -> np.ndarray:
+def _binary_tensor(buf: memoryview, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
         return decode_bytes_tensor(buf, count, where).reshape(shape)
@@ -267,8 +259,7 @@ def _binary_tensor(
     expected = count * dtype.itemsize
     if len(buf) != expected:
         raise InvalidInputError(
-            f"{where}: binary_data_size is {len(buf)} bytes but shape {list(shape)} of {datatype} "
-            f"needs {expected}"
+            f"{where}: binary_data_size is {len(buf)} bytes but shape {list(shape)} of {datatype} needs {expected}"
         )
     array = np.frombuffer(buf, dtype=dtype.newbyteorder("<")).reshape(shape)
     if datatype == "BOOL" and array.size and array.view(np.uint8).max() > 1:
@@ -332,9 +323,7 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
         if datatype not in DATATYPES:
             if datatype == "BF16":
                 raise InvalidInputError(f"{where}: BF16 tensors are not supported by this server")
-            raise InvalidInputError(
-                f"{where}: unknown datatype {datatype!r}; expected one of {sorted(DATATYPES)}"
-            )
+            raise InvalidInputError(f"{where}: unknown datatype {datatype!r}; expected one of {sorted(DATATYPES)}")
         shape = raw.get("shape")
         if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in shape):
             raise InvalidInputError(f"{where}: 'shape' must be a list of non-negative integers, got {shape!r}")
@@ -362,8 +351,7 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
         datatypes[name] = datatype
     if cursor != len(binary):
         raise InvalidInputError(
-            f"the body has {len(binary) - cursor} bytes of binary data that no input's binary_data_size "
-            "accounts for"
+            f"the body has {len(binary) - cursor} bytes of binary data that no input's binary_data_size accounts for"
         )
 
     outputs = None
@@ -412,9 +400,7 @@ def _json_data(array: np.ndarray) -> list[Any]:
                 try:
                     item = item.decode("utf-8")
                 except UnicodeDecodeError:
-                    raise InvalidInputError(
-                        "a BYTES output is not UTF-8; request it with binary_data=true"
-                    ) from None
+                    raise InvalidInputError("a BYTES output is not UTF-8; request it with binary_data=true") from None
             out.append(item if isinstance(item, str) else str(item))
         return out
     if array.dtype == np.float16:

@@ -22,9 +22,9 @@ pytest.importorskip("onnx")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tinymodels import build_adder, build_encoder  # noqa: E402
+from tinymodels import build_adder, build_encoder
 
-from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel  # noqa: E402
+from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel
 
 REPO = Path(__file__).resolve().parents[2]
 

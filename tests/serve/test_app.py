@@ -102,13 +102,15 @@ def test_json_infer_equals_direct_ort(adder_server, adder_ort):
 def test_binary_infer_with_requested_outputs(adder_server, adder_ort):
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     k = np.array([[3], [4]], dtype=np.int32)
-    header = json.dumps({
-        "inputs": [
-            {"name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}},
-            {"name": "k", "shape": [2, 1], "datatype": "INT32", "parameters": {"binary_data_size": k.nbytes}},
-        ],
-        "outputs": [{"name": "n", "parameters": {"binary_data": True}}, {"name": "y"}],
-    }).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}},
+                {"name": "k", "shape": [2, 1], "datatype": "INT32", "parameters": {"binary_data_size": k.nbytes}},
+            ],
+            "outputs": [{"name": "n", "parameters": {"binary_data": True}}, {"name": "y"}],
+        }
+    ).encode()
     r = httpx.post(
         adder_server.url + "/v2/models/adder/infer",
         content=header + x.tobytes() + k.tobytes(),
@@ -126,7 +128,9 @@ def test_binary_infer_with_requested_outputs(adder_server, adder_ort):
 
 
 def test_gzip_request_body(adder_server):
-    body = {"inputs": [tensor("x", np.ones((1, 3), np.float32), "FP32"), tensor("k", np.ones((1, 1), np.int32), "INT32")]}
+    body = {
+        "inputs": [tensor("x", np.ones((1, 3), np.float32), "FP32"), tensor("k", np.ones((1, 1), np.int32), "INT32")]
+    }
     r = httpx.post(
         adder_server.url + "/v2/models/adder/infer",
         content=gzip.compress(json.dumps(body).encode()),
@@ -154,14 +158,16 @@ def test_text_input_is_tokenized_and_each_text_matches_its_own_run(encoder_serve
         feed = {"input_ids": np.array([e.ids], np.int64), "attention_mask": np.array([e.attention_mask], np.int64)}
         h_ref, p_ref = encoder_ort.run(None, feed)
         np.testing.assert_allclose(hidden[i, : lengths[i]], h_ref[0], rtol=1e-6)
-        assert not hidden[i, lengths[i]:].any()  # zero padding past this text's own length
+        assert not hidden[i, lengths[i] :].any()  # zero padding past this text's own length
         np.testing.assert_allclose(pooled[i], p_ref[0], rtol=1e-6)
 
 
 def test_text_input_is_truncated_to_the_manifest_limit(encoder_server):
     long = " ".join(["fox"] * 100)
-    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [long]}],
-            "outputs": [{"name": "last_hidden_state"}]}
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [long]}],
+        "outputs": [{"name": "last_hidden_state"}],
+    }
     r = httpx.post(encoder_server.url + "/v2/models/tiny/infer", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["shape"] == [1, 16, 4]
@@ -171,18 +177,53 @@ def test_text_input_is_truncated_to_the_manifest_limit(encoder_server):
     ("body", "message"),
     [
         ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}, "missing input"),
-        ({"inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 3], "data": [1, 2, 3]},
-                     {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}, "expected datatype FP32"),
-        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]},
-                     {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}, "'x'"),
-        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]},
-                     {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}, "'x'"),
-        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]},
-                     {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
-                     {"name": "z", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}, "unknown input"),
-        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]},
-                     {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]}],
-          "outputs": [{"name": "nope"}]}, "unknown output"),
+        (
+            {
+                "inputs": [
+                    {"name": "x", "datatype": "FP64", "shape": [1, 3], "data": [1, 2, 3]},
+                    {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+                ]
+            },
+            "expected datatype FP32",
+        ),
+        (
+            {
+                "inputs": [
+                    {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+                    {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+                ]
+            },
+            "'x'",
+        ),
+        (
+            {
+                "inputs": [
+                    {"name": "x", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]},
+                    {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+                ]
+            },
+            "'x'",
+        ),
+        (
+            {
+                "inputs": [
+                    {"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]},
+                    {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+                    {"name": "z", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+                ]
+            },
+            "unknown input",
+        ),
+        (
+            {
+                "inputs": [
+                    {"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]},
+                    {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+                ],
+                "outputs": [{"name": "nope"}],
+            },
+            "unknown output",
+        ),
     ],
 )
 def test_bad_tensors_are_400_with_the_reason(adder_server, body, message):
@@ -193,18 +234,39 @@ def test_bad_tensors_are_400_with_the_reason(adder_server, body, message):
 
 def test_bad_bodies_are_400(encoder_server):
     url = encoder_server.url + "/v2/models/tiny/infer"
-    r = httpx.post(url, content=b"{\"inputs\": [")
+    r = httpx.post(url, content=b'{"inputs": [')
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
     r = httpx.post(url, content=b"{}", headers={"Inference-Header-Content-Length": "abc"})
     assert r.status_code == 400 and "Inference-Header-Content-Length" in r.json()["error"]
-    r = httpx.post(url, json={"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [5, 10**6]},
-                                         {"name": "attention_mask", "datatype": "INT64", "shape": [1, 2], "data": [1, 1]}]})
+    r = httpx.post(
+        url,
+        json={
+            "inputs": [
+                {"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [5, 10**6]},
+                {"name": "attention_mask", "datatype": "INT64", "shape": [1, 2], "data": [1, 1]},
+            ]
+        },
+    )
     assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]
-    r = httpx.post(url, json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]},
-                                         {"name": "input_ids", "datatype": "INT64", "shape": [1, 1], "data": [5]}]})
+    r = httpx.post(
+        url,
+        json={
+            "inputs": [
+                {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]},
+                {"name": "input_ids", "datatype": "INT64", "shape": [1, 1], "data": [5]},
+            ]
+        },
+    )
     assert r.status_code == 400 and "either the text input" in r.json()["error"]
-    r = httpx.post(url, json={"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 17], "data": [5] * 17},
-                                         {"name": "attention_mask", "datatype": "INT64", "shape": [1, 17], "data": [1] * 17}]})
+    r = httpx.post(
+        url,
+        json={
+            "inputs": [
+                {"name": "input_ids", "datatype": "INT64", "shape": [1, 17], "data": [5] * 17},
+                {"name": "attention_mask", "datatype": "INT64", "shape": [1, 17], "data": [1] * 17},
+            ]
+        },
+    )
     assert r.status_code == 400, r.text  # over max_sequence_length: the session's InvalidInputError text
 
 
@@ -250,8 +312,9 @@ class ScriptedSession:
         return await self.behaviour(feed)
 
     def stats(self):
-        return SimpleNamespace(queued=0, padding_fraction=0.0, requests=0, batches=0, errors={},
-                               rows_histogram={}, rows=0)
+        return SimpleNamespace(
+            queued=0, padding_fraction=0.0, requests=0, batches=0, errors={}, rows_histogram={}, rows=0
+        )
 
     def close(self, drain=True):
         self.closed = True
@@ -357,16 +420,25 @@ def test_embeddings_need_an_embedding_export(adder_server):
 
 def test_metrics_by_route_template_and_batching(adder_server):
     with httpx.Client(base_url=adder_server.url) as c:
-        body = {"inputs": [tensor("x", np.ones((2, 3), np.float32), "FP32"), tensor("k", np.ones((2, 1), np.int32), "INT32")]}
+        body = {
+            "inputs": [
+                tensor("x", np.ones((2, 3), np.float32), "FP32"),
+                tensor("k", np.ones((2, 1), np.int32), "INT32"),
+            ]
+        }
         assert c.post("/v2/models/adder/infer", json=body).status_code == 200
         c.get("/some/random/path/123")
         text = c.get("/metrics").text
     assert re.search(
         r'ortbatch_http_requests_total\{endpoint="/v2/models/\{name\}/infer",method="POST",status="200"\} [1-9]', text
     )
-    assert 'ortbatch_http_request_duration_seconds_bucket{endpoint="/v2/models/{name}/infer",le="0.005",status="200"}' in text
+    assert (
+        'ortbatch_http_request_duration_seconds_bucket{endpoint="/v2/models/{name}/infer",le="0.005",status="200"}'
+        in text
+    )
     assert 'endpoint="unmatched"' in text and "/some/random" not in text
     assert re.search(r'ortbatch_batch_rows_bucket\{le="2.0"\} [1-9]', text) or re.search(
-        r'ortbatch_batch_rows_bucket\{le="2"\} [1-9]', text)
+        r'ortbatch_batch_rows_bucket\{le="2"\} [1-9]', text
+    )
     assert "ortbatch_queue_depth 0.0" in text
     assert "ortbatch_padding_fraction" in text

@@ -29,8 +29,14 @@ def binary_request(tensors: dict[str, np.ndarray], **extra: object) -> tuple[byt
     inputs, blobs = [], []
     for name, arr in tensors.items():
         blob = encode_bytes_tensor(arr) if arr.dtype == object else arr.astype(arr.dtype.newbyteorder("<")).tobytes()
-        inputs.append({"name": name, "datatype": datatype_of(arr), "shape": list(arr.shape),
-                       "parameters": {"binary_data_size": len(blob)}})
+        inputs.append(
+            {
+                "name": name,
+                "datatype": datatype_of(arr),
+                "shape": list(arr.shape),
+                "parameters": {"binary_data_size": len(blob)},
+            }
+        )
         blobs.append(blob)
     header = json.dumps({"inputs": inputs, **extra}).encode()
     return header + b"".join(blobs), len(header)
@@ -86,13 +92,27 @@ def test_bytes_codec_matches_tritonclient():
         (b'{"inputs": [{"name": "x", "datatype": "FP64", "shape": [1], "data": [1e999999]}]}', None, None),
         (b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [1]}]}', None, "must be strings"),
         (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}]}', None, "no 'data'"),
-        (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]},'
-         b' {"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}', None, "given twice"),
+        (
+            b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]},'
+            b' {"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}',
+            None,
+            "given twice",
+        ),
         (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}', 9999, "body has"),
-        (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}], "outputs": '
-         b'[{"name": "y", "parameters": {"classification": 3}}]}', None, "classification"),
-        (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": '
-         + b"[" * 5000 + b"]" * 5000 + b"}]}", None, "nested too deeply"),
+        (
+            b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}], "outputs": '
+            b'[{"name": "y", "parameters": {"classification": 3}}]}',
+            None,
+            "classification",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": '
+            + b"[" * 5000
+            + b"]" * 5000
+            + b"}]}",
+            None,
+            "nested too deeply",
+        ),
     ],
 )
 def test_malformed_requests_raise_invalid_input(body, header_length, message):
@@ -106,7 +126,7 @@ def test_malformed_requests_raise_invalid_input(body, header_length, message):
 def test_binary_size_mismatches_are_rejected():
     x = np.arange(3, dtype=np.float32)
     body, hl = binary_request({"x": x})
-    with pytest.raises(InvalidInputError, match="bytes left over|no input's binary_data_size"):
+    with pytest.raises(InvalidInputError, match=r"bytes left over|no input's binary_data_size"):
         parse_infer_request(body + b"junk", hl)
     with pytest.raises(InvalidInputError, match="runs past the end"):
         parse_infer_request(body[:-1], hl)
@@ -117,13 +137,24 @@ def test_binary_size_mismatches_are_rejected():
         parse_infer_request(header + body[hl:], len(header))
     # a BYTES element that claims more than is there
     bad = struct.pack("<I", 100) + b"abc"
-    header = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1],
-                                     "parameters": {"binary_data_size": len(bad)}}]}).encode()
+    header = json.dumps(
+        {"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(bad)}}]}
+    ).encode()
     with pytest.raises(InvalidInputError, match="claims 100 bytes"):
         parse_infer_request(header + bad, len(header))
     # a huge declared count cannot allocate anything before it is rejected
-    header = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [2**31 - 1, 2**31 - 1],
-                                     "parameters": {"binary_data_size": 4}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "s",
+                    "datatype": "BYTES",
+                    "shape": [2**31 - 1, 2**31 - 1],
+                    "parameters": {"binary_data_size": 4},
+                }
+            ]
+        }
+    ).encode()
     with pytest.raises(InvalidInputError, match="need at least"):
         parse_infer_request(header + b"\0\0\0\0", len(header))
 
@@ -152,9 +183,11 @@ def test_response_binary_and_json_parse_with_tritonclient():
 
 
 def test_wants_binary_defaults_and_overrides():
-    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}],
-           "parameters": {"binary_data_output": True},
-           "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False}}]}
+    doc = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}],
+        "parameters": {"binary_data_output": True},
+        "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False}}],
+    }
     req = parse_infer_request(json.dumps(doc).encode())
     assert req.wants_binary("a") and not req.wants_binary("b")
     doc["parameters"] = {"timeout": 2500}
@@ -187,5 +220,5 @@ def test_roundtrip_any_numeric_tensor(datatype, data):
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.binary(max_size=12), min_size=0, max_size=6))
 def test_bytes_roundtrip(items):
-    arr = np.array(items + [b""], dtype=object)[: len(items)] if items else np.empty(0, dtype=object)
+    arr = np.array([*items, b""], dtype=object)[: len(items)] if items else np.empty(0, dtype=object)
     assert decode_bytes_tensor(encode_bytes_tensor(arr), len(items)).tolist() == items

@@ -61,7 +61,10 @@ def test_infer_equals_direct_ort(adder_server, adder_ort, binary):
         for rows in (1, 3, 8):
             x = rng.standard_normal((rows, 3)).astype(np.float32)
             k = rng.integers(-100, 100, (rows, 1)).astype(np.int32)
-            inputs = [httpclient.InferInput("x", list(x.shape), "FP32"), httpclient.InferInput("k", list(k.shape), "INT32")]
+            inputs = [
+                httpclient.InferInput("x", list(x.shape), "FP32"),
+                httpclient.InferInput("k", list(k.shape), "INT32"),
+            ]
             inputs[0].set_data_from_numpy(x, binary_data=binary)
             inputs[1].set_data_from_numpy(k, binary_data=binary)
             outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("y", "n")]
@@ -93,7 +96,9 @@ def test_infer_text_bytes_input(encoder_server, encoder_dir, encoder_ort, binary
         pooled = result.as_numpy("pooled")
         for i, t in enumerate(texts[:, 0]):
             e = tok.encode(t)
-            ref = encoder_ort.run(["pooled"], {"input_ids": np.array([e.ids]), "attention_mask": np.array([e.attention_mask])})
+            ref = encoder_ort.run(
+                ["pooled"], {"input_ids": np.array([e.ids]), "attention_mask": np.array([e.attention_mask])}
+            )
             np.testing.assert_allclose(pooled[i], ref[0][0], rtol=1e-6)
     finally:
         client.close()
@@ -127,6 +132,7 @@ def test_concurrent_aio_clients_get_their_own_rows(encoder_server, encoder_ort):
     async def main():
         client = aioclient.InferenceServerClient(_host(encoder_server))
         try:
+
             async def one(ids, mask):
                 a = aioclient.InferInput("input_ids", list(ids.shape), "INT64")
                 a.set_data_from_numpy(ids)
