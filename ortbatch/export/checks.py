@@ -260,7 +260,9 @@ def _metric_kind(output: str) -> str | None:
 
 def _select(x: np.ndarray, axis: int | None, mask: np.ndarray | None, side: str) -> np.ndarray:
     """Valid positions only: rows of ``x`` along ``axis`` where ``mask`` (batch, len) is set."""
-    if axis is None or mask is None:
+    if axis is None or mask is None or axis == x.ndim - 1:
+        # A ragged last axis (e.g. QA start_logits) is compared whole, padded columns
+        # included: both sides compute them the same way, and rows stay intact for argmax.
         return x
     moved = np.moveaxis(x, axis, 1)
     return moved[mask.astype(bool)]

@@ -72,7 +72,7 @@ def _tasks_manager() -> Any:
 
 
 def _supported_model_types() -> list[str]:
-    TasksManager = _tasks_manager()  # noqa: N806
+    TasksManager = _tasks_manager()
 
     types: set[str] = set()
     for task in SUPPORTED_TASKS:
@@ -105,7 +105,7 @@ def resolve_model(model: str, task: str = "auto", *, trust_remote_code: bool = F
     cannot export and check this combination (the message lists what it can)."""
     from transformers import AutoConfig
 
-    TasksManager = _tasks_manager()  # noqa: N806
+    TasksManager = _tasks_manager()
 
     config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     model_type = config.model_type.replace("_", "-")
