@@ -265,6 +265,7 @@ class BatchedGenerator:
         self._ort = ort
         model_path = self._dir / self.layout.model
         wanted = _resolve_providers(ort, providers)
+        self._check_available(ort, wanted)
         try:
             self._session = ort.InferenceSession(str(model_path), sess_options=session_options,
                                                  providers=wanted)
@@ -340,6 +341,17 @@ class BatchedGenerator:
             return GenerationLayout.from_dict(generation_section(directory, model))
         except ManifestError as exc:  # our own inference produced it: a model problem
             raise ModelContractError(str(exc)) from exc
+
+    @staticmethod
+    def _check_available(ort: Any, wanted: Sequence[Any]) -> None:
+        available = set(ort.get_available_providers())
+        for p in wanted:
+            name = p[0] if isinstance(p, tuple) else p
+            if name in _GPU_PROVIDERS and name not in available:
+                raise ProviderError(
+                    f"{name} was requested but this onnxruntime build offers only {sorted(available)}; "
+                    "install onnxruntime-gpu (ortbatch[gpu]) or pass providers='cpu'"
+                )
 
     def _check_providers(self, wanted: Sequence[Any]) -> None:
         active = set(self._session.get_providers())

@@ -222,7 +222,10 @@ def layout_from_io(
                 f"(export with --task text-generation-with-past). Inputs: {sorted(in_by_name)}"
             )
     if "logits" not in out_by_name:
-        raise ModelContractError(f"{where}: no 'logits' output; outputs are {sorted(out_by_name)}")
+        raise ModelContractError(
+            f"{where}: no 'logits' output (outputs are {sorted(out_by_name)}); a decoder export "
+            "is needed (--task text-generation-with-past)"
+        )
 
     past = _indexed(in_by_name, _PAST_RE)
     present = _indexed(out_by_name, _PRESENT_RE)

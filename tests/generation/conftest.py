@@ -121,3 +121,12 @@ def random_prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
     """Token-id prompts of the given lengths, avoiding the special ids."""
     rs = np.random.RandomState(seed)
     return [rs.randint(4, VOCAB, size=n).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def fake_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The onnx.helper decoder of fake_decoder.py (needs only onnx, no torch)."""
+    pytest.importorskip("onnx")
+    from .fake_decoder import build
+
+    return build(tmp_path_factory.mktemp("gen-fake"))
