@@ -52,7 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
     from ..serve.server import ServeConfig, serve
+
+    if not Path(args.directory).exists():
+        print(f"ortbatch serve: error: {args.directory} does not exist", file=sys.stderr)
+        return 2
 
     config = ServeConfig(
         host=args.host,

@@ -1,0 +1,151 @@
+"""``ortbatch serve`` as users run it: a subprocess on a free loopback port.
+
+Acceptance 3: a bounded load test from a second process (benchmarks/serve_load.py,
+>= 2000 requests, concurrent clients): zero lost or mismatched responses.
+Acceptance 4: SIGTERM during load: every accepted request is answered, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+LOAD = REPO / "benchmarks" / "serve_load.py"
+
+
+def load_command(url, export, out, *extra):
+    return [
+        sys.executable,
+        str(LOAD),
+        "--url",
+        url,
+        "--export",
+        str(export),
+        "--model",
+        "tiny",
+        "--lengths",
+        "3-14",
+        "--json",
+        str(out),
+        *extra,
+    ]
+
+
+def infer_count(url: str) -> int:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    m = re.search(
+        r'ortbatch_http_requests_total\{endpoint="/v2/models/\{name\}/infer",method="POST",'
+        r'status="200"\} ([0-9.e+]+)',
+        text,
+    )
+    return int(float(m.group(1))) if m else 0
+
+
+def served_counts(log: str) -> tuple[int, int]:
+    m = re.search(r"requests accepted=(\d+) answered=(\d+)", log)
+    assert m, log
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_load_from_a_second_process_loses_nothing(serve_process, encoder_dir, tmp_path):
+    srv = serve_process(str(encoder_dir), "--name", "tiny", "--max-batch-size", "8", "--no-access-log")
+    out = tmp_path / "load.json"
+    t0 = time.monotonic()
+    subprocess.run(
+        load_command(srv.url, encoder_dir, out, "--requests", "2000", "--concurrency", "32"),
+        check=True,
+        timeout=150,
+        capture_output=True,
+    )
+    summary = json.loads(out.read_text())
+    print("load:", summary, f"({time.monotonic() - t0:.1f}s)")
+    assert summary["sent"] == 2000
+    assert summary["ok"] == 2000, summary
+    assert summary["mismatched"] == 0 and summary["http_errors"] == {} and summary["connection_errors"] == 0
+    metrics = httpx.get(srv.url + "/metrics").text
+    batches = float(re.search(r"ortbatch_batch_rows_count ([0-9.e+]+)", metrics).group(1))
+    assert 0 < batches < 2000  # concurrent HTTP requests really were batched together
+    srv.terminate()
+    assert srv.wait(60) == 0
+    accepted, answered = served_counts(srv.text())
+    assert accepted == answered >= 2000
+
+
+def test_sigterm_during_load_answers_every_accepted_request(serve_process, encoder_dir, tmp_path):
+    srv = serve_process(str(encoder_dir), "--name", "tiny", "--max-batch-size", "8", "--no-access-log")
+    out = tmp_path / "load.json"
+    load = subprocess.Popen(
+        load_command(
+            srv.url,
+            encoder_dir,
+            out,
+            "--requests",
+            "100000",
+            "--concurrency",
+            "32",
+            "--duration",
+            "60",
+            "--stop-on-disconnect",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    polls = 0
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            polls += 1
+            if infer_count(srv.url) >= 300:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the load never got going")
+        srv.terminate()  # SIGTERM with ~32 requests in flight
+        code = srv.wait(60)
+        _, err = load.communicate(timeout=90)
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.wait()
+    assert code == 0, srv.text()
+    assert load.returncode == 0, err.decode()
+    accepted, answered = served_counts(srv.text())
+    summary = json.loads(out.read_text())
+    print("server:", accepted, answered, "client:", summary)
+    assert accepted == answered  # nothing the server took in went unanswered
+    # every answer reached its client and was right; the rest were refused connections
+    assert summary["mismatched"] == 0 and summary["http_errors"] == {}, summary
+    assert summary["ok"] == answered - polls
+    assert summary["ok"] >= 300
+    assert summary["sent"] == summary["ok"] + summary["connection_errors"]
+
+
+def test_cli_rejects_a_missing_directory(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "ortbatch.cli", "serve", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_cli_help_lists_the_flags():
+    r = subprocess.run(
+        [sys.executable, "-m", "ortbatch.cli", "serve", "--help"], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert r.returncode == 0
+    for flag in ("--host", "--port", "--max-batch-size", "--max-queue", "--max-body-bytes", "--name"):
+        assert flag in r.stdout
