@@ -125,3 +125,30 @@ def test_top_k_one_is_greedy(tiny_gpt2: TinyModel) -> None:
     with BatchedGenerator(tiny_gpt2.export) as gen:
         out = gen.generate(PROMPTS[1], NEW[1], temperature=1.5, top_k=1, seed=3)
     assert list(out.token_ids) == tiny_gpt2.reference(PROMPTS[1], NEW[1])
+
+
+def test_stop_strings_and_streamed_text(tiny_gpt2: TinyModel, no_thread_leak: None) -> None:
+    import asyncio
+
+    prompt = "The quick brown fox"
+    with BatchedGenerator(tiny_gpt2.export) as gen:
+        full = gen.generate(prompt, 40)
+        text = full.text
+        clean = [i for i in range(4, len(text) - 3) if "\ufffd" not in text[i:i + 3]]
+        assert clean, f"no usable stop string in {text!r}"
+        stop = text[clean[0]:clean[0] + 3]
+        cut = gen.generate(prompt, 40, stop=["never-there", stop])
+
+        async def collect() -> list:
+            return [t async for t in gen.stream(prompt, 40, stop=stop)]
+
+        streamed = asyncio.run(collect())
+    assert cut.finish_reason == "stop" and cut.stop_sequence == stop
+    assert cut.text == text[: text.index(stop)]
+    assert full.token_ids[: len(cut.token_ids)] == cut.token_ids
+    assert len(cut.token_ids) < len(full.token_ids)
+    assert "".join(t.text for t in streamed) == cut.text
+    assert tuple(t.token_id for t in streamed) == cut.token_ids
+    assert streamed[-1].finish_reason == "stop"
+    # without a stop string, the streamed text pieces add up to the decoded text
+    assert full.text == gen.decode(full.token_ids)
