@@ -22,8 +22,8 @@ import numpy as np
 from .loadgen import DriveResult, drive
 from .workload import RAGGED, Target, Workload, feed_digest
 
-__all__ = ["ModeResult", "OracleBatches", "batched_stats_delta", "form_oracle_batches", "run_oracle",
-           "session_settings", "summarize"]
+__all__ = ["ModeResult", "OracleBatches", "batched_stats_delta", "form_oracle_batches", "pad_stack", "run_oracle",
+           "session_settings", "split_outputs", "summarize"]
 
 PERCENTILES = (50, 95, 99)
 
@@ -203,13 +203,13 @@ def form_oracle_batches(target: Target, workload: Workload, ids: Sequence[int], 
                 g.append(i)
                 continue
         groups.append([i])
-    feeds = [_pad_stack(target, [workload.feeds[i] for i in g]) for g in groups]
+    feeds = [pad_stack(target, [workload.feeds[i] for i in g]) for g in groups]
     real = sum(int(workload.lengths[i]) for i in order)
     padded = sum(len(g) * max(int(workload.lengths[i]) for i in g) for g in groups)
     return OracleBatches(feeds, groups, real, padded)
 
 
-def _pad_stack(target: Target, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def pad_stack(target: Target, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     left = target.padding_side == "left"
     for info in target.inputs:
@@ -248,7 +248,7 @@ def _unpad(target: Target, batch: dict[str, np.ndarray], row: int, length: int) 
     return out
 
 
-def _split(target: Target, outputs: Sequence[np.ndarray], names: Sequence[str], row: int,
+def split_outputs(target: Target, outputs: Sequence[np.ndarray], names: Sequence[str], row: int,
            length: int) -> list[np.ndarray]:
     res = []
     for name, arr in zip(names, outputs, strict=True):
@@ -293,7 +293,7 @@ def run_oracle(session: Any, target: Target, workload: Workload, ids: Sequence[i
         # splitting back per request is part of serving; it is timed
         if outputs is not None:
             for row, i in enumerate(members):
-                part = _split(target, outputs, names, row, int(workload.lengths[i]))
+                part = split_outputs(target, outputs, names, row, int(workload.lengths[i]))
                 if i in keep:
                     kept[i] = part
         end = time.perf_counter()

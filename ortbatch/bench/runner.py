@@ -76,7 +76,7 @@ class BenchRun:
     def ratios(self) -> list[dict[str, Any]]:
         rows = []
         for c in self.config.concurrency:
-            b, d, o = (self.result(m, c) for m in MODES)
+            d, b, o = (self.result(m, c) for m in ("direct", "batched", "oracle"))
             row: dict[str, Any] = {"concurrency": c}
             if b and d and d.requests_per_s:
                 row["batched_over_direct"] = round(b.requests_per_s / d.requests_per_s, 3)

@@ -63,8 +63,15 @@ def test_json_schema_and_identical_requests(tmp_path: Path, echo_path: Path, cap
     assert oracle[0]["padding_fraction"] > 0
 
     assert [r["concurrency"] for r in data["ratios"]] == [1, 3]
+    by = {(r["mode"], r["concurrency"]): r for r in results}
     for r in data["ratios"]:
-        assert r["batched_over_direct"] > 0 and r["batched_over_oracle"] > 0
+        c = r["concurrency"]
+        rps = {m: by[m, c]["requests_per_s"] for m in ("direct", "batched", "oracle")}
+        assert r["batched_over_direct"] == pytest.approx(rps["batched"] / rps["direct"], rel=0.01, abs=0.002)
+        assert r["batched_over_oracle"] == pytest.approx(rps["batched"] / rps["oracle"], rel=0.01, abs=0.002)
+        assert r["oracle_over_direct"] == pytest.approx(rps["oracle"] / rps["direct"], rel=0.01, abs=0.002)
+        p50 = {m: by[m, c]["latency_ms"]["p50"] for m in ("direct", "batched")}
+        assert r["p50_batched_over_direct"] == pytest.approx(p50["batched"] / p50["direct"], rel=0.01, abs=0.002)
     checks = data["checks"]
     assert checks["reference"] == "direct" and len(checks["probes"]) == 8
     assert checks["batched"]["ok"] and checks["oracle"]["ok"]
