@@ -6,6 +6,7 @@ Routes::
     GET  /v2/health/live | /v2/health/ready | /v2
     GET  /v2/models/{name}[/versions/{version}]            model metadata
     GET  /v2/models/{name}[/versions/{version}]/ready
+    GET  /v2/models/{name}[/versions/{version}]/config     Triton-style config
     POST /v2/models/{name}[/versions/{version}]/infer      JSON or binary tensors
     POST /v1/embeddings        GET /v1/models              OpenAI-compatible
     GET  /metrics                                          Prometheus
@@ -198,6 +199,9 @@ def create_app(
     async def model_metadata(request: Request) -> Response:
         return json_response(find_model(request).metadata())
 
+    async def model_config(request: Request) -> Response:
+        return json_response(find_model(request).triton_config())
+
     async def model_ready(request: Request) -> Response:
         m = find_model(request)
         if m.ready:
@@ -292,6 +296,8 @@ def create_app(
         route("/v2", server_metadata, "GET"),
         route(base, model_metadata, "GET"),
         route(versioned, model_metadata, "GET"),
+        route(base + "/config", model_config, "GET"),
+        route(versioned + "/config", model_config, "GET"),
         route(base + "/ready", model_ready, "GET"),
         route(versioned + "/ready", model_ready, "GET"),
         route(base + "/infer", infer, "POST"),

@@ -83,7 +83,7 @@ class ServerMetrics:
             "ortbatch_http_requests_in_flight", "HTTP requests being handled now", registry=self.registry
         )
         if stats is not None:
-            self.registry.register(_SessionCollector(stats))  # type: ignore[arg-type]
+            self.registry.register(_SessionCollector(stats))
 
     def observe(self, endpoint: str, method: str, status: int, started: float) -> None:
         """Record one answered request (``started`` from :func:`time.perf_counter`)."""

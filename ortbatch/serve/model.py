@@ -94,7 +94,7 @@ class ServedModel:
         self._output_names = [m.name for m in self.outputs]
         self.normalize_embeddings = normalize_embeddings
         self.tokenizer = None
-        self.vocab_size = None
+        self.vocab_size: int | None = None
         self.text_input: str | None = None
         self.text_disabled_reason = "the export has no tokenizer.json"
         if tokenizer is not None:
@@ -147,7 +147,7 @@ class ServedModel:
         if max_len:
             tokenizer.enable_truncation(max_length=max_len)
         self.tokenizer = tokenizer
-        self.vocab_size: int | None = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.text_input = TEXT_INPUT if TEXT_INPUT not in self._input_types else "text_input"
 
     def _pick_embedding_output(self) -> tuple[str | None, str]:
@@ -192,6 +192,24 @@ class ServedModel:
             params["text_input"] = self.text_input
         doc["parameters"] = {k: v for k, v in params.items() if v is not None}
         return doc
+
+    def triton_config(self) -> dict[str, Any]:
+        """A Triton-style model configuration (``GET /v2/models/{name}/config``), for
+        tools such as perf_analyzer that read it: dims exclude the batch dim."""
+
+        def entry(m: TensorMetadata) -> dict[str, Any]:
+            dtype = "TYPE_STRING" if m.datatype == "BYTES" else f"TYPE_{m.datatype}"
+            return {"name": m.name, "data_type": dtype, "dims": list(m.shape[1:])}
+
+        return {
+            "name": self.name,
+            "platform": "onnxruntime_onnx",
+            "backend": "onnxruntime",
+            "max_batch_size": getattr(self.session, "max_batch_size", 0),
+            "input": [entry(m) for m in self.inputs],
+            "output": [entry(m) for m in self.outputs],
+            "dynamic_batching": {},
+        }
 
     # -- inference -------------------------------------------------------------------
     def _output_names_for(self, req: InferRequest) -> list[str]:

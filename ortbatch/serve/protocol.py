@@ -354,7 +354,7 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
             f"the body has {len(binary) - cursor} bytes of binary data that no input's binary_data_size accounts for"
         )
 
-    outputs = None
+    outputs: list[RequestedOutput] | None = None
     if doc.get("outputs") is not None:
         raw_outputs = doc["outputs"]
         if not isinstance(raw_outputs, list):
@@ -373,10 +373,10 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
                 raise InvalidInputError(f"output {name!r}: the classification extension is not supported")
             if "shared_memory_region" in p:
                 raise InvalidInputError(f"output {name!r}: shared memory is not supported by this server")
-            binary = p.get("binary_data")
-            if binary is not None and not isinstance(binary, bool):
+            wants = p.get("binary_data")
+            if wants is not None and not isinstance(wants, bool):
                 raise InvalidInputError(f"output {name!r}: parameter 'binary_data' must be a boolean")
-            outputs.append(RequestedOutput(name, binary))
+            outputs.append(RequestedOutput(name, wants))
     return InferRequest(
         inputs=inputs,
         datatypes=datatypes,

@@ -195,7 +195,8 @@ class BackgroundServer:
 
     @property
     def counts(self) -> RequestCounts:
-        return self.app.state.counts  # type: ignore[no-any-return]
+        counts: RequestCounts = self.app.state.counts
+        return counts
 
     def _run(self) -> None:
         try:

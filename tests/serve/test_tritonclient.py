@@ -46,6 +46,9 @@ def test_health_and_metadata(encoder_server):
         shapes = {t["name"]: t["shape"] for t in meta["inputs"]}
         assert shapes["input_ids"] == [-1, -1] and shapes["attention_mask"] == [-1, -1]
         assert client.get_model_metadata("tiny", model_version="1")["versions"] == ["1"]
+        config = client.get_model_config("tiny")
+        assert config["max_batch_size"] == 8
+        assert {"name": "input_ids", "data_type": "TYPE_INT64", "dims": [-1]} in config["input"]
         with pytest.raises(InferenceServerException, match="unknown model") as err:
             client.get_model_metadata("missing")
         assert err.value.status() == "404"
