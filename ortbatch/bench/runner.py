@@ -15,6 +15,7 @@ import numpy as np
 
 from .._extras import require
 from ..errors import InvalidInputError
+from ..manifest import Manifest
 from .modes import ModeResult, batched_stats_delta, run_clients, run_oracle, session_settings, summarize
 from .workload import LengthSpec, Target, Workload, load_target, make_workload
 
@@ -137,10 +138,15 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def make_baseline_session(model_path: Path, providers: str | None, options: dict[str, str]) -> Any:
-    """The direct/oracle session: ONNX Runtime's defaults, plus only what ``options`` names."""
+def make_baseline_session(model_path: Path, providers: str | None, options: dict[str, str],
+                          manifest_providers: Any = ()) -> Any:
+    """The direct/oracle session: ONNX Runtime's defaults, plus only what ``options`` names.
+
+    Providers resolve exactly as BatchedSession resolves them (same shortcuts, same options
+    from the manifest, e.g. TensorRT fp16 and its profile shapes), so both run on the same EP.
+    """
     ort = require("onnxruntime")
-    from ..runtime.executor import resolve_providers
+    from ..runtime.executor import check_providers, resolve_providers
 
     so = ort.SessionOptions()
     for key, value in options.items():
@@ -148,7 +154,10 @@ def make_baseline_session(model_path: Path, providers: str | None, options: dict
             setattr(so, key, int(value))
         else:  # a session config entry, e.g. session.intra_op.allow_spinning=0
             so.add_session_config_entry(key, value)
-    return ort.InferenceSession(str(model_path), sess_options=so, providers=list(resolve_providers(providers)))
+    requested = resolve_providers(providers, manifest_providers)
+    sess = ort.InferenceSession(str(model_path), sess_options=so, providers=list(requested))
+    check_providers(sess, requested)  # a silent fallback to CPU would make every figure meaningless
+    return sess
 
 
 def run_bench(cfg: BenchConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
@@ -177,7 +186,8 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log: Callable[[str], N
     if not source.exists():
         raise InvalidInputError(f"no export directory or .onnx file at {source}")
     model_path = model_path_of(source)
-    sess = make_baseline_session(model_path, cfg.providers, cfg.baseline_options)
+    manifest_providers = Manifest.load(source).providers if source.is_dir() else []
+    sess = make_baseline_session(model_path, cfg.providers, cfg.baseline_options, manifest_providers)
     target = load_target(source, sess)
     rate = cfg.rate if cfg.arrival == "poisson" else None
     workload = make_workload(target, cfg.lengths, cfg.requests, seed=cfg.seed, rate=rate)
@@ -239,8 +249,6 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log: Callable[[str], N
 
 def model_path_of(source: Path) -> Path:
     if source.is_dir():
-        from ..manifest import Manifest
-
         return Manifest.load(source).model_path
     return source
 
