@@ -66,7 +66,10 @@ class CostModel:
     exponential forgetting so it follows drift (other load, thermal, a new shape mix).
     """
 
-    def __init__(self, prior_overhead: float = 64.0, decay: float = 0.98, refit_every: int = 8) -> None:
+    def __init__(
+        self, prior_overhead: float = 64.0, min_overhead: float = 32.0, decay: float = 0.98, refit_every: int = 8
+    ) -> None:
+        self.min_overhead = min_overhead
         self._lock = threading.Lock()
         self._xtx = np.zeros((3, 3))
         self._xty = np.zeros(3)
@@ -110,7 +113,12 @@ class CostModel:
             c = 0.0
         if b <= 0 or not np.isfinite(b) or not np.isfinite(a):
             return
-        self.a, self.b, self.c = max(a, 0.0), b, c
+        # The intercept is the least determined coefficient (batches under load cluster in
+        # a narrow size range) and a fit of ~0 would shrink batches to exact-length matches,
+        # paying a run's fixed cost again and again. Runs also get cheaper per element as
+        # they grow (GEMM efficiency), which the affine term cannot see. So a run's fixed
+        # cost is taken as at least `min_overhead` padded elements.
+        self.a, self.b, self.c = max(a, self.min_overhead * b), b, c
         self.fitted = True
 
     def predict(self, rows: int, length: int) -> float:
