@@ -43,7 +43,15 @@ from .metrics import ServerMetrics
 from .model import ServedModel
 from .protocol import encode_infer_response, parse_infer_request
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTPError", "RequestCounts", "create_app", "error_response"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "ClientGone",
+    "HTTPError",
+    "RequestCounts",
+    "create_app",
+    "error_response",
+    "run_or_abandon",
+]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -64,6 +72,38 @@ class HTTPError(Exception):
         self.headers = headers or {}
 
 
+class ClientGone(Exception):
+    """The client disconnected before its response was ready (answered as 499, the
+    status nginx uses for it; nobody receives it)."""
+
+
+async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    """Return once the client has gone (the body must already be read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_or_abandon(receive: Callable[[], Awaitable[dict[str, Any]]], coro: Awaitable[Any]) -> Any:
+    """Await ``coro`` unless the client disconnects first: then cancel it, which drops
+    its still-queued requests from the batch queue (no compute for a caller who left),
+    and raise :class:`ClientGone`."""
+    work = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        watch.cancel()
+        raise
+    if work.done():
+        watch.cancel()
+        return work.result()
+    work.cancel()
+    raise ClientGone("the client disconnected before the response was ready")
+
+
 @dataclass
 class RequestCounts:
     """HTTP requests that reached the app (``accepted``) and that got a complete
@@ -78,7 +118,9 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
     """Map an exception to ``(status, body, headers)``: the one place where errors
     become HTTP answers."""
     headers: dict[str, str] = {}
-    if isinstance(exc, HTTPError):
+    if isinstance(exc, ClientGone) or type(exc).__name__ == "ClientDisconnect":
+        status = 499
+    elif isinstance(exc, HTTPError):
         status, headers = exc.status, dict(exc.headers)
     elif isinstance(exc, InvalidInputError):
         status = 400
@@ -92,6 +134,8 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
         status = 500
     else:
         status = 500
+    if status == 499:
+        return status, {"error": "client disconnected"}, headers
     message = str(exc) if status != 500 or isinstance(exc, InferenceError) else f"internal server error: {exc!r}"
     if openai:
         kind = "invalid_request_error" if status < 500 else "server_error"
@@ -219,7 +263,7 @@ def create_app(
             except ValueError:
                 raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length!r}") from None
         req = await maybe_offload(len(body), parse_infer_request, body, header_length)
-        outputs = await m.infer(req)
+        outputs = await run_or_abandon(request.receive, m.infer(req))
         binary = [req.wants_binary(name) for name, _ in outputs]
         nbytes = sum(a.nbytes for _, a in outputs)
         data, ctype, hlen = await maybe_offload(
@@ -246,7 +290,7 @@ def create_app(
         fmt = doc.get("encoding_format", "float")
         if fmt not in ("float", "base64"):
             raise InvalidInputError(f"encoding_format must be 'float' or 'base64', got {fmt!r}")
-        result = await model.embed(inputs)
+        result = await run_or_abandon(request.receive, model.embed(inputs))
         emb = result.embeddings
         dims = doc.get("dimensions")
         if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != emb.shape[1]):

@@ -442,3 +442,27 @@ def test_metrics_by_route_template_and_batching(adder_server):
     )
     assert "ortbatch_queue_depth 0.0" in text
     assert "ortbatch_padding_fraction" in text
+
+
+def test_a_client_that_leaves_is_not_computed_for():
+    """Disconnecting cancels the request's session call (dropping it from the queue)."""
+    import threading
+
+    cancelled = threading.Event()
+
+    async def hang(feed):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return [feed["x"]]
+
+    model = ServedModel(ScriptedSession(hang), "s")
+    with BackgroundServer(model, ServeConfig(port=0, access_log=False, log_level="warning")) as srv:
+        body = {"inputs": [tensor("x", np.zeros((1, 3), np.float32), "FP32")]}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v2/models/s/infer", json=body, timeout=0.5)
+        assert cancelled.wait(10)
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert 'endpoint="/v2/models/{name}/infer",method="POST",status="499"} 1.0' in metrics
