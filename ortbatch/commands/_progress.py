@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import time
@@ -32,12 +33,12 @@ def quiet_third_parties(verbose: bool) -> None:
     for name in ("transformers", "optimum", "torch", "onnxruntime", "sentence_transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
         warnings.filterwarnings("ignore", module=rf"{name}(\..*)?")
-    try:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-    except ImportError:
-        pass
+    # transformers and optimum configure their own handlers and levels: ask them.
+    for module in ("transformers.utils.logging", "optimum.utils.logging"):
+        try:
+            importlib.import_module(module).set_verbosity_error()
+        except (ImportError, AttributeError):
+            pass
     try:
         from torch.jit import TracerWarning
 

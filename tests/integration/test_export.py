@@ -218,3 +218,32 @@ def test_batched_session_on_minilm_export_matches_unbatched_under_concurrency(mi
         for a, b in zip(g, w, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)
     assert stats is not None
+
+
+def test_demo_recipe_matches_the_shipped_minilm_recipe() -> None:
+    from dataclasses import replace
+
+    from ortbatch.commands.demo import demo_recipe
+    from ortbatch.export.recipes import load_recipe
+
+    shipped = load_recipe(Path(__file__).resolve().parents[2] / "export" / "minilm.toml")
+    ours = demo_recipe()
+    assert replace(shipped, path=None, samples=ours.samples, tolerances={}) == ours
+
+
+def test_demo_reuses_a_valid_export_checks_it_and_benchmarks(minilm_export, tmp_path: Path, capsys) -> None:
+    import shutil
+
+    from ortbatch.cli import main
+    from ortbatch.commands.demo import reusable
+
+    d = minilm_export.directory
+    assert reusable(d)
+    rc = main(["demo", "-o", str(d), "--requests", "32", "--clients", "8"])
+    out = capsys.readouterr()
+    assert rc == 0, out.out + out.err
+    assert "reusing" in out.err and "PASSED" in out.out
+    assert "direct session.run" in out.out and "BatchedSession" in out.out and "same answers" in out.out
+    tampered = Path(shutil.copytree(d, tmp_path / "tampered"))
+    (tampered / "model.onnx").write_bytes((tampered / "model.onnx").read_bytes() + b"\0")
+    assert reusable(tampered) is None
