@@ -157,6 +157,10 @@ def export_model(
     manifest = _write_manifest(out, resolved, rcp, tokenizer, onnx_files, max_seq)
     say(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
 
+    unchecked = [p[0] for p in manifest.providers if p[0] not in manifest.validation["providers"]]
+    if unchecked and validate:
+        say(f"not checking {', '.join(unchecked)}: not in this onnxruntime build; run `ortbatch validate {out} "
+            "--providers cuda,trt` where the model will be served")
     report = None
     if validate:
         from .checks import validate as run_checks
@@ -359,7 +363,7 @@ def _write_manifest(
 
     tol = tolerances_for(rcp.dtype, rcp.optimize, rcp.tolerances)
     tol_fp16 = tolerances_for("fp16", rcp.optimize, rcp.tolerances)
-    check_providers = list(rcp.providers) or ["CPUExecutionProvider"]
+    check_providers = list(rcp.providers) or _default_check_providers(providers)
     manifest = Manifest(
         model=main_file,
         inputs=inputs,
@@ -395,6 +399,17 @@ def _write_manifest(
         manifest.generation = _generation_section(out)
     manifest.save(out)
     return manifest
+
+
+def _default_check_providers(providers: list[Any]) -> list[str]:
+    """CPU, plus the export's GPU providers that this onnxruntime build has. One it lacks
+    (exporting for TensorRT on a build machine) is not checked here and the log says so:
+    run ``ortbatch validate DIR --providers trt`` where it will be served."""
+    import onnxruntime
+
+    available = set(onnxruntime.get_available_providers())
+    names = [p[0] for p in providers]
+    return ["CPUExecutionProvider"] + [n for n in names if n in available and n != "CPUExecutionProvider"]
 
 
 def _generation_section(out: Path) -> dict[str, Any]:
