@@ -115,6 +115,8 @@ def export_model(
         samples=tuple(samples) if samples is not None else None,
         providers=tuple(providers) if providers is not None else None,
     )
+    if rcp.optimize == "O4" and rcp.dtype != "fp16":
+        rcp = rcp.with_overrides(dtype="fp16")  # optimum's O4 converts to fp16 itself
     if rcp.model is None:
         raise ExportError("no model given (pass a hub id or directory, or a recipe that names one)")
     if rcp.optimize == "O4" and rcp.device != "cuda":
