@@ -38,7 +38,8 @@ PEERS = ("bi-seq", "bi-bucket", "pytriton", "ray")
 LABELS = {"bi-seq": "batch-inference SeqBatcher", "bi-bucket": "batch-inference BucketSeqBatcher",
           "pytriton": "Triton dynamic batcher (PyTriton, HTTP)", "ray": "Ray Serve @serve.batch (handle)",
           "direct": "ortbatch bench: direct session.run", "batched": "ortbatch BatchedSession",
-          "oracle": "offline oracle (one stream)"}
+          "oracle": "offline oracle (one stream)",
+          "direct-tuned": "direct session.run, intra_op_num_threads=1, no spinning"}
 
 
 def sh(cmd: list[str], *, env: dict[str, str] | None = None, log: Path, timeout: float) -> int:
@@ -67,6 +68,8 @@ def main() -> int:
     p.add_argument("--triton-python", default=os.environ.get("ORTBATCH_TRITON_PYTHON", "/root/triton-venv/bin/python"))
     p.add_argument("--out", type=Path, default=REPO / "out" / "peers", help="JSON and logs")
     p.add_argument("--docs", type=Path, default=REPO / "docs" / "benchmarks.md")
+    p.add_argument("--no-tuned-direct", dest="tuned_direct", action="store_false",
+                   help="skip the extra direct run with intra_op_num_threads=1 and no spinning")
     p.add_argument("--skip-ortbatch", action="store_true", help="reuse the ortbatch JSON already in --out")
     args = p.parse_args()
 
@@ -76,7 +79,8 @@ def main() -> int:
     loads = [os.getloadavg()]
     workloads = [w.strip() for w in args.lengths.split(",") if w.strip()]
     peers = [x.strip() for x in args.peers.split(",") if x.strip()]
-    report: dict[str, Any] = {"started": started, "export": str(args.export), "workloads": {}, "commands": []}
+    report: dict[str, Any] = {"started": started, "export": str(args.export), "workloads": {}, "commands": [],
+                              "peer_concurrency": args.peer_concurrency}
     for k, lengths in enumerate(workloads):
         tag = lengths.replace(":", "_").replace("/", "_")
         own = args.out / f"ortbatch-{tag}.json"
@@ -93,6 +97,19 @@ def main() -> int:
                 print(f"ortbatch bench failed (rc {rc}); see {args.out}/ortbatch-{tag}.log", file=sys.stderr)
                 return rc
         entry: dict[str, Any] = {"ortbatch": json.loads(own.read_text()), "peers": {}, "skipped": {}}
+        if args.tuned_direct:
+            # is the gain batching, or only BatchedSession's thread settings? direct with one
+            # intra-op thread per call and no spinning (the best direct setting here, PEERS.md)
+            tuned = args.out / f"direct-tuned-{tag}.json"
+            tcmd = [args.python, "-m", "ortbatch.cli", "bench", str(args.export), "--modes", "direct",
+                    "--concurrency", args.peer_concurrency, "--requests", str(args.requests), "--duration",
+                    str(args.duration), "--lengths", lengths, "--json", str(tuned), "--no-progress", "--no-overhead",
+                    "--baseline-option", "intra_op_num_threads=1",
+                    "--baseline-option", "session.intra_op.allow_spinning=0"]
+            report["commands"].append(_public(tcmd))
+            reuse = args.skip_ortbatch and tuned.exists()
+            if reuse or sh(tcmd, env=env, log=args.out / f"direct-tuned-{tag}.log", timeout=3600) in (0, 1):
+                entry["direct_tuned"] = json.loads(tuned.read_text())
         for peer in peers:
             pj = args.out / f"{peer}-{tag}.json"
             python = args.triton_python if peer == "pytriton" else args.peers_python
@@ -166,6 +183,12 @@ def peers_table(report: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                 r = _at(own, mode, c)
                 if r:
                     rows.append((mode, r))
+            tuned = entry.get("direct_tuned")
+            r = _at(tuned, "direct", c) if tuned else None
+            if r:
+                if tuned["workload"]["digest"] != digest or r["request_digest"] != digest:
+                    r = dict(r, note="DIFFERENT REQUESTS")
+                rows.append(("direct-tuned", r))
             for peer, data in entry["peers"].items():
                 r = _at(data, peer, c)
                 if r:
@@ -211,6 +234,12 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                 out.append((f"batched ÷ {LABELS[peer]}, {lengths}", f"{v:.2f}x", f">= {need}x", v >= need))
             else:
                 out.append((f"batched ÷ {LABELS[peer]}, {lengths}", "not measured", f">= {need}x", None))
+        tuned = entry.get("direct_tuned")
+        t = _at(tuned, "direct", c) if tuned else None
+        if b and t and t["requests_per_s"]:
+            v = b["requests_per_s"] / t["requests_per_s"]
+            out.append((f"(for reference) batched ÷ direct with 1 thread/call and no spinning, {lengths}",
+                        f"{v:.2f}x", "-", None))
         if lengths == "8-128" and b:
             v = b["padding_fraction"]
             out.append((f"padding fraction, {lengths}, {c} clients", f"{v:.1%}", "<= 15%", v <= 0.15))
@@ -261,15 +290,17 @@ def write_docs(report: dict[str, Any], docs: Path) -> None:
                                 f"{over['requests']} requests per row, workers={over['workers']}.\n\n"
                                 + "\n".join(rows))
     table, series = peers_table(report)
-    sections["peers"] = table + "\n\n![requests/s by system at 64 clients](benchmarks-peers.png)"
+    clients = report.get("peer_concurrency", "64")
+    sections["peers"] = table + f"\n\n![requests/s by system at {clients} clients](benchmarks-peers.png)"
     tl = ["| target | measured | needed | met |", "|---|---:|---:|:---:|"]
     for t, v, need, ok in targets(report):
-        tl.append(f"| {t} | {v} | {need} | {'yes' if ok else 'no' if ok is False else 'n/a'} |")
+        verdict = "yes" if ok else "no" if ok is False else "-" if need == "-" else "n/a"
+        tl.append(f"| {t} | {v} | {need} | {verdict} |")
     sections["targets"] = "\n".join(tl)
     for name, body in sections.items():
         text = _replace(text, name, body)
     docs.write_text(text)
-    _peers_plot(series, docs.parent / "benchmarks-peers.png")
+    _peers_plot(series, docs.parent / "benchmarks-peers.png", clients)
 
 
 def _fmt_session(s: dict[str, Any]) -> str:
@@ -288,7 +319,7 @@ def _replace(text: str, name: str, body: str) -> str:
     return text + f"\n\n{block}\n"
 
 
-def _peers_plot(series: dict[str, dict[str, float]], path: Path) -> None:
+def _peers_plot(series: dict[str, dict[str, float]], path: Path, clients: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -299,12 +330,13 @@ def _peers_plot(series: dict[str, dict[str, float]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
     for ax, w in zip(axes[0], workloads, strict=True):
         vals = [series[w].get(s, 0.0) for s in systems]
-        colors = ["tab:green" if s == "batched" else "tab:gray" if s in ("direct", "oracle") else "tab:blue"
+        colors = ["tab:green" if s == "batched" else "tab:gray" if s in ("direct", "oracle", "direct-tuned")
+                  else "tab:blue"
                   for s in systems]
         ax.barh(range(len(systems)), vals, color=colors)
         ax.set_yticks(range(len(systems)), [LABELS.get(s, s) for s in systems], fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("requests / s (64 clients, higher is better)")
+        ax.set_xlabel(f"requests / s ({clients} clients, higher is better)")
         ax.set_title(f"{w} tokens", fontsize=10)
         for i, v in enumerate(vals):
             ax.text(v, i, f" {v:.0f}", va="center", fontsize=8)
