@@ -229,7 +229,11 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         for peer, need in (("bi-seq", 1.5), ("bi-bucket", 1.3)):
             data = entry["peers"].get(peer)
             r = _at(data, peer, c) if data else None
-            if b and r and r["requests_per_s"]:
+            if r and (data["workload"]["digest"] != own["workload"]["digest"]
+                      or r["request_digest"] != own["workload"]["digest"]):
+                out.append((f"batched ÷ {LABELS[peer]}, {lengths}", "different requests: not comparable",
+                            f">= {need}x", None))
+            elif b and r and r["requests_per_s"]:
                 v = b["requests_per_s"] / r["requests_per_s"]
                 out.append((f"batched ÷ {LABELS[peer]}, {lengths}", f"{v:.2f}x", f">= {need}x", v >= need))
             else:
