@@ -841,7 +841,7 @@ def validate(
     provider_list = _normalise_providers(providers, manifest)
 
     ref: Reference | None = None
-    reason = "not requested (use_reference=False)"
+    reason = "not requested (--no-reference / use_reference=False)"
     if use_reference:
         say("loading the PyTorch reference")
         ref, reason = load_reference(manifest.source, reference)
