@@ -160,7 +160,9 @@ async def run_inproc(args: argparse.Namespace, pool: list[dict[str, Any]]) -> di
     rng = np.random.default_rng(args.seed + 1)
     choices = rng.integers(0, len(pool), args.requests)
     next_index = 0
-    with BatchedSession(args.export, max_batch_size=args.max_batch_size, workers=args.workers) as bs:
+    with BatchedSession(
+        args.export, max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens, workers=args.workers
+    ) as bs:
 
         async def worker() -> None:
             nonlocal next_index
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=0, help="requests sent first and not counted")
     p.add_argument("--inproc", action="store_true", help="in-process BatchedSession instead of HTTP")
     p.add_argument("--max-batch-size", type=int, default=32, help="--inproc only")
+    p.add_argument("--max-batch-tokens", type=int, default=None, help="--inproc only")
     p.add_argument("--workers", type=int, default=None, help="--inproc only")
     p.add_argument("--json", type=Path, help="write the summary here")
     args = p.parse_args(argv)

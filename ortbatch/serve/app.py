@@ -157,7 +157,7 @@ def create_app(
     :class:`~ortbatch.serve.metrics.ServerMetrics`. On lifespan shutdown the model's
     session is closed with ``drain=True`` (unless ``close_model_on_shutdown=False``).
     """
-    starlette = require("starlette")  # noqa: F841 - a clear ImportError naming the extra
+    require("starlette")  # a clear ImportError naming the extra
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette

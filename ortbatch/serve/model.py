@@ -318,18 +318,21 @@ class ServedModel:
         return [_stack_ragged([r[i] for r in results]) for i in range(len(names))]
 
     async def _gather(self, feeds: list[dict[str, np.ndarray]], names: list[str]) -> list[list[np.ndarray]]:
-        """Submit every feed as its own request; wait for all, then raise the first error."""
+        """Submit every feed as its own request. At the first error the rest are
+        cancelled (dropped from the queue if not yet running) and the error is raised."""
         tasks = [asyncio.ensure_future(self.session.run_async(names, f)) for f in feeds]
         try:
-            done = await asyncio.gather(*tasks, return_exceptions=True)
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         except asyncio.CancelledError:
             for t in tasks:
                 t.cancel()
             raise
-        for r in done:
-            if isinstance(r, BaseException):
-                raise r
-        return done  # type: ignore[return-value]
+        for t in pending:
+            t.cancel()
+        errors = [t.exception() for t in tasks if t in done and t.exception() is not None]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
+        return [t.result() for t in tasks]
 
     async def embed(self, inputs: Sequence[str] | Sequence[Sequence[int]]) -> EmbeddingResult:
         """Pooled (and by default L2-normalized) embeddings, one row per input: texts

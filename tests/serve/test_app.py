@@ -466,3 +466,47 @@ def test_a_client_that_leaves_is_not_computed_for():
         assert cancelled.wait(10)
         metrics = httpx.get(srv.url + "/metrics").text
         assert 'endpoint="/v2/models/{name}/infer",method="POST",status="499"} 1.0' in metrics
+
+
+class ScriptedTokenSession(ScriptedSession):
+    def get_inputs(self):
+        return [
+            SimpleNamespace(name=n, type="tensor(int64)", shape=["batch", "sequence"])
+            for n in ("input_ids", "attention_mask")
+        ]
+
+    def get_outputs(self):
+        return [SimpleNamespace(name="pooled", type="tensor(float)", shape=["batch", 4])]
+
+
+def test_one_text_refused_fails_the_request_and_drops_its_siblings(encoder_dir):
+    """Texts of one request are separate session requests: when one is refused (queue
+    full), the request answers 429 at once and the others are cancelled, not run."""
+    import threading
+
+    from tokenizers import Tokenizer
+
+    calls = []
+    cancelled = []
+    lock = threading.Lock()
+
+    async def second_is_refused(feed):
+        with lock:
+            calls.append(feed)
+            n = len(calls)
+        if n == 2:
+            raise QueueFullError(8, 8)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(n)
+            raise
+        return [np.zeros((1, 4), np.float32)]
+
+    tok = Tokenizer.from_file(str(encoder_dir / "tokenizer.json"))
+    model = ServedModel(ScriptedTokenSession(second_is_refused), "s", tokenizer=tok)
+    with BackgroundServer(model, ServeConfig(port=0, access_log=False, log_level="warning")) as srv:
+        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [4], "data": ["a", "b", "c", "d"]}]}
+        r = httpx.post(srv.url + "/v2/models/s/infer", json=body, timeout=10)
+        assert r.status_code == 429 and "queue full" in r.json()["error"]
+        assert len(calls) == 4 and sorted(cancelled) == [1, 3, 4]
