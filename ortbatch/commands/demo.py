@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = [f["input_ids"].shape[1] for f in feeds]
     direct = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     names = ["sentence_embedding"]
-    results = {}
+    results: dict[str, tuple[list[float], float, Any]] = {}
     # disable=None: a live bar on a terminal, no carriage-return spam in logs and CI
     with tqdm(total=2 * len(feeds), desc="requests", unit="req", leave=False, mininterval=0.5,
               disable=None) as bar:

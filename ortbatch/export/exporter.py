@@ -416,7 +416,7 @@ def _default_check_providers(providers: list[Any]) -> list[str]:
 
 def _generation_section(out: Path) -> dict[str, Any]:
     try:
-        from ortbatch.generation.layout import generation_section  # type: ignore[import-not-found]
+        from ortbatch.generation.layout import generation_section
     except ImportError:
         log.info("ortbatch.generation is not available; the manifest has no generation section")
         return {}

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -160,10 +161,10 @@ _SECTIONS = {
 
 def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     """Read a TOML recipe; :class:`ExportError` naming the file and key when it is wrong."""
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+    else:  # pragma: no cover
+        import tomli as tomllib
 
     p = Path(path)
     try:
