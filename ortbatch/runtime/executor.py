@@ -64,6 +64,7 @@ def resolve_providers(
     ``ortbatch export --trt``).
     """
     from_manifest = dict(_entry(p) for p in manifest_providers)
+    entries: list[tuple[str, dict[str, Any]]]
     if providers is None:
         ort = require("onnxruntime")
         names = [CUDA, CPU] if CUDA in ort.get_available_providers() else [CPU]

@@ -148,7 +148,8 @@ class BatchPolicy:
         # Fast path: all the same length -> FIFO up to the caps (no padding to save).
         l0 = lengths[0]
         if all(x == l0 for x in lengths):
-            take, rows = [], 0
+            take: list[int] = []
+            rows = 0
             for i, r in enumerate(pending):
                 if take and (
                     rows + r.rows > max_rows or (max_tokens is not None and (rows + r.rows) * l0 > max_tokens)
