@@ -68,33 +68,41 @@ class KVCache:
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (in that order), then trim columns that are padding everywhere."""
-        idx = np.asarray(rows, dtype=np.int64)
-        if len(idx) == self.rows and np.array_equal(idx, np.arange(self.rows)):
-            return
-        self.host()
-        lens = self.lens[idx]
-        new_length = int(lens.max()) if len(lens) else 0
-        start = self.length - new_length
-        self.tensors = [np.ascontiguousarray(t[idx][:, :, start:, :]) for t in self.tensors]
-        self.lens = lens
-        self.length = new_length
+        self.rebuild(rows)
 
     def extend(self, other: KVCache) -> None:
         """Append ``other``'s rows below this cache's, left-padding the shorter side."""
-        if other.rows == 0:
+        self.rebuild(range(self.rows), [other])
+
+    def rebuild(self, keep: Sequence[int], joining: Sequence[KVCache] = ()) -> None:
+        """Keep ``keep`` (in that order) and append the rows of each ``joining`` cache, in ONE copy.
+
+        Rows leaving and rows joining at the same step boundary cost a single pass over
+        the cache: each surviving row's real columns are copied once into a fresh,
+        zero-padded array as long as the longest surviving row (the compaction).
+        """
+        idx = np.asarray(list(keep), dtype=np.int64)
+        joining = [c for c in joining if c.rows]
+        if not joining and len(idx) == self.rows and np.array_equal(idx, np.arange(self.rows)):
             return
-        if self.rows == 0:
-            self.tensors, self.lens, self.length = list(other.tensors), other.lens.copy(), other.length
+        if len(joining) == 1 and len(idx) == 0 and int(joining[0].lens.max()) == joining[0].length:
+            only = joining[0]
+            self.tensors, self.lens, self.length = list(only.tensors), only.lens.copy(), only.length
             return
         self.host()
-        other.host()
-        length = max(self.length, other.length)
+        sources: list[tuple[KVCache, int]] = [(self, int(i)) for i in idx]
+        for other in joining:
+            other.host()
+            sources += [(other, r) for r in range(other.rows)]
+        lens = np.array([src.lens[r] for src, r in sources], dtype=np.int64)
+        length = int(lens.max()) if len(lens) else 0
         merged = []
-        for a, b in zip(self.tensors, other.tensors, strict=True):
-            out = np.zeros((a.shape[0] + b.shape[0], a.shape[1], length, a.shape[3]), dtype=a.dtype)
-            out[: a.shape[0], :, length - a.shape[2]:, :] = a
-            out[a.shape[0]:, :, length - b.shape[2]:, :] = b
+        for k, template in enumerate(self.tensors):
+            shape = (len(sources), template.shape[1], length, template.shape[3])
+            out = np.zeros(shape, dtype=template.dtype)
+            for j, (src, r) in enumerate(sources):
+                n = int(lens[j])
+                if n:
+                    out[j, :, length - n:, :] = src.tensors[k][r, :, src.length - n:, :]
             merged.append(out)
-        self.tensors = merged
-        self.lens = np.concatenate([self.lens, other.lens])
-        self.length = length
+        self.tensors, self.lens, self.length = merged, lens, length

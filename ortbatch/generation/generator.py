@@ -173,7 +173,7 @@ class _Request:
     submitted_at: float
     generated: list[int] = field(default_factory=list)
     first_token_at: float | None = None
-    finish_reason: str | None = None
+    done: bool = False  # settled (result, error or cancelled): its row leaves at the next step
 
     @property
     def reserve(self) -> int:
@@ -678,11 +678,17 @@ class BatchedGenerator:
                     self._finish_error(req, err)
                 if stop:
                     break
-                self._reap_rows()
-                if admitted:
-                    self._prefill(admitted)
+                keep = self._reap_rows()
+                joining, joined = self._prefill(admitted) if admitted else ([], [])
+                # Rows that left (finished last step, cancelled, expired) and rows that join
+                # cost one pass over the cache together.
+                self._cache.rebuild(keep, joining)
+                self._rows = [self._rows[i] for i in keep] + joined
                 if self._rows:
                     self._decode_step()
+                if not any(not r.done for r in self._rows):
+                    self._rows = []
+                    self._cache = self._empty_cache()
                 self._publish()
         except BaseException as exc:  # never leave a caller hanging, whatever broke
             error = InferenceError(f"the generator's scheduler failed: {type(exc).__name__}: {exc}")
@@ -692,7 +698,8 @@ class BatchedGenerator:
                 pending = list(self._pending)
                 self._pending.clear()
             for req in [*self._rows, *pending]:
-                self._finish_error(req, error)
+                if not req.done:
+                    self._finish_error(req, error)
             self._rows = []
             self._cache = self._empty_cache()
             self._publish()
@@ -704,19 +711,20 @@ class BatchedGenerator:
         """Under the lock: wait for work, drop dead pending requests, admit oldest-first."""
         dropped: list[tuple[_Request, BaseException]] = []
         admitted: list[_Request] = []
+        alive = [r for r in self._rows if not r.done]
         with self._lock:
-            if not self._rows:
+            if not alive:
                 self._wake.wait_for(lambda: bool(self._pending) or self._state != "open",
                                     timeout=_IDLE_WAIT_S)
             if self._state == "aborting":
                 err = SessionClosedError("the generator was closed without draining")
-                dropped = [(r, err) for r in [*self._pending, *self._rows]]
+                dropped = [(r, err) for r in [*self._pending, *alive]]
                 self._pending.clear()
                 self._rows = []
                 self._cache = self._empty_cache()
                 return [], dropped, True
             now = time.monotonic()
-            alive: deque[_Request] = deque()
+            waiting: deque[_Request] = deque()
             for req in self._pending:
                 if req.future.cancelled():
                     dropped.append((req, _CANCELLED))
@@ -725,10 +733,10 @@ class BatchedGenerator:
                         f"request {req.id}: deadline passed after {now - req.submitted_at:.3f}s "
                         f"while queued; it was not run")))
                 else:
-                    alive.append(req)
-            self._pending = alive
-            rows = len(self._rows)
-            reserved = sum(r.reserve for r in self._rows)
+                    waiting.append(req)
+            self._pending = waiting
+            rows = len(alive)
+            reserved = sum(r.reserve for r in alive)
             while self._pending and rows < self.max_batch_size:
                 head = self._pending[0]
                 if reserved + head.reserve > self.max_tokens_in_flight:
@@ -736,26 +744,24 @@ class BatchedGenerator:
                 admitted.append(self._pending.popleft())
                 rows += 1
                 reserved += head.reserve
-            stop = self._state == "draining" and not self._pending and not self._rows and not admitted
+            stop = self._state == "draining" and not self._pending and not alive and not admitted
             return admitted, dropped, stop
 
-    def _reap_rows(self) -> None:
-        """Free the rows of cancelled requests and of requests past their deadline."""
+    def _reap_rows(self) -> list[int]:
+        """Indices of the rows that stay: not finished, not cancelled, not past their deadline
+        (those are settled here and their rows freed by the next rebuild)."""
         now = time.monotonic()
         keep: list[int] = []
         for i, req in enumerate(self._rows):
+            if req.done:
+                continue
             if req.future.cancelled():
                 self._finish_error(req, _CANCELLED)
             elif req.deadline is not None and now >= req.deadline:
                 self._finish_timeout(req, now)
             else:
                 keep.append(i)
-        self._keep_rows(keep)
-
-    def _keep_rows(self, keep: list[int]) -> None:
-        if len(keep) != len(self._rows):
-            self._rows = [self._rows[i] for i in keep]
-            self._cache.keep(keep)
+        return keep
 
     # -- model runs ------------------------------------------------------------------------
     def _prefill_groups(self, reqs: list[_Request]) -> list[list[_Request]]:
@@ -773,11 +779,24 @@ class BatchedGenerator:
             groups.append([req])
         return groups
 
-    def _prefill(self, reqs: list[_Request]) -> None:
-        for group in self._prefill_groups(reqs):
-            self._prefill_group(group)
+    def _prefill(self, reqs: list[_Request]) -> tuple[list[KVCache], list[_Request]]:
+        """Prefill ``reqs``; returns the caches of those still generating, and them in row order."""
+        caches: list[KVCache] = []
+        joined: list[_Request] = []
+        pending = self._prefill_groups(reqs)
+        while pending:
+            group = pending.pop(0)
+            result = self._prefill_group(group)
+            if result is None:  # the group failed: split it so only a failing request fails
+                if len(group) > 1:
+                    pending[:0] = [[r] for r in group]
+                continue
+            cache, survivors = result
+            caches.append(cache)
+            joined.extend(survivors)
+        return caches, joined
 
-    def _prefill_group(self, group: list[_Request]) -> None:
+    def _prefill_group(self, group: list[_Request]) -> tuple[KVCache, list[_Request]] | None:
         lay = self.layout
         n = len(group)
         lens = np.array([r.prompt.shape[0] for r in group], dtype=np.int64)
@@ -785,8 +804,8 @@ class BatchedGenerator:
         ids = np.full((n, longest), lay.pad_token_id, dtype=self._ids_dtype)
         for i, req in enumerate(group):
             ids[i, longest - lens[i]:] = req.prompt
-        lay_shape = (n, lay.num_kv_heads, 0, lay.head_dim)
-        cache = KVCache([np.zeros(lay_shape, self._cache_dtype) for _ in self._past_names],
+        empty = (n, lay.num_kv_heads, 0, lay.head_dim)
+        cache = KVCache([np.zeros(empty, self._cache_dtype) for _ in self._past_names],
                         np.zeros(n, np.int64), 0)
         # Prefill is a step that appends `longest` columns to an empty cache; the rows'
         # left padding is then exactly the all-zero start of their mask.
@@ -795,12 +814,9 @@ class BatchedGenerator:
         try:
             logits, presents = self._forward(ids, mask, cache)
         except OrtBatchError as exc:
-            if n > 1:  # split so that only the request that fails alone gets the error
-                for req in group:
-                    self._prefill_group([req])
-                return
-            self._finish_error(group[0], exc)
-            return
+            if n == 1:
+                self._finish_error(group[0], exc)
+            return None
         finally:
             with self._lock:
                 self._prefill_time += time.perf_counter() - t0
@@ -809,13 +825,9 @@ class BatchedGenerator:
             self._counts["prompt_tokens"] += int(lens.sum())
         cache.advance(presents, new=longest)
         cache.lens = lens  # each row's real length; its padding is the start of the cache
-        keep = []
-        for i, req in enumerate(group):
-            if not self._add_token(req, logits[i, -1]):
-                keep.append(i)
+        keep = [i for i, req in enumerate(group) if not self._add_token(req, logits[i, -1])]
         cache.keep(keep)
-        self._rows.extend(group[i] for i in keep)
-        self._cache.extend(cache)
+        return cache, [group[i] for i in keep]
 
     def _decode_step(self) -> None:
         rows = self._rows
@@ -842,8 +854,10 @@ class BatchedGenerator:
             with self._lock:
                 self._decode_time += time.perf_counter() - t0
         cache.advance(presents, new=1)
-        keep = [i for i, req in enumerate(rows) if not self._add_token(req, logits[i, -1])]
-        self._keep_rows(keep)
+        # Finished rows are settled now; their rows leave at the next step boundary,
+        # together with whatever joins then (one cache copy for both).
+        for i, req in enumerate(rows):
+            self._add_token(req, logits[i, -1])
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, cache: KVCache) -> tuple[np.ndarray, list[Any]]:
         """One model run; checks every length, since the model silently accepts a mask
@@ -930,6 +944,7 @@ class BatchedGenerator:
                 self._finish_error(req, exc)
                 return True
         if reason is not None:
+            req.done = True
             if _settle(req.future, result=req.completion(reason)):
                 self._count("completed")
             else:
@@ -945,6 +960,7 @@ class BatchedGenerator:
         self._finish_error(req, err)
 
     def _finish_error(self, req: _Request, err: BaseException) -> None:
+        req.done = True
         if err is _CANCELLED or req.future.cancelled():
             self._count("cancelled")
             return
@@ -958,7 +974,8 @@ class BatchedGenerator:
             self._counts[key] += 1
 
     def _publish(self) -> None:
-        snapshot = (len(self._rows), sum(r.reserve for r in self._rows), self._cache.length)
+        alive = [r for r in self._rows if not r.done]
+        snapshot = (len(alive), sum(r.reserve for r in alive), self._cache.length)
         with self._lock:
             self._active_snapshot = snapshot
 
