@@ -167,6 +167,14 @@ def _at(data: dict[str, Any], mode: str, c: int) -> dict[str, Any] | None:
     return next((r for r in data["results"] if r["mode"] == mode and r["concurrency"] == c), None)
 
 
+def _differs(data: dict[str, Any], r: dict[str, Any], digest: str) -> bool:
+    """Another request set than ortbatch's. A run cut short by --duration served a prefix of the
+    same set (marked *), so only its workload digest can be compared."""
+    if data["workload"]["digest"] != digest:
+        return True
+    return not r.get("truncated") and r["request_digest"] != digest
+
+
 def peers_table(report: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     lines = ["| workload | system | clients | req/s | tokens/s | p50 ms | p99 ms | rows/batch | padding "
              "| vs direct | ortbatch batched ÷ system |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -186,21 +194,22 @@ def peers_table(report: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             tuned = entry.get("direct_tuned")
             r = _at(tuned, "direct", c) if tuned else None
             if r:
-                if tuned["workload"]["digest"] != digest or r["request_digest"] != digest:
+                if _differs(tuned, r, digest):
                     r = dict(r, note="DIFFERENT REQUESTS")
                 rows.append(("direct-tuned", r))
             for peer, data in entry["peers"].items():
                 r = _at(data, peer, c)
                 if r:
-                    if data["workload"]["digest"] != digest or r["request_digest"] != digest:
+                    if _differs(data, r, digest):
                         r = dict(r, note="DIFFERENT REQUESTS")
                     rows.append((peer, r))
             for name, r in rows:
                 lat = r["latency_ms"]
                 vs_direct = r["requests_per_s"] / direct["requests_per_s"] if direct else float("nan")
                 mine = batched["requests_per_s"] / r["requests_per_s"] if batched and r["requests_per_s"] else None
+                star = "*" if r.get("truncated") else ""
                 lines.append(
-                    f"| {lengths} | {LABELS.get(name, name)}{' ' + r['note'] if 'note' in r else ''} | {c} | "
+                    f"| {lengths} | {LABELS.get(name, name)}{star}{' ' + r['note'] if 'note' in r else ''} | {c} | "
                     f"{r['requests_per_s']:.1f} | {r['tokens_per_s']:.0f} | {lat['p50']:.1f} | {lat['p99']:.1f} | "
                     f"{r['mean_rows_per_batch']:.2f} | {r['padding_fraction']:.1%} | {vs_direct:.2f}x | "
                     f"{'-' if name == 'batched' or mine is None else f'{mine:.2f}x'} |")
@@ -229,8 +238,7 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         for peer, need in (("bi-seq", 1.5), ("bi-bucket", 1.3)):
             data = entry["peers"].get(peer)
             r = _at(data, peer, c) if data else None
-            if r and (data["workload"]["digest"] != own["workload"]["digest"]
-                      or r["request_digest"] != own["workload"]["digest"]):
+            if r and _differs(data, r, own["workload"]["digest"]):
                 out.append((f"batched ÷ {LABELS[peer]}, {lengths}", "different requests: not comparable",
                             f">= {need}x", None))
             elif b and r and r["requests_per_s"]:
@@ -295,7 +303,9 @@ def write_docs(report: dict[str, Any], docs: Path) -> None:
                                 + "\n".join(rows))
     table, series = peers_table(report)
     clients = report.get("peer_concurrency", "64")
-    sections["peers"] = table + f"\n\n![requests/s by system at {clients} clients](benchmarks-peers.png)"
+    legend = ("\n\n`*` = stopped by the `--duration` cap: it served a prefix of the same requests."
+              if "*" in table.replace("**", "") else "")
+    sections["peers"] = table + legend + f"\n\n![requests/s by system at {clients} clients](benchmarks-peers.png)"
     tl = ["| target | measured | needed | met |", "|---|---:|---:|:---:|"]
     for t, v, need, ok in targets(report):
         verdict = "yes" if ok else "no" if ok is False else "-" if need == "-" else "n/a"
