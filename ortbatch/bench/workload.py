@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,7 @@ class Workload:
         }
 
 
-def feed_digest(feeds: Sequence[dict[str, np.ndarray]], ids: Any,
+def feed_digest(feeds: Sequence[dict[str, np.ndarray]] | Mapping[int, dict[str, np.ndarray]], ids: Any,
                 arrivals: np.ndarray | None = None) -> str:
     """sha256 over (id, each input's name, dtype, shape, bytes) for the given request ids."""
     h = hashlib.sha256()
