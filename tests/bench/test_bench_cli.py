@@ -175,3 +175,15 @@ def test_baseline_option_reaches_the_direct_session(tmp_path: Path, echo_path: P
     assert data["settings"]["oracle"]["session"] == session
     assert "batched" not in data["settings"]
     assert np.isfinite(data["results"][0]["requests_per_s"])
+
+
+def test_duration_alone_sizes_the_run_and_caps_it(tmp_path: Path, echo_path: Path) -> None:
+    data = _bench(tmp_path, echo_path, "--concurrency", "2", "--duration", "0.5", "--lengths", "3-6",
+                  "--no-overhead", "--modes", "direct,batched")
+    n = data["config"]["requests"]
+    assert n >= 64 and data["workload"]["requests"] == n
+    for r in data["results"]:
+        # either all n were served, or the cap stopped it and it says so
+        assert r["completed"] == n or (r["truncated"] and 0 < r["completed"] < n)
+        if r["truncated"]:
+            assert r["request_digest"] != data["workload"]["digest"]
