@@ -546,6 +546,9 @@ def _sessions(manifest: Manifest, provider: str) -> tuple[dict[str, Any] | None,
         return None, (f"{provider} is not available in this onnxruntime build (available: {available}); "
                       "install onnxruntime-gpu with matching CUDA/TensorRT libraries")
     entries = [_provider_entry(provider, manifest)]
+    # TensorRT hands the nodes it cannot build to the next provider: CUDA, as ORT recommends.
+    if provider == TRT_PROVIDER and "CUDAExecutionProvider" in available:
+        entries.append(_provider_entry("CUDAExecutionProvider", manifest))
     if provider != CPU:
         entries.append((CPU, {}))
     so = ort.SessionOptions()
