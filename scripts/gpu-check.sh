@@ -11,7 +11,7 @@
 # Everything (log, JSON, plots, summary) goes to $OUT (default out/gpu). Each step's exit
 # status is recorded; the script goes on after a failed step and exits non-zero at the end.
 #
-#   OUT=/some/dir scripts/gpu-check.sh [--quick]
+#   OUT=/some/dir scripts/gpu-check.sh [--quick | --dry]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -25,7 +25,12 @@ SELF_SITE=/tmp/ortbatch-site
 MODEL=/tmp/ortbatch-bert-base
 REQUESTS=2000
 CONC=1,16,64,256
+MODEL_ARGS=()
 [ "${1:-}" = "--quick" ] && { REQUESTS=300; CONC=1,64; }
+# --dry: a CPU-only rehearsal of this script (tiny model, CPU provider) to catch mistakes before
+# spending device time
+DRY=0
+[ "${1:-}" = "--dry" ] && { DRY=1; REQUESTS=100; CONC=1,16; MODEL_ARGS=(--tiny); }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 FAILED=()
 step() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
@@ -97,7 +102,7 @@ opts=(-o "addopts=-ra --strict-markers" -p no:cacheprovider)
 record $rc "pytest -m gpu"
 
 step "4. BERT-base from config"
-"$PY" "$REPO/benchmarks/make_bert_base.py" --out "$MODEL" --trt-cache /tmp/ortbatch-trt-cache
+"$PY" "$REPO/benchmarks/make_bert_base.py" --out "$MODEL" --trt-cache /tmp/ortbatch-trt-cache "${MODEL_ARGS[@]}"
 record $? "export BERT-base (random weights) to $MODEL"
 
 bench() {  # provider lengths
@@ -108,7 +113,9 @@ bench() {  # provider lengths
         --json "$OUT/bench-$tag.json" --plot "$OUT/bench-$tag.png" --markdown "$OUT/bench-$tag.md"
     record $? "bench $tag"
 }
-if [ $HAVE_CUDA -eq 1 ]; then
+if [ $DRY -eq 1 ]; then
+    bench cpu 8-16
+elif [ $HAVE_CUDA -eq 1 ]; then
     bench cuda 8-16
     bench cuda 8-128
 else
