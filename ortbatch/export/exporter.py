@@ -397,7 +397,7 @@ def _write_manifest(
         },
         extra={"components": components},
     )
-    if fam == "decoder":
+    if resolved.task == "text-generation-with-past":  # what BatchedGenerator serves
         manifest.generation = _generation_section(out)
     manifest.save(out)
     return manifest

@@ -96,6 +96,9 @@ def build_tiny(kind: str, d: Path) -> Path:
     elif kind == "bert-tok":
         _wordpiece(d)
         model = tf.BertForTokenClassification(_bert_config(num_labels=5))
+    elif kind == "bert-qa":
+        _wordpiece(d)
+        model = tf.BertForQuestionAnswering(_bert_config())
     elif kind == "bert-fp16-overflow":
         # Embedding LayerNorm gain of 5e4 (itself representable in fp16): activations reach
         # ~1e5, fine in fp32 (the next LayerNorm brings them back) but past fp16's 65504.

@@ -69,6 +69,7 @@ def test_minilm_export_matches_sentence_transformers(minilm_export) -> None:
         ("bert", "feature-extraction", {"last_hidden_state"}),
         ("bert-cls", "text-classification", {"logits"}),
         ("bert-tok", "token-classification", {"logits"}),
+        ("bert-qa", "question-answering", {"start_logits", "end_logits"}),
         ("distilbert", "fill-mask", {"logits"}),
         ("roberta", "text-classification", {"logits"}),
     ],
@@ -108,6 +109,15 @@ def test_tiny_gpt2_with_past_exports_left_padded_and_generates_like_pytorch(expo
         pass
     else:
         assert m.generation, "the generation section should be filled by ortbatch.generation.layout"
+
+
+def test_tiny_gpt2_without_past_is_checked_by_recomputing(exported) -> None:
+    res = exported("gpt2", task="text-generation")
+    assert res.report.passed, res.report.format_table(verbose=True)
+    m = res.manifest
+    assert m.padding_side == "left" and not m.generation  # BatchedGenerator needs the KV cache
+    assert set(m.inputs) == {"input_ids", "attention_mask", "position_ids"}
+    assert m.outputs["logits"].axes == ("batch", "sequence", None)
 
 
 def test_tiny_bart_seq2seq_exports_all_components(exported) -> None:
