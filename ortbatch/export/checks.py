@@ -185,7 +185,7 @@ class ValidationReport:
             prov = chk.provider.replace("ExecutionProvider", "")
             if chk.status == "skipped" or not chk.cases:
                 rows.append((chk.name, prov, "-", "-", "-", "-", "-", "-", "-",
-                             f"{chk.status.upper()}{': ' + chk.note if chk.note else ''}"))
+                             _short(f"{chk.status.upper()}{': ' + chk.note if chk.note else ''}", 70)))
                 continue
             for case, comp in _rows(chk, verbose):
                 if comp is None:
