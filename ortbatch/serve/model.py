@@ -124,7 +124,7 @@ class ServedModel:
                 tokenizers = require("tokenizers")
                 tokenizer = tokenizers.Tokenizer.from_file(str(base / TOKENIZER_FILE))
             if name is None:
-                name = _default_name(path, session.manifest)
+                name = _default_name(path)
             return cls(session, name, tokenizer=tokenizer, normalize_embeddings=normalize_embeddings)
         except BaseException:
             session.close(drain=False)
@@ -403,7 +403,7 @@ def _stack_ragged(arrays: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(padded, axis=0)
 
 
-def _default_name(path: Path, manifest: Manifest | None) -> str:
+def _default_name(path: Path) -> str:
+    """The directory's name (``exports/minilm`` -> ``minilm``), or a bare file's stem."""
     base = path if path.is_dir() else path.with_suffix("")
-    name = base.resolve().name or "model"
-    return name
+    return base.resolve().name or "model"
