@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ortbatch.errors import QueueFullError, SessionClosedError
+from ortbatch.errors import InvalidInputError, QueueFullError, SessionClosedError
 from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel
 
 pytestmark = pytest.mark.timeout(60)
@@ -510,3 +510,44 @@ def test_one_text_refused_fails_the_request_and_drops_its_siblings(encoder_dir):
         r = httpx.post(srv.url + "/v2/models/s/infer", json=body, timeout=10)
         assert r.status_code == 429 and "queue full" in r.json()["error"]
         assert len(calls) == 4 and sorted(cancelled) == [1, 3, 4]
+
+
+def test_every_ortbatch_error_has_a_deliberate_status():
+    """The one mapping boundary: each error class a request can meet gets its status;
+    a new error class in ortbatch.errors fails here until it is placed."""
+    import inspect
+
+    from ortbatch import errors
+    from ortbatch.serve.app import ClientGone, HTTPError, error_response
+
+    expected = {
+        "InvalidInputError": 400,
+        "ModelContractError": 500,  # raised building the session, never per request
+        "ManifestError": 500,
+        "UnsupportedModelError": 500,
+        "QueueFullError": 429,
+        "RequestTimeoutError": 504,
+        "SessionClosedError": 503,
+        "InferenceError": 500,
+        "ProviderError": 500,
+        "ExportError": 500,
+        "ValidationError": 500,
+        "OrtBatchError": 500,
+    }
+    classes = {
+        name: cls for name, cls in inspect.getmembers(errors, inspect.isclass) if issubclass(cls, errors.OrtBatchError)
+    }
+    assert set(classes) == set(expected)
+    for name, cls in classes.items():
+        exc = cls(3, 4) if cls is errors.QueueFullError else cls("boom")
+        status, body, headers = error_response(exc)
+        assert status == expected[name], name
+        assert isinstance(body["error"], str) and body["error"]
+        assert ("Retry-After" in headers) == (status == 429)
+    assert error_response(HTTPError(413, "big"))[0] == 413
+    assert error_response(ClientGone())[0] == 499
+    status, body, _ = error_response(InvalidInputError("bad x"), openai=True)
+    assert status == 400 and body["error"]["message"] == "bad x"
+    # an unexpected exception is a 500 that names it, never a bare traceback
+    status, body, _ = error_response(KeyError("k"))
+    assert status == 500 and "KeyError" in body["error"]
