@@ -1,0 +1,50 @@
+"""``ortbatch generate DIR PROMPT...``: complete prompts with a decoder export, batched."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "generate completions for one or more prompts with a text-generation-with-past export"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", help="an export of --task text-generation-with-past (ortbatch or optimum)")
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt texts, generated together")
+    parser.add_argument("-n", "--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available)")
+    parser.add_argument("--stream", action="store_true", help="print the first prompt's tokens as they come")
+    parser.add_argument("--json", action="store_true", help="print each completion as a JSON line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..generation import BatchedGenerator
+
+    options = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+               "seed": args.seed, "stop": args.stop}
+    with BatchedGenerator(args.directory, max_batch_size=args.max_batch_size, providers=args.providers) as gen:
+        on_token = None
+        if args.stream and not args.json:
+            def on_token(tok):  # type: ignore[no-untyped-def]
+                sys.stdout.write(tok.text)
+                sys.stdout.flush()
+        futures = [gen.submit(p, args.max_new_tokens, on_token=on_token if i == 0 else None, **options)
+                   for i, p in enumerate(args.prompts)]
+        results = [f.result() for f in futures]
+    for i, (prompt, out) in enumerate(zip(args.prompts, results, strict=True)):
+        if args.json:
+            print(json.dumps({"prompt": prompt, "text": out.text, "token_ids": list(out.token_ids),
+                              "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
+                              "completion_tokens": out.completion_tokens}))
+        elif args.stream and i == 0:
+            print(f"\n[{out.finish_reason}, {out.completion_tokens} tokens]")
+        else:
+            print(f"{prompt}{out.text}\n[{out.finish_reason}, {out.completion_tokens} tokens]")
+    return 0
