@@ -8,6 +8,7 @@ BatchedSession, so HTTP callers are batched together exactly like in-process one
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,6 +73,12 @@ class ServedModel:
             ``/v1/embeddings``; ``None`` disables text input.
         normalize_embeddings: L2-normalize ``/v1/embeddings`` vectors (as
             sentence-transformers models such as all-MiniLM-L6-v2 do).
+        id_limits: exclusive upper bound of the ids each integer input may carry
+            (``{"input_ids": 30522, "token_type_ids": 2}``), checked before a request is
+            queued: an out-of-range id fails inside ONNX Runtime's embedding lookup,
+            where it can only surface as an InferenceError. Default: ``input_ids`` below
+            the tokenizer's vocabulary size. :meth:`load` reads them from the export's
+            ``config.json`` (``vocab_size``, ``type_vocab_size``).
     """
 
     def __init__(
@@ -83,6 +90,7 @@ class ServedModel:
         manifest: Manifest | None = None,
         tokenizer: Any = None,
         normalize_embeddings: bool = True,
+        id_limits: dict[str, int] | None = None,
     ) -> None:
         self.session = session
         self.name = name
@@ -94,11 +102,14 @@ class ServedModel:
         self._output_names = [m.name for m in self.outputs]
         self.normalize_embeddings = normalize_embeddings
         self.tokenizer = None
-        self.vocab_size: int | None = None
         self.text_input: str | None = None
         self.text_disabled_reason = "the export has no tokenizer.json"
+        self.id_limits: dict[str, int] = {}
         if tokenizer is not None:
             self._setup_tokenizer(tokenizer)
+        self.id_limits.update(
+            {k: v for k, v in (id_limits or {}).items() if k in self._input_types and isinstance(v, int) and v > 0}
+        )
         self.embedding_output, self.embeddings_disabled_reason = self._pick_embedding_output()
 
     # -- construction ----------------------------------------------------------------
@@ -125,7 +136,13 @@ class ServedModel:
                 tokenizer = tokenizers.Tokenizer.from_file(str(base / TOKENIZER_FILE))
             if name is None:
                 name = _default_name(path)
-            return cls(session, name, tokenizer=tokenizer, normalize_embeddings=normalize_embeddings)
+            return cls(
+                session,
+                name,
+                tokenizer=tokenizer,
+                normalize_embeddings=normalize_embeddings,
+                id_limits=_config_id_limits(base / "config.json"),
+            )
         except BaseException:
             session.close(drain=False)
             raise
@@ -147,7 +164,7 @@ class ServedModel:
         if max_len:
             tokenizer.enable_truncation(max_length=max_len)
         self.tokenizer = tokenizer
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.id_limits["input_ids"] = tokenizer.get_vocab_size(with_added_tokens=True)
         self.text_input = TEXT_INPUT if TEXT_INPUT not in self._input_types else "text_input"
 
     def _pick_embedding_output(self) -> tuple[str | None, str]:
@@ -267,23 +284,22 @@ class ServedModel:
                 raise InvalidInputError(f"input {n!r}: expected datatype {want}, got {req.datatypes[n]}")
             if want not in DATATYPES:
                 raise InvalidInputError(f"input {n!r}: datatype {want} is not supported by this server")
-        ids = req.inputs.get("input_ids")
-        if ids is not None:
-            self._check_ids(ids)
+        self._check_ids(req.inputs)
         return req.inputs
 
-    def _check_ids(self, ids: np.ndarray) -> None:
-        # An out-of-vocabulary id makes the embedding Gather fail inside ORT, which the
+    def _check_ids(self, feed: dict[str, np.ndarray]) -> None:
+        # An out-of-range id makes the embedding Gather fail inside ORT, which the
         # session can only report as an InferenceError; it is the request's fault (400).
-        if self.vocab_size is None or ids.size == 0 or ids.dtype.kind not in "iu":
-            return
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= self.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise InvalidInputError(
-                f"input 'input_ids': token id {bad} is outside the vocabulary [0, {self.vocab_size})",
-                input_name="input_ids",
-            )
+        for name, limit in self.id_limits.items():
+            ids = feed.get(name)
+            if ids is None or ids.size == 0 or ids.dtype.kind not in "iu":
+                continue
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= limit:
+                bad = lo if lo < 0 else hi
+                raise InvalidInputError(
+                    f"input {name!r}: id {bad} is outside the model's range [0, {limit})", input_name=name
+                )
 
     # -- text ------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> list[dict[str, np.ndarray]]:
@@ -346,7 +362,7 @@ class ServedModel:
         else:
             feeds = [self._feed_from_ids(list(ids)) for ids in inputs]  # type: ignore[arg-type]
             for feed in feeds:
-                self._check_ids(feed["input_ids"])
+                self._check_ids(feed)
         results = await self._gather(feeds, [self.embedding_output])
         rows = []
         tokens = 0
@@ -401,6 +417,22 @@ def _stack_ragged(arrays: list[np.ndarray]) -> np.ndarray:
         pad = [(0, 0)] + [(0, t - s) for t, s in zip(target, a.shape[1:], strict=True)]
         padded.append(np.pad(a, pad) if any(p[1] for p in pad) else a)
     return np.concatenate(padded, axis=0)
+
+
+def _config_id_limits(config: Path) -> dict[str, int]:
+    """``vocab_size`` / ``type_vocab_size`` from a Hugging Face ``config.json``, if any."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    limits = {}
+    for key, name in (("vocab_size", "input_ids"), ("type_vocab_size", "token_type_ids")):
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            limits[name] = value
+    return limits
 
 
 def _default_name(path: Path) -> str:

@@ -247,7 +247,7 @@ def test_bad_bodies_are_400(encoder_server):
             ]
         },
     )
-    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]
+    assert r.status_code == 400 and "outside the model's range" in r.json()["error"]
     r = httpx.post(
         url,
         json={
@@ -551,3 +551,43 @@ def test_every_ortbatch_error_has_a_deliberate_status():
     # an unexpected exception is a 500 that names it, never a bare traceback
     status, body, _ = error_response(KeyError("k"))
     assert status == 500 and "KeyError" in body["error"]
+
+
+def test_id_ranges_come_from_config_json(tmp_path):
+    """An id the embedding tables cannot look up is the request's fault: 400, not an
+    ONNX Runtime failure (type ids included, from the export's config.json)."""
+    from ortbatch.serve.model import _config_id_limits
+    from ortbatch.serve.protocol import parse_infer_request
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 50, "type_vocab_size": 2}))
+    limits = _config_id_limits(tmp_path / "config.json")
+    assert limits == {"input_ids": 50, "token_type_ids": 2}
+    assert _config_id_limits(tmp_path / "missing.json") == {}
+
+    class BertLike(ScriptedTokenSession):
+        def get_inputs(self):
+            names = ("input_ids", "attention_mask", "token_type_ids")
+            return [SimpleNamespace(name=n, type="tensor(int64)", shape=["batch", "sequence"]) for n in names]
+
+    async def ok(feed):
+        return [np.zeros((1, 4), np.float32)]
+
+    model = ServedModel(BertLike(ok), "b", id_limits=limits)
+
+    def request(ids, types):
+        doc = {
+            "inputs": [
+                {"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": ids},
+                {"name": "attention_mask", "datatype": "INT64", "shape": [1, 2], "data": [1, 1]},
+                {"name": "token_type_ids", "datatype": "INT64", "shape": [1, 2], "data": types},
+            ]
+        }
+        return asyncio.run(model.infer(parse_infer_request(json.dumps(doc).encode())))
+
+    assert request([1, 49], [0, 1])[0][0] == "pooled"
+    with pytest.raises(InvalidInputError, match=r"'token_type_ids': id 2 is outside the model's range \[0, 2\)"):
+        request([1, 2], [0, 2])
+    with pytest.raises(InvalidInputError, match="'input_ids': id 50"):
+        request([1, 50], [0, 0])
+    with pytest.raises(InvalidInputError, match="'input_ids': id -1"):
+        request([-1, 5], [0, 0])
