@@ -26,7 +26,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,7 @@ class ClientGone(Exception):
     status nginx uses for it; nobody receives it)."""
 
 
-async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+async def _disconnected(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:
     """Return once the client has gone (the body must already be read)."""
     while True:
         message = await receive()
@@ -85,7 +85,7 @@ async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> Non
             return
 
 
-async def run_or_abandon(receive: Callable[[], Awaitable[dict[str, Any]]], coro: Awaitable[Any]) -> Any:
+async def run_or_abandon(receive: Callable[[], Awaitable[MutableMapping[str, Any]]], coro: Awaitable[Any]) -> Any:
     """Await ``coro`` unless the client disconnects first: then cancel it, which drops
     its still-queued requests from the batch queue (no compute for a caller who left),
     and raise :class:`ClientGone`."""

@@ -347,7 +347,7 @@ class ServedModel:
             t.cancel()
         errors = [t.exception() for t in tasks if t in done and t.exception() is not None]
         if errors:
-            raise errors[0]  # type: ignore[misc]
+            raise errors[0]
         return [t.result() for t in tasks]
 
     async def embed(self, inputs: Sequence[str] | Sequence[Sequence[int]]) -> EmbeddingResult:
