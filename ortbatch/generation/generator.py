@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import itertools
 import os
 import secrets
@@ -260,7 +261,13 @@ class BatchedGenerator:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self._dir = Path(export_dir)
-        self.layout = self._load_layout(self._dir)
+        self.layout, manifest = self._load_layout(self._dir)
+        # The manifest's limits (e.g. TensorRT profile shapes) bound what may be run.
+        if manifest is not None and manifest.max_sequence_length:
+            context = min(self.layout.max_context_length, manifest.max_sequence_length)
+            self.layout = dataclasses.replace(self.layout, max_context_length=context)
+        if manifest is not None and manifest.max_batch_size:
+            max_batch_size = min(max_batch_size, manifest.max_batch_size)
         ort = require("onnxruntime")
         self._ort = ort
         model_path = self._dir / self.layout.model
@@ -326,19 +333,21 @@ class BatchedGenerator:
 
     # -- construction helpers ---------------------------------------------------------
     @staticmethod
-    def _load_layout(directory: Path) -> GenerationLayout:
+    def _load_layout(directory: Path) -> tuple[GenerationLayout, Manifest | None]:
         if not directory.is_dir():
             raise ModelContractError(f"{directory}: not an export directory")
         model = "model.onnx"
+        manifest = None
         if (directory / MANIFEST_NAME).is_file():
             manifest = Manifest.load(directory)
             model = manifest.model
             if manifest.generation:
                 section = dict(manifest.generation)
                 section.setdefault("model", model)
-                return GenerationLayout.from_dict(section, where=f"{directory / MANIFEST_NAME}: generation")
+                where = f"{directory / MANIFEST_NAME}: generation"
+                return GenerationLayout.from_dict(section, where=where), manifest
         try:
-            return GenerationLayout.from_dict(generation_section(directory, model))
+            return GenerationLayout.from_dict(generation_section(directory, model)), manifest
         except ManifestError as exc:  # our own inference produced it: a model problem
             raise ModelContractError(str(exc)) from exc
 

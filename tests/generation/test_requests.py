@@ -401,6 +401,16 @@ def test_manifest_generation_section_is_used(fake_dir: Path, tmp_path: Path) -> 
     (d / "ortbatch.json").write_text(json.dumps({"format": 1, "model": "model.onnx"}))
     with BatchedGenerator(d) as gen:
         assert gen.layout.max_context_length == CONTEXT
+    # the manifest's limits (e.g. TensorRT profile shapes) bound context and batch
+    limits = {"max_batch_size": 2, "max_sequence_length": 30}
+    (d / "ortbatch.json").write_text(json.dumps({"format": 1, "model": "model.onnx", "limits": limits}))
+    with BatchedGenerator(d, max_batch_size=8) as gen:
+        assert gen.max_batch_size == 2
+        with pytest.raises(InvalidInputError, match="context of 30"):
+            gen.submit([5] * 25, 6)
+        outs = [f.result(10) for f in [gen.submit([5 + i] * 3, 5) for i in range(4)]]
+        assert [list(o.token_ids) for o in outs] == [reference([5 + i] * 3, 5) for i in range(4)]
+        assert gen.stats().max_decode_rows == 2
 
 
 def test_not_a_decoder_is_a_contract_error(echo_path: Path, tmp_path: Path) -> None:
