@@ -59,7 +59,11 @@ def served_counts(log: str) -> tuple[int, int]:
 
 
 def test_load_from_a_second_process_loses_nothing(serve_process, encoder_dir, tmp_path):
-    srv = serve_process(str(encoder_dir), "--name", "tiny", "--max-batch-size", "8", "--no-access-log")
+    # a 2 ms batching window: on an idle machine the trivial model is otherwise done
+    # before the next request arrives, and every batch would hold one row
+    srv = serve_process(
+        str(encoder_dir), "--name", "tiny", "--max-batch-size", "8", "--max-delay-ms", "2", "--no-access-log"
+    )
     out = tmp_path / "load.json"
     t0 = time.monotonic()
     subprocess.run(
