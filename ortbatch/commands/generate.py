@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 HELP = "generate completions for one or more prompts with a text-generation-with-past export"
 
@@ -25,14 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generation import BatchedGenerator
+    from ..generation import BatchedGenerator, StreamToken
 
     options = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                "seed": args.seed, "stop": args.stop}
     with BatchedGenerator(args.directory, max_batch_size=args.max_batch_size, providers=args.providers) as gen:
-        on_token = None
+        on_token: Callable[[StreamToken], None] | None = None
         if args.stream and not args.json:
-            def on_token(tok):  # type: ignore[no-untyped-def]
+            def on_token(tok: StreamToken) -> None:
                 sys.stdout.write(tok.text)
                 sys.stdout.flush()
         futures = [gen.submit(p, args.max_new_tokens, on_token=on_token if i == 0 else None, **options)

@@ -385,25 +385,26 @@ def _read_io(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
     """The graph's inputs and outputs as (name, dtype, shape), without running it."""
     try:
         import onnx
-    except ImportError:
-        onnx = None
-    if onnx is not None:
-        proto = onnx.load(str(path), load_external_data=False)
+    except ImportError:  # the runtime needs only onnxruntime: read the graph with it
+        return _read_io_ort(path)
+    proto = onnx.load(str(path), load_external_data=False)
 
-        def spec(value_info: Any) -> IOSpec:
-            t = value_info.type.tensor_type
-            dims: list[int | str | None] = []
-            for dim in t.shape.dim:
-                if dim.HasField("dim_value"):
-                    dims.append(int(dim.dim_value))
-                else:
-                    dims.append(dim.dim_param or None)
-            return value_info.name, _ONNX_ELEM.get(t.elem_type, f"onnx:{t.elem_type}"), dims
+    def spec(value_info: Any) -> IOSpec:
+        t = value_info.type.tensor_type
+        dims: list[int | str | None] = []
+        for dim in t.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            else:
+                dims.append(dim.dim_param or None)
+        return value_info.name, _ONNX_ELEM.get(t.elem_type, f"onnx:{t.elem_type}"), dims
 
-        inits = {i.name for i in proto.graph.initializer}
-        ins = [spec(v) for v in proto.graph.input if v.name not in inits]
-        return ins, [spec(v) for v in proto.graph.output]
+    inits = {i.name for i in proto.graph.initializer}
+    ins = [spec(v) for v in proto.graph.input if v.name not in inits]
+    return ins, [spec(v) for v in proto.graph.output]
 
+
+def _read_io_ort(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
     from .._extras import require
 
     ort = require("onnxruntime")

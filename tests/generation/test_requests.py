@@ -429,3 +429,13 @@ def test_missing_gpu_provider_is_an_error(fake_dir: Path) -> None:
         pytest.skip("CUDA is available here")
     with pytest.raises(ProviderError, match="CUDAExecutionProvider"):
         BatchedGenerator(fake_dir, providers="cuda")
+
+
+def test_layout_without_onnx_package_reads_the_graph_with_ort(fake_dir: Path) -> None:
+    from ortbatch.generation import layout
+
+    with_onnx = layout._read_io(fake_dir / "model.onnx")
+    with_ort = layout._read_io_ort(fake_dir / "model.onnx")
+    assert [(n, d) for n, d, _ in with_onnx[0]] == [(n, d) for n, d, _ in with_ort[0]]
+    assert [(n, d) for n, d, _ in with_onnx[1]] == [(n, d) for n, d, _ in with_ort[1]]
+    assert [s for _, _, s in with_onnx[0]] == [s for _, _, s in with_ort[0]]
