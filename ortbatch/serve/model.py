@@ -203,7 +203,10 @@ class ServedModel:
         params: dict[str, Any] = {"max_batch_size": getattr(self.session, "max_batch_size", None)}
         if self.manifest is not None:
             params["task"] = self.manifest.source.get("task")
-            params["source_model"] = self.manifest.source.get("model")
+            source = self.manifest.source.get("model")
+            # a hub id says what the model is; a local path only says where the exporter ran
+            if isinstance(source, str) and not Path(source).is_absolute():
+                params["source_model"] = source
             params["max_sequence_length"] = self.manifest.max_sequence_length
         if self.text_input is not None:
             params["text_input"] = self.text_input
