@@ -129,6 +129,8 @@ def export_model(
 
     out = Path(output_dir)
     model_ref = resolve_model_ref(rcp.model)
+    if os.path.isdir(model_ref) and out.resolve() == Path(model_ref).resolve():
+        raise ExportError(f"the output directory {out} is the model's own directory; choose another (-o)")
     t0 = time.perf_counter()
     say(f"resolving {rcp.model} (task {rcp.task})")
     resolved = tasks.resolve_model(model_ref, rcp.task, trust_remote_code=trust_remote_code)
