@@ -28,6 +28,11 @@ class TextTracker:
         self._stop = tuple(stop)
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
         self._ids: list[int] = []
+        # Only a short window of ids is decoded per token (prefix..end, minus the text of
+        # prefix..read), so a long completion costs O(n), not O(n^2), decoding; decoding
+        # the window together with a few ids before it keeps word-boundary spaces right.
+        self._prefix = 0
+        self._read = 0
         self._text = ""
         self._emitted = 0
         self.stop_string: str | None = None
@@ -39,10 +44,20 @@ class TextTracker:
 
     def push(self, token_id: int) -> tuple[str, bool]:
         """Add one generated id; return (text that became final, stop string matched)."""
-        if self._decode is None:
-            return "", False
+        if self._decode is None or self.stop_string is not None:
+            return "", self.stop_string is not None
         self._ids.append(token_id)
-        text = self._decode(self._ids)
+        before = self._decode(self._ids[self._prefix:self._read])
+        window = self._decode(self._ids[self._prefix:])
+        # An unfinished multi-byte character decodes to U+FFFD: wait for the rest.
+        if len(window) <= len(before) or window.endswith(_REPLACEMENT):
+            return "", False
+        self._text += window[len(before):]
+        self._prefix, self._read = self._read, len(self._ids)
+        return self._advance()
+
+    def _advance(self) -> tuple[str, bool]:
+        text = self._text
         if self._stop:
             # Only the tail can contain a stop string that was not already there.
             start = max(0, self._emitted - self._holdback)
@@ -51,11 +66,7 @@ class TextTracker:
                 index, self.stop_string = min(hits)
                 self._text = text[:index]
                 return self._flush(), True
-        self._text = text
         end = len(text) - self._holdback
-        # An unfinished multi-byte character decodes to U+FFFD: wait for the rest.
-        while end > self._emitted and text[end - 1] == _REPLACEMENT:
-            end -= 1
         if end <= self._emitted:
             return "", False
         delta = text[self._emitted:end]
@@ -63,7 +74,19 @@ class TextTracker:
         return delta, False
 
     def finish(self) -> str:
-        """The text not yet handed out; call once when the request ends."""
+        """The text not yet handed out; call once when the request ends.
+
+        Ids still held back (an unfinished character) are decoded as they are, as the
+        tokenizer's own ``decode`` of the whole completion would show them."""
+        if self._decode is not None and self.stop_string is None and self._read < len(self._ids):
+            before = self._decode(self._ids[self._prefix:self._read])
+            window = self._decode(self._ids[self._prefix:])
+            self._text += window[len(before):]
+            self._read = len(self._ids)
+            delta, _ = self._advance()  # a stop string may complete in the tail
+            if self.stop_string is not None:
+                return delta
+            return delta + self._flush()
         return self._flush()
 
     def _flush(self) -> str:

@@ -105,13 +105,39 @@ def test_text_tracker_holds_back_partial_stop_strings() -> None:
     assert out[2] == "lo " or "".join(out[:3]) == "Hello "
 
 
+def _byte_decoder(pieces: list[bytes]):
+    # As a byte-level BPE decodes: half a multi-byte character becomes U+FFFD.
+    return lambda ids: b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
 def test_text_tracker_waits_for_whole_characters() -> None:
-    # A byte-level tokenizer decodes half a multi-byte character as U+FFFD.
-    texts = ["a", "a\ufffd", "aé", "aéb"]
-    tracker = TextTracker(lambda ids: texts[len(ids) - 1])
-    deltas = [tracker.push(i)[0] for i in range(4)]
-    assert deltas == ["a", "", "é", "b"]
-    assert tracker.finish() == ""
+    pieces = [b"a", b"\xc3", b"\xa9", b"b", b"\xe6\xbc", b"\xa2", b" x", b"\xf0"]
+    decode = _byte_decoder(pieces)
+    tracker = TextTracker(decode)
+    deltas = [tracker.push(i)[0] for i in range(len(pieces))]
+    assert deltas == ["a", "", "\u00e9", "b", "", "\u6f22", " x", ""]
+    assert tracker.finish() == "\ufffd"  # an unfinished tail shows as the tokenizer shows it
+    assert "".join(deltas) + "\ufffd" == tracker.text == decode(range(len(pieces)))
+
+
+def test_text_tracker_long_completion_matches_full_decode() -> None:
+    rs = np.random.RandomState(0)
+    pieces = [bytes(rs.randint(0, 256, size=rs.randint(1, 3)).tolist()) for _ in range(300)]
+    decode = _byte_decoder(pieces)
+    ids = rs.randint(0, 300, size=400).tolist()
+    tracker = TextTracker(decode, stop=["\x00\x01\x02\x03"])
+    out = [tracker.push(i)[0] for i in ids]
+    out.append(tracker.finish())
+    assert "".join(out) == tracker.text == decode(ids)
+
+
+def test_text_tracker_stop_string_split_over_tokens_and_in_the_tail() -> None:
+    pieces = [b"ab", b"c", b"S", b"TO", b"P", b"zz"]
+    tracker = TextTracker(_byte_decoder(pieces), stop=["STOP"])
+    results = [tracker.push(i) for i in range(5)]
+    assert results[-1][1] and tracker.text == "abc" and tracker.stop_string == "STOP"
+    assert "".join(d for d, _ in results) == "abc"
+    assert tracker.push(5) == ("", True)  # nothing after a stop
 
 
 def test_text_tracker_without_tokenizer_is_silent() -> None:
