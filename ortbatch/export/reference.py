@@ -65,31 +65,35 @@ class Reference:
             out = self.model(**args, use_cache=False)
         return out.logits.float().numpy()
 
-    def greedy(self, prompts: list[list[int]], new_tokens: int, pad_id: int, start_id: int | None) -> np.ndarray:
+    def greedy(
+        self, prompts: list[list[int]], new_tokens: int, pad_id: int, start_id: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Greedy continuation of each prompt alone, recomputing the full sequence each
-        step (no cache): an independent path from the ONNX model's past key values."""
-        rows = []
+        step (no cache): an independent path from the ONNX model's past key values.
+
+        Returns the tokens (rows, steps) and each step's two best logits (rows, steps, 2),
+        so a divergence at a near-tie can be told from a real one."""
+        rows, tops = [], []
         for ids in prompts:
             prompt = np.array([ids], dtype=np.int64)
             mask = np.ones_like(prompt)
             out: list[int] = []
-            if self.family == "seq2seq":
-                dec = np.array([[start_id]], dtype=np.int64)
-                for _ in range(new_tokens):
-                    nxt = int(self.seq2seq_logits(prompt, mask, dec)[0, -1].argmax())
-                    out.append(nxt)
-                    dec = np.concatenate([dec, [[nxt]]], axis=1)
-            else:
-                seq = prompt
-                for _ in range(new_tokens):
-                    m = np.ones_like(seq)
+            top: list[np.ndarray] = []
+            seq = prompt if self.family != "seq2seq" else np.array([[start_id]], dtype=np.int64)
+            for _ in range(new_tokens):
+                if self.family == "seq2seq":
+                    logits = self.seq2seq_logits(prompt, mask, seq)[0, -1]
+                else:
                     pos = np.arange(seq.shape[1], dtype=np.int64)[None]
-                    nxt = int(self.decoder_logits({"input_ids": seq, "attention_mask": m,
-                                                   "position_ids": pos})[0, -1].argmax())
-                    out.append(nxt)
-                    seq = np.concatenate([seq, [[nxt]]], axis=1)
+                    logits = self.decoder_logits({"input_ids": seq, "attention_mask": np.ones_like(seq),
+                                                  "position_ids": pos})[0, -1]
+                nxt = int(logits.argmax())
+                out.append(nxt)
+                top.append(np.sort(logits)[-2:][::-1])
+                seq = np.concatenate([seq, [[nxt]]], axis=1)
             rows.append(out)
-        return np.array(rows, dtype=np.int64)
+            tops.append(np.stack(top))
+        return np.array(rows, dtype=np.int64), np.stack(tops)
 
 
 def load_reference(source: Mapping[str, Any], model: Any = None) -> tuple[Reference | None, str]:

@@ -105,3 +105,16 @@ def test_report_summary_table_and_dict() -> None:
 ])
 def test_axis_roles_from_optimum_dim_names(dim: str, role: str) -> None:
     assert axis_role(dim) == role
+
+
+def test_greedy_divergence_at_a_near_tie_is_not_an_error() -> None:
+    ref = np.array([[1, 2, 3], [4, 5, 6]])
+    got = np.array([[1, 9, 9], [4, 5, 6]])
+    top2 = np.zeros((2, 3, 2))
+    top2[..., 0] = 5.0
+    top2[..., 1] = 1.0
+    tol = {"greedy": 1.0, "atol": 1e-3, "rtol": 0.0}
+    assert not compare_tokens("greedy_tokens", got, ref, tol, top2).passed  # a clear winner: real divergence
+    top2[0, 1] = [5.0, 4.9995]  # row 0 diverges where the reference's top two are 5e-4 apart
+    c = compare_tokens("greedy_tokens", got, ref, tol, top2)
+    assert c.passed and c.metric_value == 1.0 and "near-tie" in c.message
