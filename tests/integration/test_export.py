@@ -180,6 +180,14 @@ def test_unsupported_architecture_lists_what_is_supported(tmp_path: Path) -> Non
     assert "'funnel' is not supported" in msg and "bert" in msg and "gpt2" in msg
 
 
+def test_missing_model_is_an_export_error(tmp_path: Path) -> None:
+    pytest.importorskip("optimum.exporters.onnx")
+    from ortbatch import ExportError, export_model
+
+    with pytest.raises(ExportError, match="cannot load the configuration"):
+        export_model(tmp_path / "nothing-here", tmp_path / "out")
+
+
 def test_unsupported_task_lists_the_tasks_for_that_architecture(tiny_model, tmp_path: Path) -> None:
     from ortbatch import UnsupportedModelError, export_model
 
