@@ -112,8 +112,9 @@ def _url(sock: socket.socket) -> str:
 
 def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
     """Serve an export directory in the foreground until SIGTERM/SIGINT; returns 0
-    after a graceful drain. Prints ``listening on URL`` once the model is loaded and
-    the socket is bound, and the request counts after the drain."""
+    after a graceful drain in which every received request was answered (1 if the
+    graceful timeout cancelled some). Prints ``listening on URL`` once the model is
+    loaded and the socket is bound, and the request counts after the drain."""
     config = config or ServeConfig()
     uvicorn = require("uvicorn")
     if not is_loopback(config.host):
@@ -135,8 +136,10 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
         # uvicorn re-raises the signal it shut down on once it has drained; landing
-        # here instead of the default handler is what makes SIGTERM exit 0.
+        # here instead of the default handler is what makes SIGTERM exit 0. A signal
+        # before uvicorn installs its own handlers must still stop it.
         received.append(sig)
+        server.should_exit = True
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     text = "text input on" if model.text_input else "no text input"
@@ -161,6 +164,15 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
         flush=True,
     )
     if not server.started:
+        return 1
+    if counts.answered < counts.accepted:
+        # only a graceful-shutdown timeout cancels requests: say so in the exit code
+        print(
+            f"ortbatch serve: {counts.accepted - counts.answered} request(s) were cancelled unanswered "
+            f"(--graceful-timeout-s {config.graceful_timeout_s} exceeded)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     return 0
 

@@ -153,3 +153,91 @@ def test_cli_help_lists_the_flags():
     assert r.returncode == 0
     for flag in ("--host", "--port", "--max-batch-size", "--max-queue", "--max-body-bytes", "--name"):
         assert flag in r.stdout
+
+
+SLOW_SERVER = """
+import asyncio, sys
+from types import SimpleNamespace
+import numpy as np
+from ortbatch.serve import server
+from ortbatch.serve.model import ServedModel
+
+class Slow:
+    closed = False
+    max_batch_size = 4
+    manifest = None
+    def get_inputs(self):
+        return [SimpleNamespace(name="x", type="tensor(float)", shape=["batch", 3])]
+    def get_outputs(self):
+        return [SimpleNamespace(name="y", type="tensor(float)", shape=["batch", 3])]
+    async def run_async(self, names, feed):
+        await asyncio.sleep(float(sys.argv[1]))
+        return [feed["x"]]
+    def stats(self):
+        return SimpleNamespace(queued=0, padding_fraction=0.0, requests=0, batches=0, errors={},
+                               rows_histogram={}, rows=0)
+    def close(self, drain=True):
+        self.closed = True
+
+server.ServedModel.load = classmethod(lambda cls, d, **kw: ServedModel(Slow(), "slow"))
+cfg = server.ServeConfig(port=0, access_log=False, log_level="warning", graceful_timeout_s=float(sys.argv[2]))
+sys.exit(server.serve(".", cfg))
+"""
+
+
+@pytest.mark.parametrize(
+    ("work_s", "grace_s", "code"),
+    [(1.0, 30.0, 0), (30.0, 0.5, 1)],
+    ids=["in-flight-answered", "grace-exceeded"],
+)
+def test_sigterm_drains_in_flight_requests(tmp_path, work_s, grace_s, code):
+    """SIGTERM while a request is being computed: it is answered before exit (0), or,
+    if it outlives --graceful-timeout-s, the exit code says it was not (1)."""
+    import signal
+    import threading
+
+    script = tmp_path / "slow_server.py"
+    script.write_text(SLOW_SERVER)
+    log = tmp_path / "slow.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(work_s), str(grace_s)], stdout=fh, stderr=subprocess.STDOUT, cwd=REPO
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not re.search(r"listening on (http://\S+)", log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        url = re.search(r"listening on (http://\S+)", log.read_text()).group(1)
+        result = {}
+
+        def call():
+            body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+            try:
+                result["r"] = httpx.post(url + "/v2/models/slow/infer", json=body, timeout=60)
+            except httpx.HTTPError as exc:
+                result["err"] = exc
+
+        t = threading.Thread(target=call)
+        t.start()
+
+        def in_flight() -> float:  # counts this /metrics request itself too
+            text = httpx.get(url + "/metrics").text
+            return float(re.search(r"^ortbatch_http_requests_in_flight ([0-9.]+)", text, re.M).group(1))
+
+        while in_flight() < 2:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == code, log.read_text()
+        t.join(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if code == 0:
+        assert result["r"].status_code == 200 and result["r"].json()["outputs"][0]["data"] == [1.0, 2.0, 3.0]
+        accepted, answered = served_counts(log.read_text())
+        assert accepted == answered
+    else:
+        assert "err" in result or result["r"].status_code >= 500
+        assert "cancelled unanswered" in log.read_text()
