@@ -53,7 +53,9 @@ def _entry(item: Any) -> tuple[str, dict[str, Any]]:
 
 
 def resolve_providers(
-    providers: str | Sequence[Any] | None, manifest_providers: Sequence[Any] = ()
+    providers: str | Sequence[Any] | None,
+    manifest_providers: Sequence[Any] = (),
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """Turn the user's ``providers`` into ORT's ``[(name, options), ...]``.
 
@@ -61,7 +63,8 @@ def resolve_providers(
     ``"cpu"``, ``"cuda"``/``"gpu"``, ``"tensorrt"``/``"trt"`` are shortcuts; a list is
     taken as ORT takes it. Options a provider lacks are filled from the manifest's
     provider entries (e.g. the TensorRT profile shapes and cache paths written by
-    ``ortbatch export --trt``).
+    ``ortbatch export --trt``). The manifest keeps cache paths relative to the export
+    directory so it can be moved; they are made absolute under ``base_dir`` here.
     """
     from_manifest = dict(_entry(p) for p in manifest_providers)
     entries: list[tuple[str, dict[str, Any]]]
@@ -77,7 +80,12 @@ def resolve_providers(
             entries = [_entry(providers)]
     else:
         entries = [_entry(p) for p in providers]
-    return [(name, opts or dict(from_manifest.get(name, {}))) for name, opts in entries]
+    resolved = [(name, opts or dict(from_manifest.get(name, {}))) for name, opts in entries]
+    if base_dir is not None:
+        from ..export.trt import resolve_cache_paths  # pure Python: no export extra needed
+
+        resolved = [(n, resolve_cache_paths(o, base_dir) if n == TRT else o) for n, o in resolved]
+    return resolved
 
 
 def check_providers(session: Any, requested: Sequence[tuple[str, dict[str, Any]]]) -> None:

@@ -119,8 +119,10 @@ class BatchedSession:
             model_path = self.manifest.model_path if self.manifest is not None else Path(sess_or_path)
             if not model_path.is_file():
                 raise FileNotFoundError(f"no ONNX model at {model_path}")
-            manifest_providers = self.manifest.providers if self.manifest is not None else []
-            requested = resolve_providers(providers, manifest_providers)
+            if self.manifest is not None:
+                requested = resolve_providers(providers, self.manifest.providers, self.manifest.directory)
+            else:
+                requested = resolve_providers(providers)
             self.session = build_session(model_path, requested, self.workers, session_options)
             check_providers(self.session, requested)
         else:

@@ -62,3 +62,11 @@ def test_fallback_detected():
 def test_bad_entry():
     with pytest.raises(ProviderError, match="cannot read"):
         resolve_providers([42])
+
+
+def test_relative_trt_cache_paths_resolve_under_the_export_dir(tmp_path):
+    entry = ["TensorrtExecutionProvider", {"trt_engine_cache_enable": True, "trt_engine_cache_path": "trt/engines"}]
+    got = resolve_providers("trt", [entry], tmp_path)
+    assert got[0][1]["trt_engine_cache_path"] == str(tmp_path / "trt" / "engines")
+    assert (tmp_path / "trt" / "engines").is_dir()
+    assert got[1] == ("CUDAExecutionProvider", {})
