@@ -241,3 +241,14 @@ def test_sigterm_drains_in_flight_requests(tmp_path, work_s, grace_s, code):
     else:
         assert "err" in result or result["r"].status_code >= 500
         assert "cancelled unanswered" in log.read_text()
+
+
+def test_loopback_unless_told_otherwise():
+    from ortbatch.cli import build_parser
+    from ortbatch.serve import ServeConfig
+    from ortbatch.serve.server import is_loopback
+
+    args = build_parser().parse_args(["serve", "exports/minilm"])
+    assert args.host == "127.0.0.1" and ServeConfig().host == "127.0.0.1" and args.port == 8000
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.0.2.1") and not is_loopback("example.org")
