@@ -198,7 +198,7 @@ def test_wants_binary_defaults_and_overrides():
 numeric = st.sampled_from([k for k in DATATYPES if k != "BYTES"])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, database=None)
 @given(datatype=numeric, data=st.data())
 def test_roundtrip_any_numeric_tensor(datatype, data):
     dtype = DATATYPES[datatype]
@@ -217,7 +217,7 @@ def test_roundtrip_any_numeric_tensor(datatype, data):
     np.testing.assert_array_equal(got, arr)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, database=None)
 @given(st.lists(st.binary(max_size=12), min_size=0, max_size=6))
 def test_bytes_roundtrip(items):
     arr = np.array([*items, b""], dtype=object)[: len(items)] if items else np.empty(0, dtype=object)
