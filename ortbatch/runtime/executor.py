@@ -171,10 +171,14 @@ class Executor:
     def binding(self) -> Binding:
         return Binding(self.session.io_binding() if self.use_binding else None)
 
+    def run_plain(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        """``session.run`` without IOBinding (typed ORT errors; string tensors)."""
+        return list(self.session.run(list(output_names), dict(feed)))
+
     def run(self, binding: Binding, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         io = binding.io
-        if io is None:
-            return list(self.session.run(list(output_names), dict(feed)))
+        if io is None or any(a.dtype == object for a in feed.values()):
+            return self.run_plain(feed, output_names)
         io.clear_binding_inputs()
         io.clear_binding_outputs()
         if self.device == "cpu":

@@ -15,7 +15,7 @@ Batch formation (:class:`BatchPolicy`):
 * the oldest request always goes into the next batch (no starvation);
 * among pending requests, the batch is a window of similar lengths around the oldest
   that maximises *real* elements per second under a cost model of the run time,
-  ``t(rows, L) = a + b*rows*L + c*rows*L*L`` fitted online from measured runs
+  ``t = a + b*P + c*P*L + d*P*P`` (``P = rows*L``) fitted online from measured runs
   (:class:`CostModel`). Without measurements, a prior that values one run's fixed cost
   at ``prior_overhead`` padded elements is used.
 """
@@ -60,19 +60,25 @@ class Request:
 
 
 class CostModel:
-    """Online least-squares fit of batch run time ``t = a + b*R*L + c*R*L*L``.
+    """Online least-squares fit of batch run time ``t = a + b*P + c*P*L + d*P*P``.
 
-    ``R`` is rows, ``L`` the padded length. Thread-safe; refits every few samples with
-    exponential forgetting so it follows drift (other load, thermal, a new shape mix).
+    ``P = R*L`` is the padded cost (rows x padded length). ``c`` captures attention's
+    quadratic cost in the length; ``d`` that very large batches get slower per element on
+    a CPU (activations outgrow the caches), which is why a budget of a few hundred tokens
+    beats "as many as fit" there. Coefficients that fit negative are dropped (an
+    active-set refit), so the model stays monotone. Thread-safe; refits every few samples
+    with exponential forgetting so it follows drift (other load, a new shape mix).
     """
+
+    _TERMS = 4
 
     def __init__(
         self, prior_overhead: float = 64.0, min_overhead: float = 32.0, decay: float = 0.98, refit_every: int = 8
     ) -> None:
         self.min_overhead = min_overhead
         self._lock = threading.Lock()
-        self._xtx = np.zeros((3, 3))
-        self._xty = np.zeros(3)
+        self._xtx = np.zeros((self._TERMS, self._TERMS))
+        self._xty = np.zeros(self._TERMS)
         self._n = 0
         self._decay = decay
         self._refit_every = refit_every
@@ -80,11 +86,16 @@ class CostModel:
         self.a = prior_overhead * 1e-6
         self.b = 1e-6
         self.c = 0.0
+        self.d = 0.0
         self.fitted = False
 
-    def observe(self, rows: int, length: int, seconds: float) -> None:
+    @staticmethod
+    def _features(rows: int, length: int) -> np.ndarray:
         p = float(rows * length)
-        x = np.array([1.0, p, p * length])
+        return np.array([1.0, p, p * length, p * p])
+
+    def observe(self, rows: int, length: int, seconds: float) -> None:
+        x = self._features(rows, length)
         with self._lock:
             self._xtx *= self._decay
             self._xty *= self._decay
@@ -94,39 +105,51 @@ class CostModel:
             if self._n >= 4 and self._n % self._refit_every == 0:
                 self._refit()
 
-    def _refit(self) -> None:
-        # scale columns so the normal equations are well conditioned
-        scale = np.sqrt(np.maximum(np.diag(self._xtx), 1e-30))
-        a_mat = self._xtx / np.outer(scale, scale) + 1e-9 * np.eye(3)
+    def _solve(self, active: list[int]) -> np.ndarray | None:
+        xtx = self._xtx[np.ix_(active, active)]
+        xty = self._xty[active]
+        scale = np.sqrt(np.maximum(np.diag(xtx), 1e-30))  # well-conditioned normal equations
         try:
-            coef = np.linalg.solve(a_mat, self._xty / scale) / scale
+            coef = np.linalg.solve(xtx / np.outer(scale, scale) + 1e-9 * np.eye(len(active)), xty / scale) / scale
         except np.linalg.LinAlgError:
-            return
-        a, b, c = (float(v) for v in coef)
-        if c < 0 or not np.isfinite(c):
-            # fall back to the affine model on the same data
-            sub = self._xtx[:2, :2]
-            try:
-                a, b = (float(v) for v in np.linalg.solve(sub + 1e-12 * np.eye(2), self._xty[:2]))
-            except np.linalg.LinAlgError:
+            return None
+        return coef if np.all(np.isfinite(coef)) else None
+
+    def _refit(self) -> None:
+        active = list(range(self._TERMS))
+        coef = None
+        while True:
+            coef = self._solve(active)
+            if coef is None:
                 return
-            c = 0.0
-        if b <= 0 or not np.isfinite(b) or not np.isfinite(a):
+            # drop the most negative of the optional terms (c, d) and refit
+            negative = [(v, t) for v, t in zip(coef, active, strict=True) if t >= 2 and v < 0]
+            if not negative:
+                break
+            active.remove(min(negative)[1])
+        full = dict(zip(active, (float(v) for v in coef), strict=True))
+        a, b = full.get(0, 0.0), full.get(1, 0.0)
+        if b <= 0:
             return
         # The intercept is the least determined coefficient (batches under load cluster in
         # a narrow size range) and a fit of ~0 would shrink batches to exact-length matches,
-        # paying a run's fixed cost again and again. Runs also get cheaper per element as
-        # they grow (GEMM efficiency), which the affine term cannot see. So a run's fixed
-        # cost is taken as at least `min_overhead` padded elements.
-        self.a, self.b, self.c = max(a, self.min_overhead * b), b, c
+        # paying a run's fixed cost again and again. So a run's fixed cost is taken as at
+        # least `min_overhead` padded elements.
+        self.a, self.b, self.c, self.d = max(a, self.min_overhead * b), b, full.get(2, 0.0), full.get(3, 0.0)
         self.fitted = True
 
     def predict(self, rows: int, length: int) -> float:
         p = rows * length
-        return self.a + self.b * p + self.c * p * length
+        return self.a + self.b * p + self.c * p * length + self.d * p * p
 
     def snapshot(self) -> dict[str, float | bool]:
-        return {"a_s": self.a, "b_s_per_elem": self.b, "c_s_per_elem2": self.c, "fitted": self.fitted}
+        return {
+            "a_s": self.a,
+            "b_s_per_elem": self.b,
+            "c_s_per_elem_len": self.c,
+            "d_s_per_elem2": self.d,
+            "fitted": self.fitted,
+        }
 
 
 @dataclass
@@ -145,18 +168,24 @@ class BatchPolicy:
         if n == 1:
             return [0]
         lengths = [r.length for r in pending]
-        # Fast path: all the same length -> FIFO up to the caps (no padding to save).
+        cost = self.cost
+        # Fast path: all the same length -> FIFO (no padding to save), up to the caps and
+        # while each added request still raises elements per second.
         l0 = lengths[0]
         if all(x == l0 for x in lengths):
             take: list[int] = []
             rows = 0
+            best = 0.0
             for i, r in enumerate(pending):
-                if take and (
-                    rows + r.rows > max_rows or (max_tokens is not None and (rows + r.rows) * l0 > max_tokens)
-                ):
+                n = rows + r.rows
+                if take and (n > max_rows or (max_tokens is not None and n * l0 > max_tokens)):
                     break
+                score = n * l0 / cost.predict(n, l0)
+                if take and score < best:
+                    break
+                best = score
                 take.append(i)
-                rows += r.rows
+                rows = n
             return take
         order = sorted(range(n), key=lengths.__getitem__)
         k = order.index(0)
@@ -168,8 +197,7 @@ class BatchPolicy:
         for idx in range(n):
             prow[idx + 1] = prow[idx] + srows[idx]
             preal[idx + 1] = preal[idx] + srows[idx] * slen[idx]
-        cost = self.cost
-        best: tuple[float, int, int] | None = None
+        best_window: tuple[float, int, int] | None = None
         for j in range(k, n):  # j: the longest request in the window
             L = slen[j]
             if prow[j + 1] - prow[k] > max_rows and j > k:
@@ -186,10 +214,10 @@ class BatchPolicy:
                     best_j = (score, i)
                 elif i < k:
                     break  # past the peak: further extension only adds shorter rows
-            if best_j is not None and (best is None or best_j[0] > best[0]):
-                best = (best_j[0], best_j[1], j)
-        assert best is not None  # j == k, i == k is always feasible
-        _, i, j = best
+            if best_j is not None and (best_window is None or best_j[0] > best_window[0]):
+                best_window = (best_j[0], best_j[1], j)
+        assert best_window is not None  # j == k, i == k is always feasible
+        _, i, j = best_window
         return sorted(order[i : j + 1])  # i <= k <= j: the oldest is always in
 
 

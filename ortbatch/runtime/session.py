@@ -336,6 +336,7 @@ class BatchedSession:
         """Collate, run and split ``reqs``; on failure split the group and retry halves,
         so only the request(s) that fail on their own get the error."""
         t0 = time.perf_counter()
+        feed: dict[str, np.ndarray] | None = None
         try:
             feed, state = self.collator.collate([r.item for r in reqs])
             if len(reqs) == 1:
@@ -343,7 +344,16 @@ class BatchedSession:
             else:
                 wanted = set().union(*(r.output_names for r in reqs))
                 names = [n for n in self.output_names if n in wanted]
-            outs = self._executor.run(binding, feed, names)
+            try:
+                outs = self._executor.run(binding, feed, names)
+            except Exception:
+                if len(reqs) > 1 or not self._executor.use_binding:
+                    raise
+                # A lone failing request: IOBinding reports every ORT failure as a plain
+                # RuntimeError, losing the status (INVALID_ARGUMENT vs FAIL). Run it once
+                # through session.run, which raises ORT's typed error (or succeeds, if the
+                # failure was transient).
+                outs = self._executor.run_plain(feed, names)
             results = self.collator.split(dict(zip(names, outs, strict=True)), state)
             if len(results) != len(reqs):
                 raise InferenceError(f"collator returned {len(results)} results for {len(reqs)} requests")

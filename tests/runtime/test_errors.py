@@ -328,3 +328,22 @@ def test_gpu_provider_fallback_is_an_error(echo_path):
 def test_every_error_is_an_ortbatch_error():
     for cls in (InvalidInputError, QueueFullError, RequestTimeoutError, SessionClosedError, InferenceError):
         assert issubclass(cls, OrtBatchError)
+
+
+def test_out_of_vocab_through_iobinding_is_typed_and_fails_alone(embed_path):
+    # The real IOBinding path (no wrapper): ORT reports a plain RuntimeError there.
+    with BatchedSession(str(embed_path), workers=1) as s:
+        good_futs = [
+            s.submit({"input_ids": np.full((1, n), n, np.int64), "attention_mask": np.ones((1, n), np.int64)})
+            for n in range(1, 30)
+        ]
+        bad = s.submit({"input_ids": np.array([[5, 100000]], np.int64), "attention_mask": np.ones((1, 2), np.int64)})
+        more = [
+            s.submit({"input_ids": np.full((1, n), n, np.int64), "attention_mask": np.ones((1, n), np.int64)})
+            for n in range(1, 30)
+        ]
+        with pytest.raises(InvalidInputError, match="out of data bounds"):
+            bad.result(30)
+        for f in good_futs + more:
+            f.result(30)
+        assert s.stats().errors == {"InvalidInputError": 1}

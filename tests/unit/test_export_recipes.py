@@ -34,16 +34,19 @@ def test_overrides_win_and_none_keeps_the_recipe() -> None:
         r.with_overrides(colour="red")
 
 
-@pytest.mark.parametrize(("text", "match"), [
-    ('model = "x"\nflavour = 1', "unknown key"),
-    ('model = "x"\n[limits]\nmax_rows = 3', r"unknown key\(s\) \['max_rows'\] in \[limits\]"),
-    ('model = "x"\ndtype = "int8"', "dtype must be one of"),
-    ('model = "x"\noptimize = "O9"', "optimize must be one of"),
-    ('model = "x"\n[limits]\nmax_batch_size = 0', "max_batch_size must be a positive integer"),
-    ('model = "x"\n[tolerances.fp32]\natoll = 1', "unknown tolerance"),
-    ('model = "x"\n[validation]\nsamples = []', "samples must be a non-empty list"),
-    ("model = ", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('model = "x"\nflavour = 1', "unknown key"),
+        ('model = "x"\n[limits]\nmax_rows = 3', r"unknown key\(s\) \['max_rows'\] in \[limits\]"),
+        ('model = "x"\ndtype = "int8"', "dtype must be one of"),
+        ('model = "x"\noptimize = "O9"', "optimize must be one of"),
+        ('model = "x"\n[limits]\nmax_batch_size = 0', "max_batch_size must be a positive integer"),
+        ('model = "x"\n[tolerances.fp32]\natoll = 1', "unknown tolerance"),
+        ('model = "x"\n[validation]\nsamples = []', "samples must be a non-empty list"),
+        ("model = ", "not valid TOML"),
+    ],
+)
 def test_bad_recipes_name_the_file_and_the_problem(tmp_path: Path, text: str, match: str) -> None:
     p = tmp_path / "bad.toml"
     p.write_text(text)

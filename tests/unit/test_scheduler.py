@@ -156,3 +156,19 @@ def test_drain_then_stop():
     assert [r.item for r in sched.take()] == [0, 1]
     assert [r.item for r in sched.take()] == [2]
     assert sched.take() is None
+
+
+def test_cost_model_learns_superlinear_batches_and_then_prefers_moderate_ones():
+    cm = CostModel(refit_every=4)
+    truth = lambda r, n: 1e-4 + 1e-6 * r * n + 2e-10 * (r * n) ** 2  # noqa: E731
+    for rows in (1, 2, 4, 8, 16, 32):
+        for length in (8, 32, 64, 128):
+            cm.observe(rows, length, truth(rows, length))
+    assert cm.fitted and cm.d > 0
+    assert cm.predict(32, 128) == pytest.approx(truth(32, 128), rel=0.05)
+    # efficiency (real elements per second) peaks at a moderate batch, not the biggest
+    eff = {n: n * 64 / cm.predict(n, 64) for n in range(1, 41)}
+    peak = max(eff, key=eff.get)
+    assert 1 < peak < 40
+    picked = BatchPolicy(max_rows=64, cost=cm).select(reqs([64] * 40))
+    assert picked == list(range(peak))  # equal lengths: FIFO, stopping at the peak

@@ -34,15 +34,22 @@ def test_profile_spans_one_to_the_limits_and_optimises_for_full_batches() -> Non
 def test_explicit_opt_shapes_and_fixed_and_past_axes() -> None:
     o = _opts(DECODER, TrtShapes(8, 1024, opt_batch_size=4, opt_sequence_length=256), fp16=True)
     assert o["trt_profile_min_shapes"] == (
-        "input_ids:1x1,attention_mask:1x1,past_key_values.0.key:1x12x0x64")  # empty cache at prefill
+        "input_ids:1x1,attention_mask:1x1,past_key_values.0.key:1x12x0x64"
+    )  # empty cache at prefill
     assert o["trt_profile_opt_shapes"] == "input_ids:4x256,attention_mask:4x256,past_key_values.0.key:4x12x256x64"
     assert o["trt_profile_max_shapes"].endswith("past_key_values.0.key:8x12x1024x64")
     assert o["trt_fp16_enable"] is True
 
 
-@pytest.mark.parametrize("change", [
-    {"model_digest": "other"}, {"ort_version": "1.33.0"}, {"fp16": True}, {"shapes": TrtShapes(32, 512)},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model_digest": "other"},
+        {"ort_version": "1.33.0"},
+        {"fp16": True},
+        {"shapes": TrtShapes(32, 512)},
+    ],
+)
 def test_cache_key_changes_with_model_runtime_shapes_and_precision(change) -> None:
     base = _opts()
     other = _opts(**change)
