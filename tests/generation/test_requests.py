@@ -439,3 +439,63 @@ def test_layout_without_onnx_package_reads_the_graph_with_ort(fake_dir: Path) ->
     assert [(n, d) for n, d, _ in with_onnx[0]] == [(n, d) for n, d, _ in with_ort[0]]
     assert [(n, d) for n, d, _ in with_onnx[1]] == [(n, d) for n, d, _ in with_ort[1]]
     assert [s for _, _, s in with_onnx[0]] == [s for _, _, s in with_ort[0]]
+
+
+def test_a_mask_one_column_too_long_is_caught(fake_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exported graph silently accepts a mask one column too long; the generator must not."""
+    from ortbatch.generation.cache import KVCache
+
+    real = KVCache.attention_mask
+    monkeypatch.setattr(KVCache, "attention_mask", lambda self, new=1, dtype=np.int64: real(self, new + 1, dtype))
+    with BatchedGenerator(fake_dir) as gen:
+        with pytest.raises(InferenceError, match="mask"):
+            gen.generate([5, 6, 7], 5)
+        monkeypatch.setattr(KVCache, "attention_mask", real)
+        assert list(gen.generate([5, 6, 7], 5).token_ids) == reference([5, 6, 7], 5)
+
+
+def test_many_threads_with_cancels_and_deadlines_all_settle(fake_dir: Path, no_thread_leak: None) -> None:
+    rs = np.random.RandomState(11)
+    jobs = [(rs.randint(4, VOCAB, size=rs.randint(1, 20)).tolist(), int(rs.randint(1, 40))) for _ in range(160)]
+    results: dict[int, object] = {}
+    lock = threading.Lock()
+
+    with BatchedGenerator(fake_dir, max_batch_size=6, max_tokens_in_flight=120, max_queue=1000) as gen:
+        def client(worker: int) -> None:
+            for i in range(worker, len(jobs), 8):
+                prompt, n = jobs[i]
+                fut = gen.submit(prompt, n, timeout_s=5.0 if i % 7 else 0.001)
+                if i % 5 == 0:
+                    fut.cancel()
+                try:
+                    outcome: object = fut.result(30)
+                except BaseException as exc:  # collected and checked in the main thread
+                    outcome = exc
+                with lock:
+                    results[i] = outcome
+
+        threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        wait_until(lambda: gen.stats().active_rows == 0 and gen.stats().queued == 0)
+        stats = gen.stats()
+
+    import concurrent.futures
+
+    assert len(results) == len(jobs)
+    done = 0
+    for i, outcome in results.items():
+        prompt, n = jobs[i]
+        if isinstance(outcome, concurrent.futures.CancelledError):
+            assert i % 5 == 0
+        elif isinstance(outcome, RequestTimeoutError):
+            assert i % 7 == 0
+        else:
+            assert list(outcome.token_ids) == reference(prompt, n), i  # type: ignore[attr-defined]
+            done += 1
+    assert done == stats.completed
+    assert stats.submitted == stats.completed + stats.cancelled + stats.timed_out + stats.failed
+    assert stats.failed == 0 and stats.reserved_tokens == 0 and stats.cache_length == 0
