@@ -287,7 +287,8 @@ class BatchedGenerator:
 
         context = self.layout.max_context_length
         self.max_batch_size = max_batch_size
-        self.max_tokens_in_flight = max_tokens_in_flight or max_batch_size * context
+        self.max_tokens_in_flight = (max_batch_size * context if max_tokens_in_flight is None
+                                     else max_tokens_in_flight)
         if self.max_tokens_in_flight < 2:
             raise ValueError(f"max_tokens_in_flight must be >= 2, got {self.max_tokens_in_flight}")
         self.max_queue = max_queue
@@ -297,7 +298,12 @@ class BatchedGenerator:
         self._tokenizer: Any = None
         self._tokenizer_error: str | None = None
         self._eos = frozenset(self.layout.eos_token_ids)
-        self._cache_dtype = _NP_TYPES.get(self._input_type(self.layout.past_keys[0]), np.float32)
+        cache_type = self._input_type(self.layout.past_keys[0])
+        if cache_type not in _NP_TYPES:
+            raise ModelContractError(
+                f"{model_path}: KV cache of type {cache_type} is not supported (numpy has no such dtype); "
+                "export in float32 or float16")
+        self._cache_dtype = _NP_TYPES[cache_type]
         self._ids_dtype = _NP_TYPES.get(self._input_type(self.layout.input_ids), np.int64)
         self._mask_dtype = _NP_TYPES.get(self._input_type(self.layout.attention_mask), np.int64)
         self._pos_dtype = (_NP_TYPES.get(self._input_type(self.layout.position_ids), np.int64)
@@ -908,18 +914,17 @@ class BatchedGenerator:
     def _run_bound(self, feed: dict[str, np.ndarray], cache: KVCache) -> tuple[np.ndarray, list[Any]]:
         """IOBinding run: the cache stays on the provider's device; present is bound as the
         next step's past, and only the logits come back to the host."""
-        ort = self._ort
         device, device_id = self._device
         binding = self._session.io_binding()
         for name, array in feed.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        tensors = []
         for name, t in zip(self._past_names, cache.tensors, strict=True):
             if isinstance(t, np.ndarray):
-                t = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(t), device, device_id)
-            tensors.append(t)
-            binding.bind_ortvalue_input(name, t)
-        cache.tensors = tensors  # uploaded once, reused while the rows stay the same
+                # A cache just rebuilt on the host (rows joined or left): ORT copies it to
+                # the device for this run; its present stays there for the next one.
+                binding.bind_cpu_input(name, np.ascontiguousarray(t))
+            else:
+                binding.bind_ortvalue_input(name, t)
         binding.bind_output(self.layout.logits, "cpu")
         for name in self._present_names:
             binding.bind_output(name, device, device_id)
