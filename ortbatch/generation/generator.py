@@ -56,6 +56,7 @@ from ..errors import (
 )
 from ..manifest import MANIFEST_NAME, Manifest
 from .cache import KVCache
+from .graph import last_position_logits as _last_position_logits
 from .layout import GenerationLayout, generation_section
 from .sampling import SamplingParams, choose_token
 from .text import TextTracker
@@ -236,6 +237,11 @@ class BatchedGenerator:
         prefill_padding: how much padding a prefill group may add, as a fraction of
             its real tokens, before the group is split (lower = less wasted compute,
             more prefill runs).
+        last_position_logits: run the LM head on the last position only (a graph
+            rewrite, see :func:`ortbatch.generation.graph.last_position_logits`): prefill
+            then computes and returns ``rows x vocab`` logits, not ``rows x prompt x vocab``.
+            ``None`` (default): when ``onnx`` is installed and the graph allows it;
+            ``True``: required (:class:`ModelContractError` if impossible); ``False``: never.
     """
 
     def __init__(
@@ -251,6 +257,7 @@ class BatchedGenerator:
         io_binding: bool | None = None,
         max_new_tokens: int = 64,
         prefill_padding: float = 0.25,
+        last_position_logits: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -273,9 +280,18 @@ class BatchedGenerator:
         model_path = self._dir / self.layout.model
         wanted = _resolve_providers(ort, providers)
         self._check_available(ort, wanted)
+        model: str | bytes = str(model_path)
+        if last_position_logits is not False:
+            rewritten = _last_position_logits(model_path, self.layout.logits)
+            if rewritten is None and last_position_logits:
+                raise ModelContractError(
+                    f"{model_path}: cannot make the LM head run on the last position only (needs the "
+                    "onnx package, a MatMul producing the logits, and weights inside model.onnx)")
+            model = rewritten if rewritten is not None else model
+        #: True when the graph was rewritten to return the last position's logits only.
+        self.last_position_logits = isinstance(model, bytes)
         try:
-            self._session = ort.InferenceSession(str(model_path), sess_options=session_options,
-                                                 providers=wanted)
+            self._session = ort.InferenceSession(model, sess_options=session_options, providers=wanted)
         except Exception as exc:
             raise map_ort_error(exc, f"loading {model_path}") from exc
         self._check_providers(wanted)
@@ -907,8 +923,9 @@ class BatchedGenerator:
             shape = tuple(t.shape) if isinstance(t, np.ndarray) else tuple(t.shape())
             if shape != expected:
                 raise InferenceError(f"{name} has shape {shape}; expected {expected}")
-        if logits.shape[:2] != (rows, new):
-            raise InferenceError(f"logits have shape {logits.shape}; expected ({rows}, {new}, vocab)")
+        kept = 1 if self.last_position_logits else new
+        if logits.shape[:2] != (rows, kept):
+            raise InferenceError(f"logits have shape {logits.shape}; expected ({rows}, {kept}, vocab)")
         return logits, presents
 
     def _run_bound(self, feed: dict[str, np.ndarray], cache: KVCache) -> tuple[np.ndarray, list[Any]]:

@@ -78,6 +78,18 @@ def test_greedy_join_and_leave_mid_flight(tiny: TinyModel, no_thread_leak: None)
     assert stats.completed == len(prompts) and stats.active_rows == 0 and stats.cache_length == 0
 
 
+def test_greedy_with_full_logits_graph(tiny: TinyModel, no_thread_leak: None) -> None:
+    """The default rewrites the graph so the LM head runs on the last position only; the
+    unmodified graph (all positions' logits) gives the same tokens."""
+    with BatchedGenerator(tiny.export, max_batch_size=4) as gen:
+        assert gen.last_position_logits
+    with BatchedGenerator(tiny.export, max_batch_size=4, last_position_logits=False) as gen:
+        assert not gen.last_position_logits
+        results = [f.result(30) for f in [gen.submit(p, n) for p, n in zip(PROMPTS, NEW, strict=True)]]
+    for prompt, n, out in zip(PROMPTS, NEW, results, strict=True):
+        assert list(out.token_ids) == tiny.reference(prompt, n)
+
+
 def test_greedy_through_io_binding(tiny: TinyModel, no_thread_leak: None) -> None:
     """The IOBinding path (cache kept as OrtValues between steps, used on GPU) on CPU."""
     prompts = PROMPTS

@@ -509,3 +509,11 @@ def test_many_threads_with_cancels_and_deadlines_all_settle(fake_dir: Path, no_t
 def test_bad_constructor_arguments(fake_dir: Path, kwargs: dict, no_thread_leak: None) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         BatchedGenerator(fake_dir, **kwargs)
+
+
+def test_last_position_logits_needs_a_matmul_lm_head(fake_dir: Path) -> None:
+    with BatchedGenerator(fake_dir) as gen:  # logits come from OneHot: left as they are
+        assert not gen.last_position_logits
+        assert list(gen.generate([4, 5], 6).token_ids) == reference([4, 5], 6)
+    with pytest.raises(ModelContractError, match="last position"):
+        BatchedGenerator(fake_dir, last_position_logits=True)
