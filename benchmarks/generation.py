@@ -12,6 +12,8 @@ mixed new-token counts, greedy), all arriving at t=0, on the same machine in one
 - ``genai``: onnxruntime-genai's ``Engine`` (Llama-architecture presets only: its model
   builder does not support GPT-2), on the model its builder makes from the same weights.
 - ``continuous``: :class:`ortbatch.BatchedGenerator` with ``--max-batch-size``.
+- ``continuous-full-logits`` (opt-in): the same with ``last_position_logits=False``, i.e. on
+  the unmodified graph the baselines run, to separate scheduling from the LM-head rewrite.
 
 Reported per mode: generated tokens/s (wall clock), time to first token p50/p99 and
 request latency p50/p99 (from t=0), and how many requests produced exactly the tokens
@@ -262,7 +264,8 @@ def run_static(loop: DirectLoop, work: Workload, batch: int) -> ModeResult:
     return _summarise("static", time.perf_counter() - t0, outs, ttft, done, note=f"batches of {batch}")
 
 
-def run_continuous(export: Path, work: Workload, batch: int, threads: int | None = None) -> ModeResult:
+def run_continuous(export: Path, work: Workload, batch: int, threads: int | None = None,
+                   last_position_logits: bool | None = None) -> ModeResult:
     import onnxruntime as ort
 
     from ortbatch import BatchedGenerator
@@ -271,7 +274,8 @@ def run_continuous(export: Path, work: Workload, batch: int, threads: int | None
     if threads:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
-    with BatchedGenerator(export, max_batch_size=batch, providers="cpu", session_options=so) as gen:
+    with BatchedGenerator(export, max_batch_size=batch, providers="cpu", session_options=so,
+                          last_position_logits=last_position_logits) as gen:
         gen.generate(work.prompts[0][:4], 2)  # warm-up, as the baselines' first run is
         t0 = time.perf_counter()
         futs = [gen.submit(p, n) for p, n in zip(work.prompts, work.max_new, strict=True)]
@@ -281,8 +285,10 @@ def run_continuous(export: Path, work: Workload, batch: int, threads: int | None
     ttft = [r.time_to_first_token_s for r in results]
     done = [r.total_time_s for r in results]
     note = (f"max_batch_size {batch}; mean decode rows {stats.mean_decode_rows:.1f}, "
-            f"{stats.prefill_runs} prefills, padding {stats.cache_padding_fraction:.0%}")
-    return _summarise("continuous", wall, [list(r.token_ids) for r in results], ttft, done, note=note)
+            f"{stats.prefill_runs} prefills, padding {stats.cache_padding_fraction:.0%}; LM head on "
+            + ("the last position only" if gen.last_position_logits else "every position"))
+    mode = "continuous" if last_position_logits is not False else "continuous-full-logits"
+    return _summarise(mode, wall, [list(r.token_ids) for r in results], ttft, done, note=note)
 
 
 def run_genai(genai_dir: Path, work: Workload) -> ModeResult:
@@ -398,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(run_static(loop, work, args.max_batch_size))
         elif mode == "continuous":
             results.append(run_continuous(export, work, args.max_batch_size, args.threads))
+        elif mode == "continuous-full-logits":  # the same, without the LM-head graph rewrite
+            results.append(run_continuous(export, work, args.max_batch_size, args.threads, False))
         elif mode == "genai":
             if args.model:
                 skipped[mode] = ("onnxruntime-genai builds its own model from the transformers checkpoint: "
