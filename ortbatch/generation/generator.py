@@ -976,10 +976,7 @@ class BatchedGenerator:
                 return True
         if reason is not None:
             req.done = True
-            if _settle(req.future, result=req.completion(reason)):
-                self._count("completed")
-            else:
-                self._count("cancelled")
+            self._settle_counted(req, "completed", result=req.completion(reason))
             return True
         return False
 
@@ -995,10 +992,16 @@ class BatchedGenerator:
         if err is _CANCELLED or req.future.cancelled():
             self._count("cancelled")
             return
-        if _settle(req.future, error=err):
-            self._count("timed_out" if isinstance(err, RequestTimeoutError) else "failed")
-        else:
-            self._count("cancelled")
+        self._settle_counted(req, "timed_out" if isinstance(err, RequestTimeoutError) else "failed", error=err)
+
+    def _settle_counted(self, req: _Request, key: str, *, result: Any = None,
+                        error: BaseException | None = None) -> None:
+        # Counted before settling: the caller may read stats() as soon as its future is done.
+        self._count(key)
+        if not _settle(req.future, result=result, error=error):
+            with self._lock:  # cancelled meanwhile
+                self._counts[key] -= 1
+                self._counts["cancelled"] += 1
 
     def _count(self, key: str) -> None:
         with self._lock:

@@ -517,3 +517,19 @@ def test_last_position_logits_needs_a_matmul_lm_head(fake_dir: Path) -> None:
         assert list(gen.generate([4, 5], 6).token_ids) == reference([4, 5], 6)
     with pytest.raises(ModelContractError, match="last position"):
         BatchedGenerator(fake_dir, last_position_logits=True)
+
+
+def test_stats_are_current_when_the_future_is_done(fake_dir: Path) -> None:
+    async def main(gen: BatchedGenerator) -> None:
+        for i in range(5):
+            before = gen.stats().completed
+            async for _ in gen.stream([4 + i], 3):
+                pass
+            assert gen.stats().completed == before + 1
+            gen.generate([5], 2)
+            assert gen.stats().completed == before + 2
+            gen.submit([5], 2).result(10)
+            assert gen.stats().completed == before + 3
+
+    with BatchedGenerator(fake_dir) as gen:
+        asyncio.run(main(gen))
