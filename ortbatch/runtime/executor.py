@@ -3,7 +3,8 @@
 One :class:`Executor` per session; each worker thread asks it for its own
 :class:`Binding` (an ``io_binding`` is never shared across threads).
 
-* CPU: the stacked numpy arrays are bound in place; ORT allocates the outputs.
+* CPU: the stacked numpy arrays go to ``session.run``, which binds them in place (no
+  copy); it is cheaper per call than the IOBinding API there (see ``Executor.binding``).
 * CUDA / TensorRT: each stacked input is copied to the device once, outputs are bound
   on the device, and each output comes back in one copy per batch; splitting per
   request then works on numpy views.
@@ -169,7 +170,11 @@ class Executor:
         self._ort: Any = require("onnxruntime") if self.use_binding else None
 
     def binding(self) -> Binding:
-        return Binding(self.session.io_binding() if self.use_binding else None)
+        # On CPU, session.run already binds the stacked numpy arrays in place (no input copy)
+        # and is measurably cheaper per call than the IOBinding API's five Python round trips
+        # (identity model: ~15 us vs ~77 us per batch), so IOBinding is used where it pays:
+        # on the device, where it keeps inputs and outputs off the host between copies.
+        return Binding(self.session.io_binding() if self.use_binding and self.device != "cpu" else None)
 
     def run_plain(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """``session.run`` without IOBinding (typed ORT errors; string tensors)."""
@@ -181,13 +186,6 @@ class Executor:
             return self.run_plain(feed, output_names)
         io.clear_binding_inputs()
         io.clear_binding_outputs()
-        if self.device == "cpu":
-            for name, arr in feed.items():
-                io.bind_cpu_input(name, arr)
-            for name in output_names:
-                io.bind_output(name)
-            self.session.run_with_iobinding(io)
-            return list(io.copy_outputs_to_cpu())
         # GPU: one host->device copy per input, outputs stay on the device until one copy back.
         keep = []
         for name, arr in feed.items():

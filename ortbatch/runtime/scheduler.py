@@ -80,6 +80,7 @@ class CostModel:
         self._xtx = np.zeros((self._TERMS, self._TERMS))
         self._xty = np.zeros(self._TERMS)
         self._n = 0
+        self._buffer: list[tuple[int, int, float]] = []
         self._decay = decay
         self._refit_every = refit_every
         # coefficients in seconds; the prior only matters through ratios
@@ -89,21 +90,27 @@ class CostModel:
         self.d = 0.0
         self.fitted = False
 
-    @staticmethod
-    def _features(rows: int, length: int) -> np.ndarray:
-        p = float(rows * length)
-        return np.array([1.0, p, p * length, p * p])
-
     def observe(self, rows: int, length: int, seconds: float) -> None:
-        x = self._features(rows, length)
+        """Record one batch's run time. Cheap: samples are buffered and folded into the
+        normal equations (vectorised) every ``refit_every`` batches."""
         with self._lock:
-            self._xtx *= self._decay
-            self._xty *= self._decay
-            self._xtx += np.outer(x, x)
-            self._xty += x * seconds
-            self._n += 1
-            if self._n >= 4 and self._n % self._refit_every == 0:
-                self._refit()
+            self._buffer.append((rows, length, seconds))
+            if len(self._buffer) >= self._refit_every:
+                self._fold()
+                if self._n >= 4:
+                    self._refit()
+
+    def _fold(self) -> None:
+        samples = np.array(self._buffer, dtype=np.float64)
+        self._buffer.clear()
+        rows, length, seconds = samples[:, 0], samples[:, 1], samples[:, 2]
+        p = rows * length
+        x = np.stack([np.ones_like(p), p, p * length, p * p], axis=1)
+        k = len(samples)
+        w = self._decay ** np.arange(k - 1, -1, -1, dtype=np.float64)  # newest weighs most
+        self._xtx = self._xtx * self._decay**k + (x * w[:, None]).T @ x
+        self._xty = self._xty * self._decay**k + (x * (w * seconds)[:, None]).sum(axis=0)
+        self._n += k
 
     def _solve(self, active: list[int]) -> np.ndarray | None:
         xtx = self._xtx[np.ix_(active, active)]
@@ -240,6 +247,7 @@ class Scheduler:
         self._closed = False
         self._drain = True
         self._in_flight = 0
+        self.accepted = 0
 
     # -- callers ----------------------------------------------------------------------
     def put(self, req: Request) -> None:
@@ -252,6 +260,7 @@ class Scheduler:
                     raise QueueFullError(len(self._pending), self.max_queue)
             req.enqueued = self._clock()
             self._pending.append(req)
+            self.accepted += 1
             self._cond.notify()
 
     def cancel(self, req: Request) -> bool:

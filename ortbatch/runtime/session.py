@@ -245,7 +245,7 @@ class BatchedSession:
 
     def stats(self) -> Stats:
         """Counters, batch sizes, padding and timing percentiles so far."""
-        return self._stats.snapshot(self._sched.queued, self.workers, self._cost.snapshot())
+        return self._stats.snapshot(self._sched.accepted, self._sched.queued, self.workers, self._cost.snapshot())
 
     @property
     def closed(self) -> bool:
@@ -307,7 +307,6 @@ class BatchedSession:
         deadline = time.monotonic() + t if t is not None else None
         req = Request(item, item.rows, item.length, names, deadline)
         self._sched.put(req)
-        self._stats.submitted()
         return req
 
     def _worker(self) -> None:
@@ -347,7 +346,7 @@ class BatchedSession:
             try:
                 outs = self._executor.run(binding, feed, names)
             except Exception:
-                if len(reqs) > 1 or not self._executor.use_binding:
+                if len(reqs) > 1 or binding.io is None:
                     raise
                 # A lone failing request: IOBinding reports every ORT failure as a plain
                 # RuntimeError, losing the status (INVALID_ARGUMENT vs FAIL). Run it once

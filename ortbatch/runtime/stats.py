@@ -60,7 +60,6 @@ class StatsRecorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.requests = 0
         self.completed = 0
         self.cancelled = 0
         self.batches = 0
@@ -72,10 +71,6 @@ class StatsRecorder:
         self.errors: Counter[str] = Counter()
         self.waits: deque[float] = deque(maxlen=_WINDOW)
         self.runs: deque[float] = deque(maxlen=_WINDOW)
-
-    def submitted(self) -> None:
-        with self._lock:
-            self.requests += 1
 
     def batch(self, rows: int, nreq: int, real: int, padded: int, run_s: float, waits: list[float]) -> None:
         with self._lock:
@@ -100,11 +95,11 @@ class StatsRecorder:
         with self._lock:
             self.cancelled += count
 
-    def snapshot(self, queued: int, workers: int, cost_model: dict[str, Any]) -> Stats:
+    def snapshot(self, requests: int, queued: int, workers: int, cost_model: dict[str, Any]) -> Stats:
         with self._lock:
             failed = sum(self.errors.values())
             return Stats(
-                requests=self.requests,
+                requests=requests,
                 completed=self.completed,
                 failed=failed,
                 cancelled=self.cancelled,

@@ -330,8 +330,8 @@ def test_every_error_is_an_ortbatch_error():
         assert issubclass(cls, OrtBatchError)
 
 
-def test_out_of_vocab_through_iobinding_is_typed_and_fails_alone(embed_path):
-    # The real IOBinding path (no wrapper): ORT reports a plain RuntimeError there.
+def test_out_of_vocab_on_the_default_path_is_typed_and_fails_alone(embed_path):
+    # The real executor path (no wrapper); on a device IOBinding would report a plain RuntimeError.
     with BatchedSession(str(embed_path), workers=1) as s:
         good_futs = [
             s.submit({"input_ids": np.full((1, n), n, np.int64), "attention_mask": np.ones((1, n), np.int64)})
