@@ -44,11 +44,25 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Half the depth and width of GPT-2 small, same vocabulary and head size (~30M).
     "gpt2-mini": {"arch": "gpt2", "n_layer": 6, "n_embd": 384, "n_head": 6, "vocab_size": 50257},
     # Llama-architecture counterpart of gpt2-mini, which onnxruntime-genai can build.
-    "llama-mini": {"arch": "llama", "num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 6,
-                   "num_key_value_heads": 6, "intermediate_size": 1536, "vocab_size": 50257},
+    "llama-mini": {
+        "arch": "llama",
+        "num_hidden_layers": 6,
+        "hidden_size": 384,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 6,
+        "intermediate_size": 1536,
+        "vocab_size": 50257,
+    },
     # Tiny, for smoke tests of this script.
-    "llama-tiny": {"arch": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000},
+    "llama-tiny": {
+        "arch": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    },
     "gpt2-tiny": {"arch": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000},
 }
 CONTEXT = 1024
@@ -60,8 +74,9 @@ class Workload:
     max_new: list[int]
 
     @classmethod
-    def make(cls, n: int, vocab: int, prompt_lengths: tuple[int, int], new_tokens: tuple[int, int],
-             seed: int) -> Workload:
+    def make(
+        cls, n: int, vocab: int, prompt_lengths: tuple[int, int], new_tokens: tuple[int, int], seed: int
+    ) -> Workload:
         rs = np.random.RandomState(seed)
         lens = rs.randint(prompt_lengths[0], prompt_lengths[1] + 1, size=n)
         news = rs.randint(new_tokens[0], new_tokens[1] + 1, size=n)
@@ -86,14 +101,21 @@ class ModeResult:
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
 
-def _summarise(mode: str, wall: float, outputs: list[list[int]], ttft: list[float], done: list[float],
-               note: str = "") -> ModeResult:
+def _summarise(
+    mode: str, wall: float, outputs: list[list[int]], ttft: list[float], done: list[float], note: str = ""
+) -> ModeResult:
     tokens = sum(len(o) for o in outputs)
     return ModeResult(
-        mode=mode, wall_s=wall, tokens=tokens, tokens_per_s=tokens / wall,
-        ttft_p50_s=float(np.percentile(ttft, 50)), ttft_p99_s=float(np.percentile(ttft, 99)),
-        latency_p50_s=float(np.percentile(done, 50)), latency_p99_s=float(np.percentile(done, 99)),
-        note=note, outputs=outputs,
+        mode=mode,
+        wall_s=wall,
+        tokens=tokens,
+        tokens_per_s=tokens / wall,
+        ttft_p50_s=float(np.percentile(ttft, 50)),
+        ttft_p99_s=float(np.percentile(ttft, 99)),
+        latency_p50_s=float(np.percentile(done, 50)),
+        latency_p99_s=float(np.percentile(done, 99)),
+        note=note,
+        outputs=outputs,
     )
 
 
@@ -119,8 +141,15 @@ def build_model(preset: str, workdir: Path) -> Path:
         model = GPT2LMHeadModel(GPT2Config(n_positions=CONTEXT, initializer_range=0.2, **ids, **spec))
     else:
         # rope_scaling spelled out: onnxruntime-genai's builder iterates over it.
-        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=CONTEXT, initializer_range=0.2,
-                                             rope_scaling={"rope_type": "default"}, **ids, **spec))
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                max_position_embeddings=CONTEXT,
+                initializer_range=0.2,
+                rope_scaling={"rope_type": "default"},
+                **ids,
+                **spec,
+            )
+        )
     src = root / "src"
     model.save_pretrained(src)
     _save_tokenizer(src)
@@ -137,8 +166,9 @@ def _save_tokenizer(directory: Path) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(["Once upon a time, a benchmark generated some tokens."] * 4, trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(directory)
 
@@ -161,17 +191,22 @@ def build_genai(preset: str, workdir: Path) -> Path:
         shutil.copytree(pkg, patched)
         base = patched / "builders" / "base.py"
         text = base.read_text()
-        missing = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-                   "Qwen3VLForConditionalGeneration")
+        missing = (
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5MoeForConditionalGeneration",
+            "Qwen3VLForConditionalGeneration",
+        )
         for name in missing:
             text = text.replace(f"    {name},\n", "", 1)
-        text = text.replace("from tqdm import tqdm\n",
-                            "from tqdm import tqdm\n" + " = ".join(missing) + " = None\n", 1)
+        text = text.replace("from tqdm import tqdm\n", "from tqdm import tqdm\n" + " = ".join(missing) + " = None\n", 1)
         base.write_text(text)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ORTGENAI_LOG_ORT_LIB": "1"}
     subprocess.run(
-        [sys.executable, "builder.py", "-i", str(workdir / preset / "src"), "-o", str(out), "-p", "fp32",
-         "-e", "cpu"], cwd=patched, env=env, check=True, stdout=subprocess.DEVNULL,
+        [sys.executable, "builder.py", "-i", str(workdir / preset / "src"), "-o", str(out), "-p", "fp32", "-e", "cpu"],
+        cwd=patched,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     return out
 
@@ -192,15 +227,16 @@ class DirectLoop:
         self.session = ort.InferenceSession(str(export / "model.onnx"), so, providers=["CPUExecutionProvider"])
         lay = self.layout
         self.past = [n for kv in zip(lay.past_keys, lay.past_values, strict=True) for n in kv]
-        self.outputs = [lay.logits] + [n for kv in zip(lay.present_keys, lay.present_values, strict=True)
-                                       for n in kv]
+        self.outputs = [lay.logits] + [n for kv in zip(lay.present_keys, lay.present_values, strict=True) for n in kv]
         self.eos = set(lay.eos_token_ids)
         dtype = {"tensor(float16)": np.float16}.get(
-            next(i.type for i in self.session.get_inputs() if i.name == lay.past_keys[0]), np.float32)
+            next(i.type for i in self.session.get_inputs() if i.name == lay.past_keys[0]), np.float32
+        )
         self.cache_dtype = dtype
 
-    def run_batch(self, prompts: Sequence[list[int]], news: Sequence[int], t0: float,
-                  ttft: list[float], done: list[float]) -> list[list[int]]:
+    def run_batch(
+        self, prompts: Sequence[list[int]], news: Sequence[int], t0: float, ttft: list[float], done: list[float]
+    ) -> list[list[int]]:
         """Generate for one static batch; appends each row's first-token and done times."""
         lay = self.layout
         n = len(prompts)
@@ -209,8 +245,8 @@ class DirectLoop:
         ids = np.full((n, longest), lay.pad_token_id, np.int64)
         mask = np.zeros((n, longest), np.int64)
         for i, p in enumerate(prompts):
-            ids[i, longest - len(p):] = p
-            mask[i, longest - len(p):] = 1
+            ids[i, longest - len(p) :] = p
+            mask[i, longest - len(p) :] = 1
         past = [np.zeros((n, lay.num_kv_heads, 0, lay.head_dim), self.cache_dtype) for _ in self.past]
         out: list[list[int]] = [[] for _ in prompts]
         finished = [False] * n
@@ -218,7 +254,7 @@ class DirectLoop:
         end = [0.0] * n
         new = ids
         for _step in range(max(news)):
-            positions = np.where(mask == 0, 1, np.cumsum(mask, axis=1) - 1)[:, -new.shape[1]:]
+            positions = np.where(mask == 0, 1, np.cumsum(mask, axis=1) - 1)[:, -new.shape[1] :]
             feed = {lay.input_ids: new, lay.attention_mask: mask, **dict(zip(self.past, past, strict=True))}
             if lay.position_ids:
                 feed[lay.position_ids] = positions
@@ -260,12 +296,13 @@ def run_static(loop: DirectLoop, work: Workload, batch: int) -> ModeResult:
     outs = []
     t0 = time.perf_counter()
     for i in range(0, len(work.prompts), batch):
-        outs += loop.run_batch(work.prompts[i:i + batch], work.max_new[i:i + batch], t0, ttft, done)
+        outs += loop.run_batch(work.prompts[i : i + batch], work.max_new[i : i + batch], t0, ttft, done)
     return _summarise("static", time.perf_counter() - t0, outs, ttft, done, note=f"batches of {batch}")
 
 
-def run_continuous(export: Path, work: Workload, batch: int, threads: int | None = None,
-                   last_position_logits: bool | None = None) -> ModeResult:
+def run_continuous(
+    export: Path, work: Workload, batch: int, threads: int | None = None, last_position_logits: bool | None = None
+) -> ModeResult:
     import onnxruntime as ort
 
     from ortbatch import BatchedGenerator
@@ -274,8 +311,9 @@ def run_continuous(export: Path, work: Workload, batch: int, threads: int | None
     if threads:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
-    with BatchedGenerator(export, max_batch_size=batch, providers="cpu", session_options=so,
-                          last_position_logits=last_position_logits) as gen:
+    with BatchedGenerator(
+        export, max_batch_size=batch, providers="cpu", session_options=so, last_position_logits=last_position_logits
+    ) as gen:
         gen.generate(work.prompts[0][:4], 2)  # warm-up, as the baselines' first run is
         t0 = time.perf_counter()
         futs = [gen.submit(p, n) for p, n in zip(work.prompts, work.max_new, strict=True)]
@@ -284,9 +322,11 @@ def run_continuous(export: Path, work: Workload, batch: int, threads: int | None
         stats = gen.stats()
     ttft = [r.time_to_first_token_s for r in results]
     done = [r.total_time_s for r in results]
-    note = (f"max_batch_size {batch}; mean decode rows {stats.mean_decode_rows:.1f}, "
-            f"{stats.prefill_runs} prefills, padding {stats.cache_padding_fraction:.0%}; LM head on "
-            + ("the last position only" if gen.last_position_logits else "every position"))
+    note = (
+        f"max_batch_size {batch}; mean decode rows {stats.mean_decode_rows:.1f}, "
+        f"{stats.prefill_runs} prefills, padding {stats.cache_padding_fraction:.0%}; LM head on "
+        + ("the last position only" if gen.last_position_logits else "every position")
+    )
     mode = "continuous" if last_position_logits is not False else "continuous-full-logits"
     return _summarise(mode, wall, [list(r.token_ids) for r in results], ttft, done, note=note)
 
@@ -348,17 +388,22 @@ def run_genai(genai_dir: Path, work: Workload) -> ModeResult:
 def markdown(results: list[ModeResult], header: str) -> str:
     seq = next((r for r in results if r.mode == "sequential"), None)
     static = next((r for r in results if r.mode == "static"), None)
-    lines = [header, "",
-             "| mode | tokens/s | vs sequential | vs static | tokens per CPU-s | TTFT p50 / p99 (s) "
-             "| latency p50 / p99 (s) | same tokens as sequential | notes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        header,
+        "",
+        "| mode | tokens/s | vs sequential | vs static | tokens per CPU-s | TTFT p50 / p99 (s) "
+        "| latency p50 / p99 (s) | same tokens as sequential | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         vs_seq = f"{r.tokens_per_s / seq.tokens_per_s:.2f}x" if seq else "-"
         vs_static = f"{r.tokens_per_s / static.tokens_per_s:.2f}x" if static else "-"
         same = "-" if r.same_as_sequential is None else f"{r.same_as_sequential}/{len(r.outputs)}"
-        lines.append(f"| {r.mode} | {r.tokens_per_s:.1f} | {vs_seq} | {vs_static} | {r.tokens / r.cpu_s:.1f} | "
-                     f"{r.ttft_p50_s:.2f} / {r.ttft_p99_s:.2f} | {r.latency_p50_s:.2f} / {r.latency_p99_s:.2f} | "
-                     f"{same} | {r.note} |")
+        lines.append(
+            f"| {r.mode} | {r.tokens_per_s:.1f} | {vs_seq} | {vs_static} | {r.tokens / r.cpu_s:.1f} | "
+            f"{r.ttft_p50_s:.2f} / {r.ttft_p99_s:.2f} | {r.latency_p50_s:.2f} / {r.latency_p99_s:.2f} | "
+            f"{same} | {r.note} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -408,13 +453,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(run_continuous(export, work, args.max_batch_size, args.threads, False))
         elif mode == "genai":
             if args.model:
-                skipped[mode] = ("onnxruntime-genai builds its own model from the transformers checkpoint: "
-                                 "use a llama-* preset rather than --model")
+                skipped[mode] = (
+                    "onnxruntime-genai builds its own model from the transformers checkpoint: "
+                    "use a llama-* preset rather than --model"
+                )
                 continue
             if PRESETS[args.preset]["arch"] != "llama":
-                skipped[mode] = ("onnxruntime-genai's model builder does not support GPT2LMHeadModel "
-                                 "(NotImplementedError: 'The GPT2LMHeadModel model is not currently supported'); "
-                                 "run a llama-* preset for this comparison")
+                skipped[mode] = (
+                    "onnxruntime-genai's model builder does not support GPT2LMHeadModel "
+                    "(NotImplementedError: 'The GPT2LMHeadModel model is not currently supported'); "
+                    "run a llama-* preset for this comparison"
+                )
                 continue
             try:
                 genai_dir = build_genai(args.preset, args.workdir)
@@ -433,10 +482,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import onnxruntime
 
-    header = (f"Model: {args.model or args.preset} (random weights), {args.requests} requests, prompt lengths "
-              f"{args.prompt_lengths[0]}-{args.prompt_lengths[1]}, new tokens {args.new_tokens[0]}-"
-              f"{args.new_tokens[1]}, greedy, all arriving at t=0; onnxruntime {onnxruntime.__version__}, "
-              f"{os.cpu_count()} CPUs ({platform.machine()}).")
+    header = (
+        f"Model: {args.model or args.preset} (random weights), {args.requests} requests, prompt lengths "
+        f"{args.prompt_lengths[0]}-{args.prompt_lengths[1]}, new tokens {args.new_tokens[0]}-"
+        f"{args.new_tokens[1]}, greedy, all arriving at t=0; onnxruntime {onnxruntime.__version__}, "
+        f"{os.cpu_count()} CPUs ({platform.machine()})."
+    )
     text = markdown(results, header)
     for mode, why in skipped.items():
         text += f"\n{mode}: not run: {why}\n"
@@ -444,9 +495,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(text)
     if args.json:
-        payload = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                   "results": [{k: v for k, v in asdict(r).items() if k != "outputs"} for r in results],
-                   "skipped": skipped}
+        payload = {
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "results": [{k: v for k, v in asdict(r).items() if k != "outputs"} for r in results],
+            "skipped": skipped,
+        }
         args.json.write_text(json.dumps(payload, indent=2))
     return 0
 

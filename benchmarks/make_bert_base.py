@@ -57,36 +57,65 @@ def main() -> int:
     axes = {0: "batch", 1: "sequence"}
     with torch.no_grad():
         try:
-            torch.onnx.export(Wrapped(), (ids, mask), str(path), input_names=["input_ids", "attention_mask"],
-                              output_names=["last_hidden_state", "pooler_output"], opset_version=17,
-                              dynamic_axes={"input_ids": axes, "attention_mask": axes,
-                                            "last_hidden_state": axes, "pooler_output": {0: "batch"}},
-                              dynamo=False)
+            torch.onnx.export(
+                Wrapped(),
+                (ids, mask),
+                str(path),
+                input_names=["input_ids", "attention_mask"],
+                output_names=["last_hidden_state", "pooler_output"],
+                opset_version=17,
+                dynamic_axes={
+                    "input_ids": axes,
+                    "attention_mask": axes,
+                    "last_hidden_state": axes,
+                    "pooler_output": {0: "batch"},
+                },
+                dynamo=False,
+            )
         except TypeError:  # an older torch without the dynamo argument
-            torch.onnx.export(Wrapped(), (ids, mask), str(path), input_names=["input_ids", "attention_mask"],
-                              output_names=["last_hidden_state", "pooler_output"], opset_version=17,
-                              dynamic_axes={"input_ids": axes, "attention_mask": axes,
-                                            "last_hidden_state": axes, "pooler_output": {0: "batch"}})
+            torch.onnx.export(
+                Wrapped(),
+                (ids, mask),
+                str(path),
+                input_names=["input_ids", "attention_mask"],
+                output_names=["last_hidden_state", "pooler_output"],
+                opset_version=17,
+                dynamic_axes={
+                    "input_ids": axes,
+                    "attention_mask": axes,
+                    "last_hidden_state": axes,
+                    "pooler_output": {0: "batch"},
+                },
+            )
     providers = []
     if args.trt_cache is not None:
         args.trt_cache.mkdir(parents=True, exist_ok=True)
         b, n = args.max_batch, args.max_length
-        providers.append({"name": "TensorrtExecutionProvider", "options": {
-            "trt_fp16_enable": True,
-            "trt_engine_cache_enable": True,
-            "trt_engine_cache_path": str(args.trt_cache),
-            "trt_profile_min_shapes": "input_ids:1x1,attention_mask:1x1",
-            "trt_profile_opt_shapes": "input_ids:32x32,attention_mask:32x32",
-            "trt_profile_max_shapes": f"input_ids:{b}x{n},attention_mask:{b}x{n}",
-        }})
+        providers.append(
+            {
+                "name": "TensorrtExecutionProvider",
+                "options": {
+                    "trt_fp16_enable": True,
+                    "trt_engine_cache_enable": True,
+                    "trt_engine_cache_path": str(args.trt_cache),
+                    "trt_profile_min_shapes": "input_ids:1x1,attention_mask:1x1",
+                    "trt_profile_opt_shapes": "input_ids:32x32,attention_mask:32x32",
+                    "trt_profile_max_shapes": f"input_ids:{b}x{n},attention_mask:{b}x{n}",
+                },
+            }
+        )
     seq = ("batch", "sequence")
     Manifest(
         model="model.onnx",
-        source={"model": "bert-base (random weights from BertConfig)" if not args.tiny else "bert-tiny (random)",
-                "task": "feature-extraction"},
+        source={
+            "model": "bert-base (random weights from BertConfig)" if not args.tiny else "bert-tiny (random)",
+            "task": "feature-extraction",
+        },
         inputs={"input_ids": InputSpec("int64", seq, 0), "attention_mask": InputSpec("int64", seq, 0)},
-        outputs={"last_hidden_state": OutputSpec(("batch", "sequence", None)),
-                 "pooler_output": OutputSpec(("batch", None))},
+        outputs={
+            "last_hidden_state": OutputSpec(("batch", "sequence", None)),
+            "pooler_output": OutputSpec(("batch", None)),
+        },
         limits={"max_batch_size": args.max_batch, "max_sequence_length": args.max_length},
         providers=providers,
     ).save(args.out)

@@ -77,8 +77,9 @@ def _tokens(target: Target, feed: dict[str, np.ndarray]) -> tuple[int, int]:
 
 
 # -- systems ---------------------------------------------------------------------------------
-def system_batch_inference(kind: str, target: Target, sess: Any, args: argparse.Namespace,
-                           counter: BatchCounter) -> tuple[Any, Any, dict[str, Any]]:
+def system_batch_inference(
+    kind: str, target: Target, sess: Any, args: argparse.Namespace, counter: BatchCounter
+) -> tuple[Any, Any, dict[str, Any]]:
     try:
         from batch_inference import ModelHost
         from batch_inference.batcher import BucketSeqBatcher, SeqBatcher
@@ -107,13 +108,19 @@ def system_batch_inference(kind: str, target: Target, sess: Any, args: argparse.
     def call(feed: dict[str, np.ndarray]) -> Any:
         return host.predict(*[feed[n] for n in names])
 
-    settings = {"batcher": desc, "max_batch_size": args.max_batch_size, "wait_ms": host.wait_ms,
-                "wait_n": host.wait_n, "num_workers": host.num_workers}
+    settings = {
+        "batcher": desc,
+        "max_batch_size": args.max_batch_size,
+        "wait_ms": host.wait_ms,
+        "wait_n": host.wait_n,
+        "num_workers": host.num_workers,
+    }
     return call, host.stop, settings
 
 
-def system_pytriton(target: Target, sess: Any, args: argparse.Namespace,
-                    counter: BatchCounter) -> tuple[Any, Any, dict[str, Any]]:
+def system_pytriton(
+    target: Target, sess: Any, args: argparse.Namespace, counter: BatchCounter
+) -> tuple[Any, Any, dict[str, Any]]:
     try:
         import pytriton.model_config.generator as generator
         import tritonclient.http as httpclient
@@ -148,9 +155,15 @@ def system_pytriton(target: Target, sess: Any, args: argparse.Namespace,
         return res
 
     ports = [_free_port() for _ in range(3)]
-    config = TritonConfig(http_address="127.0.0.1", http_port=ports[0], grpc_address="127.0.0.1",
-                          grpc_port=ports[1], metrics_address="127.0.0.1", metrics_port=ports[2],
-                          log_verbose=0)
+    config = TritonConfig(
+        http_address="127.0.0.1",
+        http_port=ports[0],
+        grpc_address="127.0.0.1",
+        grpc_port=ports[1],
+        metrics_address="127.0.0.1",
+        metrics_port=ports[2],
+        log_verbose=0,
+    )
     triton = Triton(config=config)
     triton.__enter__()
     sess_inputs = {n.name: n for n in sess.get_inputs()}
@@ -179,8 +192,13 @@ def system_pytriton(target: Target, sess: Any, args: argparse.Namespace,
             raise RuntimeError("PyTriton model 'bench' not ready after 120 s")
         time.sleep(0.2)
     local = threading.local()
-    np_to_triton = {np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
-                    np.dtype(np.float16): "FP16", np.dtype(np.bool_): "BOOL"}
+    np_to_triton = {
+        np.dtype(np.int64): "INT64",
+        np.dtype(np.int32): "INT32",
+        np.dtype(np.float32): "FP32",
+        np.dtype(np.float16): "FP16",
+        np.dtype(np.bool_): "BOOL",
+    }
 
     def call(feed: dict[str, np.ndarray]) -> Any:
         client = getattr(local, "client", None)
@@ -198,9 +216,12 @@ def system_pytriton(target: Target, sess: Any, args: argparse.Namespace,
     def stop() -> None:
         triton.__exit__(None, None, None)
 
-    settings = {"server": "Triton (nvidia-pytriton 0.7.0) on 127.0.0.1, HTTP binary tensors, one sync client "
-                          "per client thread", "dynamic_batcher": "default (no queue delay)",
-                "allow_ragged_batch": True, "max_batch_size": args.max_batch_size}
+    settings = {
+        "server": "Triton (nvidia-pytriton 0.7.0) on 127.0.0.1, HTTP binary tensors, one sync client per client thread",
+        "dynamic_batcher": "default (no queue delay)",
+        "allow_ragged_batch": True,
+        "max_batch_size": args.max_batch_size,
+    }
     return call, stop, settings
 
 
@@ -212,8 +233,9 @@ def system_ray(target: Target, model_path: Path, args: argparse.Namespace) -> tu
         raise NotInstalledError(f"ray[serve] is not installed ({exc})") from exc
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}
+    )
     max_batch = args.max_batch_size
 
     @serve.deployment(max_ongoing_requests=128)  # the default (5) never lets a batch fill
@@ -254,9 +276,11 @@ def system_ray(target: Target, model_path: Path, args: argparse.Namespace) -> tu
         ray.shutdown()
 
     call.handle = handle  # type: ignore[attr-defined]
-    settings = {"server": "Ray Serve 2.60 deployment handle, one replica, ray.init(num_cpus=2)",
-                "serve_batch": {"max_batch_size": max_batch, "batch_wait_timeout_s": "default (0.01)"},
-                "max_ongoing_requests": 128}
+    settings = {
+        "server": "Ray Serve 2.60 deployment handle, one replica, ray.init(num_cpus=2)",
+        "serve_batch": {"max_batch_size": max_batch, "batch_wait_timeout_s": "default (0.01)"},
+        "max_ongoing_requests": 128,
+    }
     return call, stop, settings
 
 
@@ -322,19 +346,39 @@ def main() -> int:
             res = drive(call, workload.feeds, list(range(len(workload))), c, max_seconds=args.duration)
             snap = call.handle.stats.remote().result() if args.system == "ray" else counter.snapshot()
             padding = 1.0 - snap["real"] / snap["padded"] if snap["padded"] else 0.0
-            r = summarize(args.system, res, workload, batches=sum(snap["hist"].values()),
-                          rows_histogram={int(k): v for k, v in snap["hist"].items()}, padding_fraction=padding)
+            r = summarize(
+                args.system,
+                res,
+                workload,
+                batches=sum(snap["hist"].values()),
+                rows_histogram={int(k): v for k, v in snap["hist"].items()},
+                padding_fraction=padding,
+            )
             results.append(r.to_dict())
-            print(f"{args.system:>9} c={c:<3} {r.requests_per_s:8.1f} req/s  p50 {r.latency_ms()['p50']:.1f} ms  "
-                  f"rows/batch {r.mean_rows_per_batch:.2f}  padding {r.padding_fraction:.1%}  errors {r.errors}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{args.system:>9} c={c:<3} {r.requests_per_s:8.1f} req/s  p50 {r.latency_ms()['p50']:.1f} ms  "
+                f"rows/batch {r.mean_rows_per_batch:.2f}  padding {r.padding_fraction:.1%}  errors {r.errors}",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         stop()
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "system": args.system, "settings": settings, "workload": workload.describe(), "results": results,
-        "python": sys.version.split()[0], "numpy": np.__version__,
-    }, indent=2, default=str) + "\n")
+    args.json.write_text(
+        json.dumps(
+            {
+                "system": args.system,
+                "settings": settings,
+                "workload": workload.describe(),
+                "results": results,
+                "python": sys.version.split()[0],
+                "numpy": np.__version__,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     return 0
 
 

@@ -35,19 +35,25 @@ sys.path.insert(0, str(REPO))
 from ortbatch.bench.report import markdown_tables  # noqa: E402
 
 PEERS = ("bi-seq", "bi-bucket", "pytriton", "ray")
-LABELS = {"bi-seq": "batch-inference SeqBatcher", "bi-bucket": "batch-inference BucketSeqBatcher",
-          "pytriton": "Triton dynamic batcher (PyTriton, HTTP)", "ray": "Ray Serve @serve.batch (handle)",
-          "direct": "ortbatch bench: direct session.run", "batched": "ortbatch BatchedSession",
-          "oracle": "offline oracle (one stream)",
-          "direct-tuned": "direct session.run, intra_op_num_threads=1, no spinning"}
+LABELS = {
+    "bi-seq": "batch-inference SeqBatcher",
+    "bi-bucket": "batch-inference BucketSeqBatcher",
+    "pytriton": "Triton dynamic batcher (PyTriton, HTTP)",
+    "ray": "Ray Serve @serve.batch (handle)",
+    "direct": "ortbatch bench: direct session.run",
+    "batched": "ortbatch BatchedSession",
+    "oracle": "offline oracle (one stream)",
+    "direct-tuned": "direct session.run, intra_op_num_threads=1, no spinning",
+}
 
 
 def sh(cmd: list[str], *, env: dict[str, str] | None = None, log: Path, timeout: float) -> int:
     print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
     with log.open("w") as fh:
         try:
-            return subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout,
-                                  check=False).returncode
+            return subprocess.run(
+                cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, check=False
+            ).returncode
         except subprocess.TimeoutExpired:
             print(f"  timed out after {timeout:.0f} s (log: {log})", file=sys.stderr)
             return 124
@@ -68,8 +74,12 @@ def main() -> int:
     p.add_argument("--triton-python", default=os.environ.get("ORTBATCH_TRITON_PYTHON", "/root/triton-venv/bin/python"))
     p.add_argument("--out", type=Path, default=REPO / "out" / "peers", help="JSON and logs")
     p.add_argument("--docs", type=Path, default=REPO / "docs" / "benchmarks.md")
-    p.add_argument("--no-tuned-direct", dest="tuned_direct", action="store_false",
-                   help="skip the extra direct run with intra_op_num_threads=1 and no spinning")
+    p.add_argument(
+        "--no-tuned-direct",
+        dest="tuned_direct",
+        action="store_false",
+        help="skip the extra direct run with intra_op_num_threads=1 and no spinning",
+    )
     p.add_argument("--skip-ortbatch", action="store_true", help="reuse the ortbatch JSON already in --out")
     args = p.parse_args()
 
@@ -79,15 +89,38 @@ def main() -> int:
     loads = [os.getloadavg()]
     workloads = [w.strip() for w in args.lengths.split(",") if w.strip()]
     peers = [x.strip() for x in args.peers.split(",") if x.strip()]
-    report: dict[str, Any] = {"started": started, "export": str(args.export), "workloads": {}, "commands": [],
-                              "peer_concurrency": args.peer_concurrency}
+    report: dict[str, Any] = {
+        "started": started,
+        "export": str(args.export),
+        "workloads": {},
+        "commands": [],
+        "peer_concurrency": args.peer_concurrency,
+    }
     for k, lengths in enumerate(workloads):
         tag = lengths.replace(":", "_").replace("/", "_")
         own = args.out / f"ortbatch-{tag}.json"
-        cmd = [args.python, "-m", "ortbatch.cli", "bench", str(args.export), "--concurrency", args.concurrency,
-               "--requests", str(args.requests), "--duration", str(args.duration), "--lengths", lengths,
-               "--max-batch-size", str(args.max_batch_size), "--json", str(own), "--no-progress",
-               "--plot", str(args.docs.parent / f"benchmarks-cpu-{tag}.png")]
+        cmd = [
+            args.python,
+            "-m",
+            "ortbatch.cli",
+            "bench",
+            str(args.export),
+            "--concurrency",
+            args.concurrency,
+            "--requests",
+            str(args.requests),
+            "--duration",
+            str(args.duration),
+            "--lengths",
+            lengths,
+            "--max-batch-size",
+            str(args.max_batch_size),
+            "--json",
+            str(own),
+            "--no-progress",
+            "--plot",
+            str(args.docs.parent / f"benchmarks-cpu-{tag}.png"),
+        ]
         if k > 0:
             cmd.append("--no-overhead")
         report["commands"].append(_public(cmd))
@@ -101,11 +134,31 @@ def main() -> int:
             # is the gain batching, or only BatchedSession's thread settings? direct with one
             # intra-op thread per call and no spinning (the best direct setting here, PEERS.md)
             tuned = args.out / f"direct-tuned-{tag}.json"
-            tcmd = [args.python, "-m", "ortbatch.cli", "bench", str(args.export), "--modes", "direct",
-                    "--concurrency", args.peer_concurrency, "--requests", str(args.requests), "--duration",
-                    str(args.duration), "--lengths", lengths, "--json", str(tuned), "--no-progress", "--no-overhead",
-                    "--baseline-option", "intra_op_num_threads=1",
-                    "--baseline-option", "session.intra_op.allow_spinning=0"]
+            tcmd = [
+                args.python,
+                "-m",
+                "ortbatch.cli",
+                "bench",
+                str(args.export),
+                "--modes",
+                "direct",
+                "--concurrency",
+                args.peer_concurrency,
+                "--requests",
+                str(args.requests),
+                "--duration",
+                str(args.duration),
+                "--lengths",
+                lengths,
+                "--json",
+                str(tuned),
+                "--no-progress",
+                "--no-overhead",
+                "--baseline-option",
+                "intra_op_num_threads=1",
+                "--baseline-option",
+                "session.intra_op.allow_spinning=0",
+            ]
             report["commands"].append(_public(tcmd))
             reuse = args.skip_ortbatch and tuned.exists()
             if reuse or sh(tcmd, env=env, log=args.out / f"direct-tuned-{tag}.log", timeout=3600) in (0, 1):
@@ -113,9 +166,26 @@ def main() -> int:
         for peer in peers:
             pj = args.out / f"{peer}-{tag}.json"
             python = args.triton_python if peer == "pytriton" else args.peers_python
-            pcmd = [python, str(REPO / "benchmarks" / "peer_run.py"), "--system", peer, "--export", str(args.export),
-                    "--lengths", lengths, "--concurrency", args.peer_concurrency, "--requests", str(args.requests),
-                    "--duration", str(args.duration), "--max-batch-size", str(args.max_batch_size), "--json", str(pj)]
+            pcmd = [
+                python,
+                str(REPO / "benchmarks" / "peer_run.py"),
+                "--system",
+                peer,
+                "--export",
+                str(args.export),
+                "--lengths",
+                lengths,
+                "--concurrency",
+                args.peer_concurrency,
+                "--requests",
+                str(args.requests),
+                "--duration",
+                str(args.duration),
+                "--max-batch-size",
+                str(args.max_batch_size),
+                "--json",
+                str(pj),
+            ]
             penv = dict(env)
             if peer == "pytriton":
                 # pyenv Pythons: Triton's Python backend needs the interpreter's LIBDIR
@@ -150,8 +220,13 @@ def main() -> int:
 
 def _libdir(python: str) -> str:
     try:
-        out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')"],
-                             capture_output=True, text=True, check=False, timeout=30)
+        out = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
         return out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return sysconfig.get_config_var("LIBDIR") or ""
@@ -176,8 +251,11 @@ def _differs(data: dict[str, Any], r: dict[str, Any], digest: str) -> bool:
 
 
 def peers_table(report: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    lines = ["| workload | system | clients | req/s | tokens/s | p50 ms | p99 ms | rows/batch | padding "
-             "| vs direct | ortbatch batched ÷ system |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| workload | system | clients | req/s | tokens/s | p50 ms | p99 ms | rows/batch | padding "
+        "| vs direct | ortbatch batched ÷ system |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     series: dict[str, Any] = {}
     for lengths, entry in report["workloads"].items():
         own = entry["ortbatch"]
@@ -212,7 +290,8 @@ def peers_table(report: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                     f"| {lengths} | {LABELS.get(name, name)}{star}{' ' + r['note'] if 'note' in r else ''} | {c} | "
                     f"{r['requests_per_s']:.1f} | {r['tokens_per_s']:.0f} | {lat['p50']:.1f} | {lat['p99']:.1f} | "
                     f"{r['mean_rows_per_batch']:.2f} | {r['padding_fraction']:.1%} | {vs_direct:.2f}x | "
-                    f"{'-' if name == 'batched' or mine is None else f'{mine:.2f}x'} |")
+                    f"{'-' if name == 'batched' or mine is None else f'{mine:.2f}x'} |"
+                )
                 series.setdefault(lengths, {})[name] = r["requests_per_s"]
         for peer, why in entry["skipped"].items():
             lines.append(f"| {lengths} | {LABELS.get(peer, peer)} | - | skipped: {why} | | | | | | | |")
@@ -230,8 +309,14 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         b = _at(own, "batched", c)
         if lengths in need_bd and "batched_over_direct" in ratio:
             v = ratio["batched_over_direct"]
-            out.append((f"batched ÷ direct, {lengths}, {c} clients", f"{v:.2f}x", f">= {need_bd[lengths]}x",
-                        v >= need_bd[lengths]))
+            out.append(
+                (
+                    f"batched ÷ direct, {lengths}, {c} clients",
+                    f"{v:.2f}x",
+                    f">= {need_bd[lengths]}x",
+                    v >= need_bd[lengths],
+                )
+            )
         if "batched_over_oracle" in ratio:
             v = ratio["batched_over_oracle"]
             out.append((f"batched ÷ oracle, {lengths}, {c} clients", f"{v:.2f}x", ">= 1.0x", v >= 1.0))
@@ -239,8 +324,9 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
             data = entry["peers"].get(peer)
             r = _at(data, peer, c) if data else None
             if r and _differs(data, r, own["workload"]["digest"]):
-                out.append((f"batched ÷ {LABELS[peer]}, {lengths}", "different requests: not comparable",
-                            f">= {need}x", None))
+                out.append(
+                    (f"batched ÷ {LABELS[peer]}, {lengths}", "different requests: not comparable", f">= {need}x", None)
+                )
             elif b and r and r["requests_per_s"]:
                 v = b["requests_per_s"] / r["requests_per_s"]
                 out.append((f"batched ÷ {LABELS[peer]}, {lengths}", f"{v:.2f}x", f">= {need}x", v >= need))
@@ -250,8 +336,14 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         t = _at(tuned, "direct", c) if tuned else None
         if b and t and t["requests_per_s"]:
             v = b["requests_per_s"] / t["requests_per_s"]
-            out.append((f"(for reference) batched ÷ direct with 1 thread/call and no spinning, {lengths}",
-                        f"{v:.2f}x", "-", None))
+            out.append(
+                (
+                    f"(for reference) batched ÷ direct with 1 thread/call and no spinning, {lengths}",
+                    f"{v:.2f}x",
+                    "-",
+                    None,
+                )
+            )
         if lengths == "8-128" and b:
             v = b["padding_fraction"]
             out.append((f"padding fraction, {lengths}, {c} clients", f"{v:.1%}", "<= 15%", v <= 0.15))
@@ -261,8 +353,14 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
             out.append((f"one client: p50 batched ÷ direct, {lengths}", f"{v:.3f}", "<= 1.05", v <= 1.05))
         if own.get("overhead"):
             v = own["overhead"]["us_per_request_at_saturation"]
-            out.append((f"runtime overhead per request ({own['overhead']['concurrency']} clients, identity model)",
-                        f"{v:.0f} µs", "< 100 µs", v < 100))
+            out.append(
+                (
+                    f"runtime overhead per request ({own['overhead']['concurrency']} clients, identity model)",
+                    f"{v:.0f} µs",
+                    "< 100 µs",
+                    v < 100,
+                )
+            )
     return out
 
 
@@ -271,10 +369,12 @@ def write_docs(report: dict[str, Any], docs: Path) -> None:
     text = docs.read_text() if docs.exists() else ""
     first = next(iter(report["workloads"].values()))["ortbatch"]
     m = first["machine"]
-    machine = (f"{m['cpu']}, {m['cores']} cores (shared with other work: load average "
-               f"{' → '.join('/'.join(str(x) for x in load) for load in report['loadavg'])} during the run), "
-               f"{m['platform']}, Python {m['python']}, numpy {m['numpy']}, onnxruntime {m['onnxruntime']}. "
-               f"Run started {report['started']}.")
+    machine = (
+        f"{m['cpu']}, {m['cores']} cores (shared with other work: load average "
+        f"{' → '.join('/'.join(str(x) for x in load) for load in report['loadavg'])} during the run), "
+        f"{m['platform']}, Python {m['python']}, numpy {m['numpy']}, onnxruntime {m['onnxruntime']}. "
+        f"Run started {report['started']}."
+    )
     sections = {"machine": machine, "commands": "```\n" + "\n".join(report["commands"]) + "\n```"}
     cpu_parts = []
     for lengths, entry in report["workloads"].items():
@@ -289,22 +389,33 @@ def write_docs(report: dict[str, Any], docs: Path) -> None:
             f"batched: workers={b.get('workers')}, `{_fmt_session(b.get('session', {}))}`, "
             f"max_batch_size={b.get('max_batch_size')}, max_batch_tokens={b.get('max_batch_tokens')}, "
             f"max_delay_ms={b.get('max_delay_ms')}. Output check vs direct: "
-            + ", ".join(f"{k} max |diff| {max(v['max_abs_diff'].values(), default=0):.1e}"
-                        for k, v in own["checks"].items() if isinstance(v, dict))
-            + f".\n\n![throughput and p99 latency, {lengths} tokens](benchmarks-cpu-{tag}.png)")
+            + ", ".join(
+                f"{k} max |diff| {max(v['max_abs_diff'].values(), default=0):.1e}"
+                for k, v in own["checks"].items()
+                if isinstance(v, dict)
+            )
+            + f".\n\n![throughput and p99 latency, {lengths} tokens](benchmarks-cpu-{tag}.png)"
+        )
     sections["cpu"] = "\n\n".join(cpu_parts)
     over = first.get("overhead")
     if over:
         rows = ["| measurement | µs/request (wall) | CPU µs/request | rows/batch |", "|---|---:|---:|---:|"]
-        rows += [f"| {r['label']} | {r['us_per_request']:.1f} | {r['cpu_us_per_request']:.1f} | "
-                 f"{r['mean_rows_per_batch']:.1f} |" for r in over["rows"]]
-        sections["overhead"] = (f"Identity model (both inputs copied to outputs), lengths {over['lengths']}, "
-                                f"{over['requests']} requests per row, workers={over['workers']}.\n\n"
-                                + "\n".join(rows))
+        rows += [
+            f"| {r['label']} | {r['us_per_request']:.1f} | {r['cpu_us_per_request']:.1f} | "
+            f"{r['mean_rows_per_batch']:.1f} |"
+            for r in over["rows"]
+        ]
+        sections["overhead"] = (
+            f"Identity model (both inputs copied to outputs), lengths {over['lengths']}, "
+            f"{over['requests']} requests per row, workers={over['workers']}.\n\n" + "\n".join(rows)
+        )
     table, series = peers_table(report)
     clients = report.get("peer_concurrency", "64")
-    legend = ("\n\n`*` = stopped by the `--duration` cap: it served a prefix of the same requests."
-              if "*" in table.replace("**", "") else "")
+    legend = (
+        "\n\n`*` = stopped by the `--duration` cap: it served a prefix of the same requests."
+        if "*" in table.replace("**", "")
+        else ""
+    )
     sections["peers"] = table + legend + f"\n\n![requests/s by system at {clients} clients](benchmarks-peers.png)"
     tl = ["| target | measured | needed | met |", "|---|---:|---:|:---:|"]
     for t, v, need, ok in targets(report):
@@ -320,8 +431,10 @@ def write_docs(report: dict[str, Any], docs: Path) -> None:
 def _fmt_session(s: dict[str, Any]) -> str:
     if not s:
         return "?"
-    return (f"intra_op_num_threads={s.get('intra_op_num_threads')}, "
-            f"spinning={s.get('intra_op_allow_spinning')}, {','.join(s.get('providers', []))}")
+    return (
+        f"intra_op_num_threads={s.get('intra_op_num_threads')}, "
+        f"spinning={s.get('intra_op_allow_spinning')}, {','.join(s.get('providers', []))}"
+    )
 
 
 def _replace(text: str, name: str, body: str) -> str:
@@ -344,9 +457,10 @@ def _peers_plot(series: dict[str, dict[str, float]], path: Path, clients: str) -
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
     for ax, w in zip(axes[0], workloads, strict=True):
         vals = [series[w].get(s, 0.0) for s in systems]
-        colors = ["tab:green" if s == "batched" else "tab:gray" if s in ("direct", "oracle", "direct-tuned")
-                  else "tab:blue"
-                  for s in systems]
+        colors = [
+            "tab:green" if s == "batched" else "tab:gray" if s in ("direct", "oracle", "direct-tuned") else "tab:blue"
+            for s in systems
+        ]
         ax.barh(range(len(systems)), vals, color=colors)
         ax.set_yticks(range(len(systems)), [LABELS.get(s, s) for s in systems], fontsize=8)
         ax.invert_yaxis()
@@ -357,6 +471,7 @@ def _peers_plot(series: dict[str, dict[str, float]], path: Path, clients: str) -
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,5 +13,14 @@ from __future__ import annotations
 from .runner import MODES, SCHEMA, BenchConfig, BenchRun, run_bench
 from .workload import LengthSpec, Workload, make_workload, parse_lengths
 
-__all__ = ["MODES", "SCHEMA", "BenchConfig", "BenchRun", "LengthSpec", "Workload", "make_workload",
-           "parse_lengths", "run_bench"]
+__all__ = [
+    "MODES",
+    "SCHEMA",
+    "BenchConfig",
+    "BenchRun",
+    "LengthSpec",
+    "Workload",
+    "make_workload",
+    "parse_lengths",
+    "run_bench",
+]

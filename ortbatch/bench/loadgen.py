@@ -108,8 +108,9 @@ def drive(
             latencies[k] = end - began
             done_counts[slot] += 1
 
-    threads = [threading.Thread(target=client, args=(s,), daemon=True, name=f"bench-client-{s}")
-               for s in range(concurrency)]
+    threads = [
+        threading.Thread(target=client, args=(s,), daemon=True, name=f"bench-client-{s}") for s in range(concurrency)
+    ]
     for t in threads:
         t.start()
     cpu0 = time.process_time()

@@ -22,8 +22,17 @@ import numpy as np
 from .loadgen import DriveResult, drive
 from .workload import RAGGED, Target, Workload, feed_digest
 
-__all__ = ["ModeResult", "OracleBatches", "batched_stats_delta", "form_oracle_batches", "pad_stack", "run_oracle",
-           "session_settings", "split_outputs", "summarize"]
+__all__ = [
+    "ModeResult",
+    "OracleBatches",
+    "batched_stats_delta",
+    "form_oracle_batches",
+    "pad_stack",
+    "run_oracle",
+    "session_settings",
+    "split_outputs",
+    "summarize",
+]
 
 PERCENTILES = (50, 95, 99)
 
@@ -94,8 +103,16 @@ class ModeResult:
         }
 
 
-def summarize(mode: str, res: DriveResult, workload: Workload, *, batches: int, rows_histogram: dict[int, int],
-              padding_fraction: float, extra: dict[str, Any] | None = None) -> ModeResult:
+def summarize(
+    mode: str,
+    res: DriveResult,
+    workload: Workload,
+    *,
+    batches: int,
+    rows_histogram: dict[int, int],
+    padding_fraction: float,
+    extra: dict[str, Any] | None = None,
+) -> ModeResult:
     """Fold what the clients saw (and what the server counted) into one :class:`ModeResult`."""
     objects = dict(zip(res.served, res.sent_objects, strict=True))
     ok = [i for i in res.served]
@@ -189,8 +206,9 @@ class OracleBatches:
     padded_tokens: int
 
 
-def form_oracle_batches(target: Target, workload: Workload, ids: Sequence[int], max_rows: int,
-                        max_tokens: int | None = None) -> OracleBatches:
+def form_oracle_batches(
+    target: Target, workload: Workload, ids: Sequence[int], max_rows: int, max_tokens: int | None = None
+) -> OracleBatches:
     """Length-sorted batches of ``max_rows`` (and at most ``max_tokens`` padded tokens)."""
     order = sorted(ids, key=lambda i: (int(workload.lengths[i]), i))
     groups: list[list[int]] = []
@@ -236,38 +254,46 @@ def _unpad(target: Target, batch: dict[str, np.ndarray], row: int, length: int) 
     """The feed of one member, cut back out of a padded batch (proves what the oracle ran)."""
     out = {}
     for info in target.inputs:
-        a = batch[info.name][row:row + 1]
+        a = batch[info.name][row : row + 1]
         index: list[slice] = [slice(None)]
         for k in range(1, a.ndim):
             if info.dims[k] == RAGGED:
-                index.append(slice(a.shape[k] - length, None) if target.padding_side == "left"
-                             else slice(0, length))
+                index.append(slice(a.shape[k] - length, None) if target.padding_side == "left" else slice(0, length))
             else:
                 index.append(slice(None))
         out[info.name] = np.ascontiguousarray(a[tuple(index)])
     return out
 
 
-def split_outputs(target: Target, outputs: Sequence[np.ndarray], names: Sequence[str], row: int,
-           length: int) -> list[np.ndarray]:
+def split_outputs(
+    target: Target, outputs: Sequence[np.ndarray], names: Sequence[str], row: int, length: int
+) -> list[np.ndarray]:
     res = []
     for name, arr in zip(names, outputs, strict=True):
-        view = arr[row:row + 1]
+        view = arr[row : row + 1]
         axes = target.ragged_outputs.get(name, ())
         if axes:
             index: list[slice] = [slice(None)] * view.ndim
             for k in axes:
-                index[k] = (slice(view.shape[k] - length, None) if target.padding_side == "left"
-                            else slice(0, length))
+                index[k] = slice(view.shape[k] - length, None) if target.padding_side == "left" else slice(0, length)
             view = view[tuple(index)]
         res.append(view)
     return res
 
 
-def run_oracle(session: Any, target: Target, workload: Workload, ids: Sequence[int], max_rows: int,
-               max_tokens: int | None, *, concurrency: int, max_seconds: float,
-               keep: frozenset[int] = frozenset(),
-               on_progress: Callable[[int], None] | None = None) -> ModeResult:
+def run_oracle(
+    session: Any,
+    target: Target,
+    workload: Workload,
+    ids: Sequence[int],
+    max_rows: int,
+    max_tokens: int | None,
+    *,
+    concurrency: int,
+    max_seconds: float,
+    keep: frozenset[int] = frozenset(),
+    on_progress: Callable[[int], None] | None = None,
+) -> ModeResult:
     """Run the offline batches in one stream; latency of a request = when its batch ended."""
     pre = form_oracle_batches(target, workload, ids, max_rows, max_tokens)
     names = target.outputs
@@ -335,11 +361,27 @@ def run_oracle(session: Any, target: Target, workload: Workload, ids: Sequence[i
     )
 
 
-def run_clients(mode: str, call: Callable[[dict[str, np.ndarray]], Any], workload: Workload,
-                ids: Sequence[int], concurrency: int, *, max_seconds: float, keep: frozenset[int],
-                on_progress: Callable[[int], None] | None) -> DriveResult:
+def run_clients(
+    mode: str,
+    call: Callable[[dict[str, np.ndarray]], Any],
+    workload: Workload,
+    ids: Sequence[int],
+    concurrency: int,
+    *,
+    max_seconds: float,
+    keep: frozenset[int],
+    on_progress: Callable[[int], None] | None,
+) -> DriveResult:
     arrivals = None
     if workload.arrivals is not None:
         arrivals = workload.arrivals[np.asarray(ids)] if len(ids) != len(workload) else workload.arrivals
-    return drive(call, workload.feeds, ids, concurrency, arrivals=arrivals, max_seconds=max_seconds,
-                 keep=keep, on_progress=on_progress)
+    return drive(
+        call,
+        workload.feeds,
+        ids,
+        concurrency,
+        arrivals=arrivals,
+        max_seconds=max_seconds,
+        keep=keep,
+        on_progress=on_progress,
+    )

@@ -33,13 +33,19 @@ def build_identity_model(path: str | Path) -> Path:
 
     seq = ["batch", "sequence"]
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["input_ids"], ["ids_out"]),
-         helper.make_node("Identity", ["attention_mask"], ["mask_out"])],
+        [
+            helper.make_node("Identity", ["input_ids"], ["ids_out"]),
+            helper.make_node("Identity", ["attention_mask"], ["mask_out"]),
+        ],
         "identity",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, seq),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, seq)],
-        [helper.make_tensor_value_info("ids_out", TensorProto.INT64, seq),
-         helper.make_tensor_value_info("mask_out", TensorProto.INT64, seq)],
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, seq),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, seq),
+        ],
+        [
+            helper.make_tensor_value_info("ids_out", TensorProto.INT64, seq),
+            helper.make_tensor_value_info("mask_out", TensorProto.INT64, seq),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -48,9 +54,17 @@ def build_identity_model(path: str | Path) -> Path:
     return path
 
 
-def measure_overhead(*, concurrency: int = 64, requests: int = 4000, max_seconds: float = 30.0,
-                     max_batch_size: int = 32, workers: int | None = None, window: int = 256,
-                     lengths: str = "8-16", seed: int = 0) -> dict[str, Any]:
+def measure_overhead(
+    *,
+    concurrency: int = 64,
+    requests: int = 4000,
+    max_seconds: float = 30.0,
+    max_batch_size: int = 32,
+    workers: int | None = None,
+    window: int = 256,
+    lengths: str = "8-16",
+    seed: int = 0,
+) -> dict[str, Any]:
     """Microseconds per request at saturation for direct, batched and a submit pipeline."""
     ort = require("onnxruntime")
     from ..runtime.session import BatchedSession
@@ -68,13 +82,15 @@ def measure_overhead(*, concurrency: int = 64, requests: int = 4000, max_seconds
         rows: list[dict[str, Any]] = []
 
         def record(label: str, completed: int, elapsed: float, cpu: float, rows_per_batch: float) -> None:
-            rows.append({
-                "label": label,
-                "completed": completed,
-                "us_per_request": round(elapsed / completed * 1e6, 2) if completed else float("nan"),
-                "cpu_us_per_request": round(cpu / completed * 1e6, 2) if completed else float("nan"),
-                "mean_rows_per_batch": round(rows_per_batch, 2),
-            })
+            rows.append(
+                {
+                    "label": label,
+                    "completed": completed,
+                    "us_per_request": round(elapsed / completed * 1e6, 2) if completed else float("nan"),
+                    "cpu_us_per_request": round(cpu / completed * 1e6, 2) if completed else float("nan"),
+                    "mean_rows_per_batch": round(rows_per_batch, 2),
+                }
+            )
 
         def direct_call(feed: Any) -> Any:
             return sess.run(names, feed)
@@ -83,8 +99,10 @@ def measure_overhead(*, concurrency: int = 64, requests: int = 4000, max_seconds
         res = drive(direct_call, wl.feeds, ids, concurrency, max_seconds=max_seconds)
         record(f"direct, {concurrency} clients (session.run)", res.completed, res.elapsed_s, res.cpu_s, 1.0)
 
-        with BatchedSession(str(model), max_batch_size=max_batch_size, workers=workers,
-                            max_queue=max(1024, 4 * concurrency, 2 * window)) as bs:
+        with BatchedSession(
+            str(model), max_batch_size=max_batch_size, workers=workers, max_queue=max(1024, 4 * concurrency, 2 * window)
+        ) as bs:
+
             def batched_call(feed: Any) -> Any:
                 return bs.run(names, feed)
 
@@ -92,8 +110,13 @@ def measure_overhead(*, concurrency: int = 64, requests: int = 4000, max_seconds
             s0 = bs.stats()
             res = drive(batched_call, wl.feeds, ids, concurrency, max_seconds=max_seconds)
             s1 = bs.stats()
-            record(f"batched, {concurrency} clients (BatchedSession.run)", res.completed, res.elapsed_s,
-                   res.cpu_s, _rows_per_batch(s0, s1))
+            record(
+                f"batched, {concurrency} clients (BatchedSession.run)",
+                res.completed,
+                res.elapsed_s,
+                res.cpu_s,
+                _rows_per_batch(s0, s1),
+            )
 
             s0 = bs.stats()
             cpu0 = time.process_time()

@@ -20,11 +20,20 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
         # the oracle is offline; its clients figure only says which run it sat next to
         clients = f"({r['concurrency']})" if r["mode"] == "oracle" else str(r["concurrency"])
         done = f"{r['completed']}" + ("*" if r["truncated"] else "") + (f" ({r['errors']} err)" if r["errors"] else "")
-        rows.append([
-            r["mode"], clients, f"{r['requests_per_s']:.1f}", f"{r['tokens_per_s']:.0f}",
-            _ms(lat["p50"]), _ms(lat["p95"]), _ms(lat["p99"]),
-            f"{r['mean_rows_per_batch']:.2f}", f"{r['padding_fraction']:.1%}", done,
-        ])
+        rows.append(
+            [
+                r["mode"],
+                clients,
+                f"{r['requests_per_s']:.1f}",
+                f"{r['tokens_per_s']:.0f}",
+                _ms(lat["p50"]),
+                _ms(lat["p95"]),
+                _ms(lat["p99"]),
+                f"{r['mean_rows_per_batch']:.2f}",
+                f"{r['padding_fraction']:.1%}",
+                done,
+            ]
+        )
     return rows
 
 
@@ -35,13 +44,15 @@ def _ms(v: float) -> str:
 def _ratio_rows(data: dict[str, Any]) -> list[list[str]]:
     out = []
     for r in data["ratios"]:
-        out.append([
-            str(r["concurrency"]),
-            _x(r.get("batched_over_direct")),
-            _x(r.get("batched_over_oracle")),
-            _x(r.get("oracle_over_direct")),
-            _x(r.get("p50_batched_over_direct")),
-        ])
+        out.append(
+            [
+                str(r["concurrency"]),
+                _x(r.get("batched_over_direct")),
+                _x(r.get("batched_over_oracle")),
+                _x(r.get("oracle_over_direct")),
+                _x(r.get("p50_batched_over_direct")),
+            ]
+        )
     return out
 
 
@@ -101,8 +112,10 @@ def _notes(data: dict[str, Any]) -> list[str]:
 def format_overhead(o: dict[str, Any]) -> str:
     lines = [f"runtime overhead ({o['model']}, lengths {o['lengths']}, {o['requests']} requests):"]
     for row in o["rows"]:
-        lines.append(f"  {row['label']:<44} {row['us_per_request']:8.1f} us/request wall"
-                     f"  {row['cpu_us_per_request']:8.1f} us CPU  (rows/batch {row['mean_rows_per_batch']:.1f})")
+        lines.append(
+            f"  {row['label']:<44} {row['us_per_request']:8.1f} us/request wall"
+            f"  {row['cpu_us_per_request']:8.1f} us CPU  (rows/batch {row['mean_rows_per_batch']:.1f})"
+        )
     return "\n".join(lines)
 
 
@@ -159,6 +172,5 @@ def plot(series: dict[str, list[tuple[int, float, float]]], path: str | Path, ti
 def series_from(data: dict[str, Any], prefix: str = "") -> dict[str, list[tuple[int, float, float]]]:
     out: dict[str, list[tuple[int, float, float]]] = {}
     for r in data["results"]:
-        out.setdefault(prefix + r["mode"], []).append(
-            (r["concurrency"], r["requests_per_s"], r["latency_ms"]["p99"]))
+        out.setdefault(prefix + r["mode"], []).append((r["concurrency"], r["requests_per_s"], r["latency_ms"]["p99"]))
     return out

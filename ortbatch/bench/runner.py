@@ -19,8 +19,16 @@ from ..manifest import Manifest
 from .modes import ModeResult, batched_stats_delta, run_clients, run_oracle, session_settings, summarize
 from .workload import LengthSpec, Target, Workload, load_target, make_workload
 
-__all__ = ["MODES", "SCHEMA", "BenchConfig", "BenchRun", "make_baseline_session", "machine_info", "model_path_of",
-           "run_bench"]
+__all__ = [
+    "MODES",
+    "SCHEMA",
+    "BenchConfig",
+    "BenchRun",
+    "make_baseline_session",
+    "machine_info",
+    "model_path_of",
+    "run_bench",
+]
 
 MODES = ("direct", "batched", "oracle")
 SCHEMA = "ortbatch.bench/1"
@@ -138,8 +146,9 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def make_baseline_session(model_path: Path, providers: str | None, options: dict[str, str],
-                          manifest_providers: Any = ()) -> Any:
+def make_baseline_session(
+    model_path: Path, providers: str | None, options: dict[str, str], manifest_providers: Any = ()
+) -> Any:
     """The direct/oracle session: ONNX Runtime's defaults, plus only what ``options`` names.
 
     Providers resolve exactly as BatchedSession resolves them (same shortcuts, same options
@@ -160,8 +169,13 @@ def make_baseline_session(model_path: Path, providers: str | None, options: dict
     return sess
 
 
-def run_bench(cfg: BenchConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
-              overhead: Callable[[], dict[str, Any]] | None = None) -> BenchRun:
+def run_bench(
+    cfg: BenchConfig,
+    *,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    overhead: Callable[[], dict[str, Any]] | None = None,
+) -> BenchRun:
     """Run every mode of ``cfg.modes`` at every concurrency on one seeded request set."""
     unknown = [m for m in cfg.modes if m not in MODES]
     if unknown:
@@ -180,6 +194,7 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log: Callable[[str], N
             bar_box[0].write(msg)  # keeps the progress bar on its own line
         else:
             base_log(msg)
+
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     machine = machine_info()
     source = Path(cfg.target)
@@ -195,18 +210,27 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log: Callable[[str], N
     warm = make_workload(target, cfg.lengths, max(warm_n, 1), seed=cfg.seed + 10_007) if warm_n else None
     ids = list(range(len(workload)))
     keep = frozenset(ids[:N_PROBES])
-    say(f"target {source}: {len(workload)} requests, lengths {workload.lengths_spec}, "
-        f"{workload.tokens} tokens, digest {workload.digest[:12]}")
+    say(
+        f"target {source}: {len(workload)} requests, lengths {workload.lengths_spec}, "
+        f"{workload.tokens} tokens, digest {workload.digest[:12]}"
+    )
 
     settings: dict[str, Any] = {}
     base = session_settings(sess)
     if "direct" in cfg.modes:
-        settings["direct"] = {"session": base, "clients": "one thread per client, session.run per request",
-                              "options_set": dict(cfg.baseline_options)}
+        settings["direct"] = {
+            "session": base,
+            "clients": "one thread per client, session.run per request",
+            "options_set": dict(cfg.baseline_options),
+        }
     if "oracle" in cfg.modes:
-        settings["oracle"] = {"session": base, "streams": 1, "max_batch_size": cfg.max_batch_size,
-                              "max_batch_tokens": cfg.max_batch_tokens,
-                              "options_set": dict(cfg.baseline_options)}
+        settings["oracle"] = {
+            "session": base,
+            "streams": 1,
+            "max_batch_size": cfg.max_batch_size,
+            "max_batch_tokens": cfg.max_batch_tokens,
+            "options_set": dict(cfg.baseline_options),
+        }
 
     bar = _progress(progress, len(cfg.modes) * len(cfg.concurrency) * len(workload))
     bar_box[0] = bar
@@ -226,16 +250,37 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log: Callable[[str], N
                     res.extra["stats"] = info.pop("last_stats", None)
                 else:
                     if warm is not None:
-                        run_oracle(sess, target, warm, list(range(len(warm))), cfg.max_batch_size,
-                                   cfg.max_batch_tokens, concurrency=c, max_seconds=30.0)
-                    res = run_oracle(sess, target, workload, ids, cfg.max_batch_size, cfg.max_batch_tokens,
-                                     concurrency=c, max_seconds=cfg.duration_s, keep=keep, on_progress=tick)
+                        run_oracle(
+                            sess,
+                            target,
+                            warm,
+                            list(range(len(warm))),
+                            cfg.max_batch_size,
+                            cfg.max_batch_tokens,
+                            concurrency=c,
+                            max_seconds=30.0,
+                        )
+                    res = run_oracle(
+                        sess,
+                        target,
+                        workload,
+                        ids,
+                        cfg.max_batch_size,
+                        cfg.max_batch_tokens,
+                        concurrency=c,
+                        max_seconds=cfg.duration_s,
+                        keep=keep,
+                        on_progress=tick,
+                    )
                 results.append(res)
                 for i, out in res.kept.items():
                     outputs.setdefault(mode, {}).setdefault(i, out)
-                say(f"{mode:>7} c={c:<3} {res.requests_per_s:9.1f} req/s  p50 {res.latency_ms()['p50']:.2f} ms"
+                say(
+                    f"{mode:>7} c={c:<3} {res.requests_per_s:9.1f} req/s  p50 {res.latency_ms()['p50']:.2f} ms"
                     f"  rows/batch {res.mean_rows_per_batch:.2f}  padding {res.padding_fraction:.1%}"
-                    + ("  TRUNCATED" if res.truncated else "") + (f"  errors {res.errors}" if res.errors else ""))
+                    + ("  TRUNCATED" if res.truncated else "")
+                    + (f"  errors {res.errors}" if res.errors else "")
+                )
     finally:
         if bar is not None:
             bar.close()
@@ -264,44 +309,71 @@ def _progress(enabled: bool, total: int) -> Any:
     return tqdm(total=total, unit="req", leave=False, dynamic_ncols=True, file=sys.stderr, disable=None)
 
 
-def _run_direct(sess: Any, target: Target, workload: Workload, warm: Workload | None, ids: list[int], c: int,
-                cfg: BenchConfig, keep: frozenset[int], tick: Any) -> ModeResult:
+def _run_direct(
+    sess: Any,
+    target: Target,
+    workload: Workload,
+    warm: Workload | None,
+    ids: list[int],
+    c: int,
+    cfg: BenchConfig,
+    keep: frozenset[int],
+    tick: Any,
+) -> ModeResult:
     names = target.outputs
 
     def call(feed: dict[str, np.ndarray]) -> Any:
         return sess.run(names, feed)
 
     if warm is not None:
-        run_clients("direct", call, warm, list(range(len(warm))), c, max_seconds=30.0, keep=frozenset(),
-                    on_progress=None)
+        run_clients(
+            "direct", call, warm, list(range(len(warm))), c, max_seconds=30.0, keep=frozenset(), on_progress=None
+        )
     res = run_clients("direct", call, workload, ids, c, max_seconds=cfg.duration_s, keep=keep, on_progress=tick)
     hist = {1: res.completed + res.errors}
-    return summarize("direct", res, workload, batches=res.completed + res.errors, rows_histogram=hist,
-                     padding_fraction=0.0)
+    return summarize(
+        "direct", res, workload, batches=res.completed + res.errors, rows_histogram=hist, padding_fraction=0.0
+    )
 
 
-def _run_batched(source: Path, target: Target, workload: Workload, warm: Workload | None, ids: list[int],
-                 c: int, cfg: BenchConfig, keep: frozenset[int], tick: Any) -> tuple[ModeResult, dict[str, Any]]:
+def _run_batched(
+    source: Path,
+    target: Target,
+    workload: Workload,
+    warm: Workload | None,
+    ids: list[int],
+    c: int,
+    cfg: BenchConfig,
+    keep: frozenset[int],
+    tick: Any,
+) -> tuple[ModeResult, dict[str, Any]]:
     from ..runtime.session import BatchedSession
 
     names = target.outputs
     # a fresh session per concurrency level, built from the path so the runtime picks its own
     # thread settings (as a user passing a path gets); warmed up on other requests first
-    bs = BatchedSession(str(source), max_batch_size=cfg.max_batch_size, max_batch_tokens=cfg.max_batch_tokens,
-                        max_delay_ms=cfg.max_delay_ms, workers=cfg.workers, providers=cfg.providers,
-                        max_queue=max(1024, 4 * c))
+    bs = BatchedSession(
+        str(source),
+        max_batch_size=cfg.max_batch_size,
+        max_batch_tokens=cfg.max_batch_tokens,
+        max_delay_ms=cfg.max_delay_ms,
+        workers=cfg.workers,
+        providers=cfg.providers,
+        max_queue=max(1024, 4 * c),
+    )
     try:
+
         def call(feed: dict[str, np.ndarray]) -> Any:
             return bs.run(names, feed)
 
         warm_tokens = 0
         if warm is not None:
-            wres = run_clients("batched", call, warm, list(range(len(warm))), c, max_seconds=30.0,
-                               keep=frozenset(), on_progress=None)
+            wres = run_clients(
+                "batched", call, warm, list(range(len(warm))), c, max_seconds=30.0, keep=frozenset(), on_progress=None
+            )
             warm_tokens = int(warm.lengths[wres.served].sum()) if wres.served else 0
         before = bs.stats()
-        res = run_clients("batched", call, workload, ids, c, max_seconds=cfg.duration_s, keep=keep,
-                          on_progress=tick)
+        res = run_clients("batched", call, workload, ids, c, max_seconds=cfg.duration_s, keep=keep, on_progress=tick)
         after = bs.stats()
         sent = int(workload.lengths[res.served].sum()) if res.served else 0
         delta = batched_stats_delta(before, after, warm_tokens, warm_tokens + sent)
@@ -313,11 +385,18 @@ def _run_batched(source: Path, target: Target, workload: Workload, warm: Workloa
             "max_delay_ms": cfg.max_delay_ms,
             "built_from": "path (BatchedSession chooses its session options)",
         }
-        result = summarize("batched", res, workload, batches=delta["batches"],
-                           rows_histogram=delta["rows_histogram"], padding_fraction=delta["padding_fraction"])
+        result = summarize(
+            "batched",
+            res,
+            workload,
+            batches=delta["batches"],
+            rows_histogram=delta["rows_histogram"],
+            padding_fraction=delta["padding_fraction"],
+        )
         stats = after.as_dict()
-        info["last_stats"] = {k: stats[k] for k in ("queue_wait_ms", "run_ms", "cost_model", "errors", "workers")
-                              if k in stats}
+        info["last_stats"] = {
+            k: stats[k] for k in ("queue_wait_ms", "run_ms", "cost_model", "errors", "workers") if k in stats
+        }
         return result, info
     finally:
         bs.close()

@@ -32,9 +32,14 @@ __all__ = [
 ]
 
 _ORT_DTYPES = {
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_, "tensor(float)": np.float32,
-    "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
 }
 RAGGED = "ragged"  # marks a padded (sequence) dim in InputInfo.dims
 
@@ -74,8 +79,9 @@ class Target:
             "path": str(self.source),
             "model": str(self.model_path),
             "manifest": self.manifest is not None,
-            "inputs": {i.name: {"dtype": np.dtype(i.dtype).name, "dims": list(i.dims), "pad": i.pad}
-                       for i in self.inputs},
+            "inputs": {
+                i.name: {"dtype": np.dtype(i.dtype).name, "dims": list(i.dims), "pad": i.pad} for i in self.inputs
+            },
             "outputs": self.outputs,
             "padding_side": self.padding_side,
         }
@@ -101,8 +107,7 @@ def load_target(path: str | Path, session: Any) -> Target:
     for node in session.get_inputs():
         dtype = _ORT_DTYPES.get(node.type)
         if dtype is None:
-            raise InvalidInputError(f"bench cannot fill input {node.name!r} of type {node.type}",
-                                    input_name=node.name)
+            raise InvalidInputError(f"bench cannot fill input {node.name!r} of type {node.type}", input_name=node.name)
         spec = manifest.inputs.get(node.name) if manifest else None
         dims: list[str | int] = []
         for k, d in enumerate(node.shape):
@@ -126,8 +131,7 @@ def load_target(path: str | Path, session: Any) -> Target:
         if ospec is not None:
             axes = tuple(k for k, a in enumerate(ospec.axes) if k > 0 and a)
         else:
-            axes = tuple(k for k, d in enumerate(node.shape) if k > 0 and isinstance(d, str)
-                         and d in symbolic_inputs)
+            axes = tuple(k for k, d in enumerate(node.shape) if k > 0 and isinstance(d, str) and d in symbolic_inputs)
         target.ragged_outputs[node.name] = axes
     if not any(RAGGED in i.dims for i in target.inputs):
         raise InvalidInputError(f"{source}: no input has a sequence axis to vary; nothing to benchmark")
@@ -192,15 +196,22 @@ class Workload:
             "lengths": self.lengths_spec,
             "seed": self.seed,
             "tokens": self.tokens,
-            "length": {"min": int(lengths.min()), "mean": round(float(lengths.mean()), 2),
-                       "p50": float(np.percentile(lengths, 50)), "max": int(lengths.max())},
+            "length": {
+                "min": int(lengths.min()),
+                "mean": round(float(lengths.mean()), 2),
+                "p50": float(np.percentile(lengths, 50)),
+                "max": int(lengths.max()),
+            },
             "arrival": "closed" if self.arrivals is None else "poisson",
             "digest": self.digest,
         }
 
 
-def feed_digest(feeds: Sequence[dict[str, np.ndarray]] | Mapping[int, dict[str, np.ndarray]], ids: Any,
-                arrivals: np.ndarray | None = None) -> str:
+def feed_digest(
+    feeds: Sequence[dict[str, np.ndarray]] | Mapping[int, dict[str, np.ndarray]],
+    ids: Any,
+    arrivals: np.ndarray | None = None,
+) -> str:
     """sha256 over (id, each input's name, dtype, shape, bytes) for the given request ids."""
     h = hashlib.sha256()
     for i in ids:
@@ -214,8 +225,7 @@ def feed_digest(feeds: Sequence[dict[str, np.ndarray]] | Mapping[int, dict[str, 
     return h.hexdigest()
 
 
-def make_workload(target: Target, spec: LengthSpec, n: int, seed: int = 0,
-                  rate: float | None = None) -> Workload:
+def make_workload(target: Target, spec: LengthSpec, n: int, seed: int = 0, rate: float | None = None) -> Workload:
     """``n`` seeded requests; with ``rate`` (req/s) also seeded Poisson arrival offsets."""
     if n < 1:
         raise InvalidInputError(f"need at least one request, got {n}")
@@ -237,8 +247,7 @@ def make_workload(target: Target, spec: LengthSpec, n: int, seed: int = 0,
         feed: dict[str, np.ndarray] = {}
         for info in target.inputs:
             shape = tuple(1 if d == BATCH_AXIS else length if d == RAGGED else int(d) for d in info.dims)
-            feed[info.name] = _fill(info, shape, rng, vocab_lo, vocab_hi,
-                                    None if token_rows is None else token_rows[k])
+            feed[info.name] = _fill(info, shape, rng, vocab_lo, vocab_hi, None if token_rows is None else token_rows[k])
         feeds.append(feed)
     arrivals = None
     if rate is not None:
@@ -248,8 +257,9 @@ def make_workload(target: Target, spec: LengthSpec, n: int, seed: int = 0,
     return Workload(feeds, lengths, str(spec), seed, arrivals)
 
 
-def _fill(info: InputInfo, shape: tuple[int, ...], rng: np.random.Generator, lo: int, hi: int,
-          tokens: np.ndarray | None) -> np.ndarray:
+def _fill(
+    info: InputInfo, shape: tuple[int, ...], rng: np.random.Generator, lo: int, hi: int, tokens: np.ndarray | None
+) -> np.ndarray:
     name = info.name.lower()
     dtype = info.dtype
     if "mask" in name:

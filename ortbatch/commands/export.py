@@ -13,21 +13,35 @@ HELP = "export a Hugging Face model to ONNX (+ manifest, checks) for batched ser
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", help="hub id, local directory or pkg:<module> (default: the recipe's)")
     parser.add_argument("-o", "--output", help="output directory (default: ./exports/<model name>)")
-    parser.add_argument("--task", default=None, help="auto (default) or e.g. feature-extraction, "
-                        "text-classification, token-classification, text-generation-with-past")
+    parser.add_argument(
+        "--task",
+        default=None,
+        help="auto (default) or e.g. feature-extraction, "
+        "text-classification, token-classification, text-generation-with-past",
+    )
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: optimum's for the model)")
     parser.add_argument("--dtype", choices=["fp32", "fp16"], default=None, help="weights/compute precision")
-    parser.add_argument("--optimize", choices=["O1", "O2", "O3", "O4"], default=None,
-                        help="ORT graph optimizations via optimum-onnx (O4 = O3 + fp16, needs --device cuda)")
+    parser.add_argument(
+        "--optimize",
+        choices=["O1", "O2", "O3", "O4"],
+        default=None,
+        help="ORT graph optimizations via optimum-onnx (O4 = O3 + fp16, needs --device cuda)",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where to export/optimize")
-    parser.add_argument("--trt", action="store_true", default=None,
-                        help="write TensorRT provider options (profile shapes, engine/timing caches)")
+    parser.add_argument(
+        "--trt",
+        action="store_true",
+        default=None,
+        help="write TensorRT provider options (profile shapes, engine/timing caches)",
+    )
     parser.add_argument("--max-batch-size", type=int, default=None, help="rows per batch (default 64)")
-    parser.add_argument("--max-sequence-length", type=int, default=None,
-                        help="longest input (default: the model's position limit)")
+    parser.add_argument(
+        "--max-sequence-length", type=int, default=None, help="longest input (default: the model's position limit)"
+    )
     parser.add_argument("--recipe", default=None, help="TOML recipe (see export/*.toml); flags override it")
-    parser.add_argument("--providers", default=None,
-                        help="comma-separated providers to check on, e.g. cpu,cuda,trt (default: cpu)")
+    parser.add_argument(
+        "--providers", default=None, help="comma-separated providers to check on, e.g. cpu,cuda,trt (default: cpu)"
+    )
     parser.add_argument("--no-validate", action="store_true", help="skip the accuracy checks")
     parser.add_argument("-v", "--verbose", action="store_true", help="show third-party logs, every check case")
 
@@ -56,19 +70,32 @@ def run(args: argparse.Namespace) -> int:
     providers = [p.strip() for p in args.providers.split(",") if p.strip()] if args.providers else None
     step = stepper()
     result = export_model(
-        model, out, task=args.task, opset=args.opset, dtype=args.dtype, optimize=args.optimize,
-        device=args.device, trt=args.trt, max_batch_size=args.max_batch_size,
-        max_sequence_length=args.max_sequence_length, recipe=recipe, providers=providers,
-        validate=not args.no_validate, raise_on_failure=False, progress=step,
+        model,
+        out,
+        task=args.task,
+        opset=args.opset,
+        dtype=args.dtype,
+        optimize=args.optimize,
+        device=args.device,
+        trt=args.trt,
+        max_batch_size=args.max_batch_size,
+        max_sequence_length=args.max_sequence_length,
+        recipe=recipe,
+        providers=providers,
+        validate=not args.no_validate,
+        raise_on_failure=False,
+        progress=step,
     )
     m = result.manifest
     files = sorted(p.name for p in out.iterdir() if p.is_file())
     size = sum((out / f).stat().st_size for f in files if ".onnx" in f) / 2**20
     if result.report is not None:
         print(result.report.format_table(verbose=args.verbose))
-    print(f"\nexport: {out}  task={m.source.get('task')}  dtype={m.source.get('dtype')}  "
-          f"opset={m.source.get('opset')}  onnx={size:.1f} MiB  padding={m.padding_side}  "
-          f"limits={m.limits}")
+    print(
+        f"\nexport: {out}  task={m.source.get('task')}  dtype={m.source.get('dtype')}  "
+        f"opset={m.source.get('opset')}  onnx={size:.1f} MiB  padding={m.padding_side}  "
+        f"limits={m.limits}"
+    )
     if result.report is None:
         print("checks: not run (--no-validate); run `ortbatch validate DIR` before serving")
         return 0

@@ -28,22 +28,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..generation import BatchedGenerator, StreamToken
 
-    options = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-               "seed": args.seed, "stop": args.stop}
+    options = {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "stop": args.stop,
+    }
     with BatchedGenerator(args.directory, max_batch_size=args.max_batch_size, providers=args.providers) as gen:
         on_token: Callable[[StreamToken], None] | None = None
         if args.stream and not args.json:
+
             def on_token(tok: StreamToken) -> None:
                 sys.stdout.write(tok.text)
                 sys.stdout.flush()
-        futures = [gen.submit(p, args.max_new_tokens, on_token=on_token if i == 0 else None, **options)
-                   for i, p in enumerate(args.prompts)]
+
+        futures = [
+            gen.submit(p, args.max_new_tokens, on_token=on_token if i == 0 else None, **options)
+            for i, p in enumerate(args.prompts)
+        ]
         results = [f.result() for f in futures]
     for i, (prompt, out) in enumerate(zip(args.prompts, results, strict=True)):
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": out.text, "token_ids": list(out.token_ids),
-                              "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
-                              "completion_tokens": out.completion_tokens}))
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "text": out.text,
+                        "token_ids": list(out.token_ids),
+                        "finish_reason": out.finish_reason,
+                        "prompt_tokens": out.prompt_tokens,
+                        "completion_tokens": out.completion_tokens,
+                    }
+                )
+            )
         elif args.stream and i == 0:
             print(f"\n[{out.finish_reason}, {out.completion_tokens} tokens]")
         else:

@@ -9,10 +9,12 @@ HELP = "run the accuracy checks (reference parity, shapes, batching, providers) 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", help="an `ortbatch export` output directory")
-    parser.add_argument("--providers", default=None,
-                        help="comma-separated providers to check, e.g. cpu,cuda,trt (default: the manifest's)")
-    parser.add_argument("--no-reference", action="store_true",
-                        help="skip the PyTorch reference (ONNX-only checks)")
+    parser.add_argument(
+        "--providers",
+        default=None,
+        help="comma-separated providers to check, e.g. cpu,cuda,trt (default: the manifest's)",
+    )
+    parser.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference (ONNX-only checks)")
     parser.add_argument("--samples", nargs="+", default=None, help="texts to check on (default: the manifest's)")
     parser.add_argument("--no-save", action="store_true", help="do not rewrite validation.json / ortbatch.json")
     parser.add_argument("-v", "--verbose", action="store_true", help="every case, third-party logs")
@@ -25,8 +27,12 @@ def run(args: argparse.Namespace) -> int:
     from ..export import validate
 
     report = validate(
-        args.directory, providers=args.providers, samples=args.samples, use_reference=not args.no_reference,
-        save=not args.no_save, progress=stepper(),
+        args.directory,
+        providers=args.providers,
+        samples=args.samples,
+        use_reference=not args.no_reference,
+        save=not args.no_save,
+        progress=stepper(),
     )
     print(report.format_table(verbose=args.verbose))
     return 0 if report.passed else 1

@@ -49,11 +49,17 @@ __all__ = ["CHECKS", "Case", "CheckResult", "Comparison", "ValidationReport", "v
 CHECKS = ("reference_parity", "shape_generalisation", "batching_invariance", "provider_parity")
 CPU = "CPUExecutionProvider"
 _GREEDY_TOKENS = 8
-_SHORTCUTS = {"cpu": CPU, "cuda": "CUDAExecutionProvider", "gpu": "CUDAExecutionProvider",
-              "trt": TRT_PROVIDER, "tensorrt": TRT_PROVIDER}
+_SHORTCUTS = {
+    "cpu": CPU,
+    "cuda": "CUDAExecutionProvider",
+    "gpu": "CUDAExecutionProvider",
+    "trt": TRT_PROVIDER,
+    "tensorrt": TRT_PROVIDER,
+}
 
 
 # -- report ------------------------------------------------------------------------------
+
 
 @dataclass
 class Comparison:
@@ -87,8 +93,12 @@ class Case:
         return self.error is None and all(c.passed for c in self.comparisons)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "passed": self.passed, "error": self.error,
-                "outputs": [c.to_dict() for c in self.comparisons]}
+        return {
+            "label": self.label,
+            "passed": self.passed,
+            "error": self.error,
+            "outputs": [c.to_dict() for c in self.comparisons],
+        }
 
 
 @dataclass
@@ -115,8 +125,14 @@ class CheckResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"check": self.name, "provider": self.provider, "status": self.status, "note": self.note,
-                "reasons": self.reasons(), "cases": [c.to_dict() for c in self.cases]}
+        return {
+            "check": self.name,
+            "provider": self.provider,
+            "status": self.status,
+            "note": self.note,
+            "reasons": self.reasons(),
+            "cases": [c.to_dict() for c in self.cases],
+        }
 
 
 @dataclass
@@ -165,10 +181,17 @@ class ValidationReport:
             raise ValidationError(self.summary(), report=self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "summary": self.summary(), "directory": self.directory,
-                "task": self.task, "dtype": self.dtype, "providers": self.providers,
-                "reference": self.reference, "seconds": round(self.seconds, 2),
-                "checks": [c.to_dict() for c in self.checks]}
+        return {
+            "passed": self.passed,
+            "summary": self.summary(),
+            "directory": self.directory,
+            "task": self.task,
+            "dtype": self.dtype,
+            "providers": self.providers,
+            "reference": self.reference,
+            "seconds": round(self.seconds, 2),
+            "checks": [c.to_dict() for c in self.checks],
+        }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         p = Path(path)
@@ -184,19 +207,54 @@ class ValidationReport:
         for chk in self.checks:
             prov = chk.provider.replace("ExecutionProvider", "")
             if chk.status == "skipped" or not chk.cases:
-                rows.append((chk.name, prov, "-", "-", "-", "-", "-", "-", "-",
-                             _short(f"{chk.status.upper()}{': ' + chk.note if chk.note else ''}", 70)))
+                rows.append(
+                    (
+                        chk.name,
+                        prov,
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        _short(f"{chk.status.upper()}{': ' + chk.note if chk.note else ''}", 70),
+                    )
+                )
                 continue
             for case, comp in _rows(chk, verbose):
                 if comp is None:
-                    rows.append((chk.name, prov, case.label, "-", "-", "-", "-", "-", "-",
-                                 "FAIL: " + _short(case.error or "", 60)))
+                    rows.append(
+                        (
+                            chk.name,
+                            prov,
+                            case.label,
+                            "-",
+                            "-",
+                            "-",
+                            "-",
+                            "-",
+                            "-",
+                            "FAIL: " + _short(case.error or "", 60),
+                        )
+                    )
                     continue
                 metric = f"{comp.metric}={comp.metric_value:.5f}" if comp.metric_value is not None else "-"
                 tol = f"atol={comp.tolerance.get('atol', 0):g}" if comp.tolerance else "-"
-                rows.append((chk.name, prov, case.label, comp.output, "x".join(map(str, comp.shape)) or "-",
-                             _fmt(comp.max_abs_err), _fmt(comp.max_rel_err), metric, tol,
-                             "ok" if comp.passed else "FAIL: " + _short(comp.message, 60)))
+                rows.append(
+                    (
+                        chk.name,
+                        prov,
+                        case.label,
+                        comp.output,
+                        "x".join(map(str, comp.shape)) or "-",
+                        _fmt(comp.max_abs_err),
+                        _fmt(comp.max_rel_err),
+                        metric,
+                        tol,
+                        "ok" if comp.passed else "FAIL: " + _short(comp.message, 60),
+                    )
+                )
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
         line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=False))
         out = [line, "  ".join("-" * w for w in widths)]
@@ -248,6 +306,7 @@ def _json_default(o: Any) -> Any:
 
 
 # -- comparisons -------------------------------------------------------------------------
+
 
 def _metric_kind(output: str) -> str | None:
     name = output.lower()
@@ -351,8 +410,13 @@ def compare_tokens(
     (after it, the continuations legitimately differ). With ``ref_top2`` (the reference's
     two best logits per step), a divergence where those are within tolerance of each other
     is a tie, not an error: that row counts as agreeing."""
-    comp = Comparison(output=output, shape=list(got.shape), passed=False, metric="greedy",
-                      tolerance={k: tol[k] for k in ("greedy", "atol", "rtol") if k in tol})
+    comp = Comparison(
+        output=output,
+        shape=list(got.shape),
+        passed=False,
+        metric="greedy",
+        tolerance={k: tol[k] for k in ("greedy", "atol", "rtol") if k in tol},
+    )
     if got.shape != ref.shape:
         comp.message = f"shape {list(got.shape)} != expected {list(ref.shape)}"
         return comp
@@ -375,13 +439,15 @@ def compare_tokens(
     notes = [f"{ties} row(s) diverged at a near-tie of the reference's top-2 logits"] if ties else []
     if first_bad and not comp.passed:
         i, n, a, b = first_bad
-        notes.insert(0, f"greedy agreement {comp.metric_value:.3f} < {tol['greedy']}; row {i} diverges at "
-                        f"token {n}: {a} vs {b}")
+        notes.insert(
+            0, f"greedy agreement {comp.metric_value:.3f} < {tol['greedy']}; row {i} diverges at token {n}: {a} vs {b}"
+        )
     comp.message = "; ".join(notes)
     return comp
 
 
 # -- running the ONNX model --------------------------------------------------------------
+
 
 class _Model:
     """The ONNX sessions of one export on one provider, with feed builders per family."""
@@ -424,8 +490,8 @@ class _Model:
         mask = np.zeros((len(rows), n), dtype=np.int64)
         for i, r in enumerate(rows):
             if side == "left":
-                ids[i, n - len(r):] = r
-                mask[i, n - len(r):] = 1
+                ids[i, n - len(r) :] = r
+                mask[i, n - len(r) :] = 1
             else:
                 ids[i, : len(r)] = r
                 mask[i, : len(r)] = 1
@@ -486,18 +552,26 @@ class _Model:
         dec = np.full((b, 1), self.start_id, dtype=np.int64)
         res = self.run("decoder", self.feed("decoder", dec, mask, encoder_hidden_states=enc))
         out, tops = [], []
-        enc_past = {k.replace("present", "past_key_values"): v for k, v in res.items()
-                    if k.startswith("present") and ".encoder." in k}
+        enc_past = {
+            k.replace("present", "past_key_values"): v
+            for k, v in res.items()
+            if k.startswith("present") and ".encoder." in k
+        }
         for step in range(new_tokens):
             nxt = res["logits"][:, -1].argmax(axis=-1).astype(np.int64)
             out.append(nxt)
             tops.append(_top2(res["logits"][:, -1]))
             if step == new_tokens - 1:
                 break
-            past = {k.replace("present", "past_key_values"): v for k, v in res.items()
-                    if k.startswith("present") and ".decoder." in k}
-            res = self.run("decoder_with_past", self.feed(
-                "decoder_with_past", nxt[:, None], mask, encoder_hidden_states=enc, **past, **enc_past))
+            past = {
+                k.replace("present", "past_key_values"): v
+                for k, v in res.items()
+                if k.startswith("present") and ".decoder." in k
+            }
+            res = self.run(
+                "decoder_with_past",
+                self.feed("decoder_with_past", nxt[:, None], mask, encoder_hidden_states=enc, **past, **enc_past),
+            )
         return np.stack(out, axis=1), np.stack(tops, axis=1)
 
 
@@ -512,9 +586,14 @@ def _positions(mask: np.ndarray) -> np.ndarray:
 
 
 def _np_dtype(ort_type: str) -> Any:
-    return {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
-            "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(double)": np.float64}.get(
-        ort_type, np.float32)
+    return {
+        "tensor(float)": np.float32,
+        "tensor(float16)": np.float16,
+        "tensor(int64)": np.int64,
+        "tensor(int32)": np.int32,
+        "tensor(bool)": np.bool_,
+        "tensor(double)": np.float64,
+    }.get(ort_type, np.float32)
 
 
 def _decoder_start(manifest: Manifest) -> int:
@@ -542,6 +621,7 @@ def _vocab_size(manifest: Manifest, tokenizer: Any) -> int:
 
 # -- sessions and providers ----------------------------------------------------------------
 
+
 def _component_files(manifest: Manifest) -> dict[str, str]:
     comps = manifest.extra.get("components") or {}
     if comps:
@@ -563,8 +643,10 @@ def _sessions(manifest: Manifest, provider: str) -> tuple[dict[str, Any] | None,
     ort = require("onnxruntime")
     available = ort.get_available_providers()
     if provider not in available:
-        return None, (f"{provider} is not available in this onnxruntime build (available: {available}); "
-                      "install onnxruntime-gpu with matching CUDA/TensorRT libraries")
+        return None, (
+            f"{provider} is not available in this onnxruntime build (available: {available}); "
+            "install onnxruntime-gpu with matching CUDA/TensorRT libraries"
+        )
     entries = [_provider_entry(provider, manifest)]
     # TensorRT hands the nodes it cannot build to the next provider: CUDA, as ORT recommends.
     if provider == TRT_PROVIDER and "CUDAExecutionProvider" in available:
@@ -577,22 +659,33 @@ def _sessions(manifest: Manifest, provider: str) -> tuple[dict[str, Any] | None,
     for comp, fname in _component_files(manifest).items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            sess = ort.InferenceSession(os.fspath((manifest.directory or Path(".")) / fname), sess_options=so,
-                                        providers=entries)
+            sess = ort.InferenceSession(
+                os.fspath((manifest.directory or Path(".")) / fname), sess_options=so, providers=entries
+            )
         active = sess.get_providers()
         if provider not in active:
             why = "; ".join(str(w.message) for w in caught)
-            return None, (f"requested {provider} but the session silently fell back to {active}"
-                          + (f" ({why})" if why else ""))
+            return None, (
+                f"requested {provider} but the session silently fell back to {active}" + (f" ({why})" if why else "")
+            )
         sessions[comp] = sess
     return sessions, ""
 
 
 # -- the checks ------------------------------------------------------------------------
 
+
 class _Ctx:
-    def __init__(self, model: _Model, ref: Reference | None, tol: Mapping[str, float], samples: list[list[int]],
-                 max_seq: int, vocab: int, seed: int) -> None:
+    def __init__(
+        self,
+        model: _Model,
+        ref: Reference | None,
+        tol: Mapping[str, float],
+        samples: list[list[int]],
+        max_seq: int,
+        vocab: int,
+        seed: int,
+    ) -> None:
         self.model = model
         self.ref = ref
         self.tol = tol
@@ -606,8 +699,9 @@ class _Ctx:
         return self.rng.integers(low, self.vocab, size=(batch, length), dtype=np.int64)
 
 
-def _seq_axis(axes: Sequence[str | None], role_prefixes: tuple[str, ...] = ("sequence", "total_sequence",
-                                                                              "encoder_sequence")) -> int | None:
+def _seq_axis(
+    axes: Sequence[str | None], role_prefixes: tuple[str, ...] = ("sequence", "total_sequence", "encoder_sequence")
+) -> int | None:
     for i, a in enumerate(axes):
         if i > 0 and a is not None and a in role_prefixes:
             return i
@@ -630,6 +724,7 @@ def _reference_parity(ctx: _Ctx) -> list[Case]:
     rows = ctx.samples
     cases = []
     if m.family == "encoder":
+
         def run(case: Case) -> None:
             ids, mask = m.pad_rows(rows)
             feed = m.feed("model", ids, mask)
@@ -638,35 +733,47 @@ def _reference_parity(ctx: _Ctx) -> list[Case]:
             axes = m.output_axes("model")
             for name, value in got.items():
                 if name not in want:
-                    case.comparisons.append(Comparison(name, list(value.shape), True,
-                                                       message="not compared: the PyTorch model has no such output"))
+                    case.comparisons.append(
+                        Comparison(
+                            name, list(value.shape), True, message="not compared: the PyTorch model has no such output"
+                        )
+                    )
                     continue
-                case.comparisons.append(compare(name, value, want[name], tol,
-                                                seq_axis=_seq_axis(axes.get(name, [])), mask=mask))
+                case.comparisons.append(
+                    compare(name, value, want[name], tol, seq_axis=_seq_axis(axes.get(name, [])), mask=mask)
+                )
+
         cases.append(_case(f"{len(rows)} samples, {m.side}-padded", run))
     elif m.family == "decoder":
+
         def run_logits(case: Case) -> None:
             ids, mask = m.pad_rows(rows, "left")
             feed = m.feed("model", ids, mask)
             got = m.run("model", feed)["logits"]
             want = ref.decoder_logits(feed)
             case.comparisons.append(compare("logits", got, want, tol, seq_axis=1, mask=mask))
+
         cases.append(_case(f"{len(rows)} samples, left-padded", run_logits))
     else:
+
         def run_seq2seq(case: Case) -> None:
             ids, mask = m.pad_rows(rows, "right")
             enc = m.run("encoder", m.feed("encoder", ids, mask))["last_hidden_state"]
-            case.comparisons.append(compare("encoder.last_hidden_state", enc, ref.encoder_hidden(ids, mask), tol,
-                                            seq_axis=1, mask=mask))
+            case.comparisons.append(
+                compare("encoder.last_hidden_state", enc, ref.encoder_hidden(ids, mask), tol, seq_axis=1, mask=mask)
+            )
             dec = np.full((len(rows), 1), m.start_id, dtype=np.int64)
             got = m.run("decoder", m.feed("decoder", dec, mask, encoder_hidden_states=enc))["logits"]
             case.comparisons.append(compare("decoder.logits", got, ref.seq2seq_logits(ids, mask, dec), tol))
+
         cases.append(_case(f"{len(rows)} samples, right-padded", run_seq2seq))
     if m.family in ("decoder", "seq2seq"):
+
         def run_greedy(case: Case) -> None:
             got, _ = m.greedy(rows, _GREEDY_TOKENS)
             want, top2 = ref.greedy([list(r) for r in rows], _GREEDY_TOKENS, m.pad_id, m.start_id)
             case.comparisons.append(compare_tokens("greedy_tokens", got, want, tol, top2))
+
         cases.append(_case(f"greedy {_GREEDY_TOKENS} tokens, {len(rows)} prompts", run_greedy))
     return cases
 
@@ -686,8 +793,9 @@ def _shape_generalisation(ctx: _Ctx) -> list[Case]:
         ids = ctx.random_ids(batch, length)
         mask = np.ones_like(ids)
 
-        def run(case: Case, ids: np.ndarray = ids, mask: np.ndarray = mask, batch: int = batch,
-                length: int = length) -> None:
+        def run(
+            case: Case, ids: np.ndarray = ids, mask: np.ndarray = mask, batch: int = batch, length: int = length
+        ) -> None:
             feed = m.feed(comp_name, ids, mask)
             got = m.run(comp_name, feed)
             if ref is not None:
@@ -699,13 +807,16 @@ def _shape_generalisation(ctx: _Ctx) -> list[Case]:
                     want = {"last_hidden_state": ref.encoder_hidden(ids, mask)}
             else:  # ONNX-only: each row must equal the same row run alone
                 want = {}
-                singles = [m.run(comp_name, m.feed(comp_name, ids[i:i + 1], mask[i:i + 1])) for i in range(len(ids))]
+                singles = [
+                    m.run(comp_name, m.feed(comp_name, ids[i : i + 1], mask[i : i + 1])) for i in range(len(ids))
+                ]
                 for name in got:
                     want[name] = np.concatenate([s[name] for s in singles], axis=0)
             for name, value in got.items():
                 _check_dims(case, name, value, axes.get(name, []), batch, length)
                 if name in want:
                     case.comparisons.append(compare(name, value, want[name], tol))
+
         cases.append(_case(f"batch={batch} len={length}", run))
     if m.family == "decoder" and any(i.name.startswith("past_key_values") for i in m.inputs("model")):
         cases.append(_case("decode step batch=3 past=13", lambda case: _decode_step(ctx, case, 3, 13)))
@@ -731,8 +842,12 @@ def _check_dims(case: Case, name: str, value: np.ndarray, axes: Sequence[str | N
     if value.ndim == 0 or value.shape[0] != batch:
         problems.append(f"batch dim {value.shape[:1]} != {batch}")
     for i, a in enumerate(axes):
-        if i > 0 and i < value.ndim and a in ("sequence", "total_sequence", "encoder_sequence") \
-                and value.shape[i] != length:
+        if (
+            i > 0
+            and i < value.ndim
+            and a in ("sequence", "total_sequence", "encoder_sequence")
+            and value.shape[i] != length
+        ):
             problems.append(f"axis {i} ({a}) is {value.shape[i]}, expected {length}")
     if problems:
         case.comparisons.append(Comparison(name, list(value.shape), False, message="; ".join(problems)))
@@ -753,7 +868,7 @@ def _batching_invariance(ctx: _Ctx) -> list[Case]:
             want, got = [], []
             for i, single in enumerate(alone):
                 ref = single[name]
-                row = value[i:i + 1]
+                row = value[i : i + 1]
                 if row.shape != ref.shape:
                     slices = []
                     for ax, (n_b, n_a) in enumerate(zip(row.shape, ref.shape, strict=False)):
@@ -773,14 +888,17 @@ def _batching_invariance(ctx: _Ctx) -> list[Case]:
             if not comp.passed:
                 comp.message = f"changes when padded into a batch of {len(rows)} ({side} padding): {comp.message}"
             case.comparisons.append(comp)
+
     cases.append(_case(f"{len(rows)} samples alone vs batched", run))
     if m.family in ("decoder", "seq2seq"):
+
         def run_greedy(case: Case) -> None:
             batched, _ = m.greedy(rows, _GREEDY_TOKENS)
             singles = [m.greedy([r], _GREEDY_TOKENS) for r in rows]
             alone = np.concatenate([t for t, _ in singles], axis=0)
             top2 = np.concatenate([t2 for _, t2 in singles], axis=0)
             case.comparisons.append(compare_tokens("greedy_tokens", batched, alone, {**tol, "greedy": 1.0}, top2))
+
         cases.append(_case(f"greedy {_GREEDY_TOKENS} tokens alone vs batched", run_greedy))
     return cases
 
@@ -797,8 +915,10 @@ def _provider_parity(ctx: _Ctx, cpu: _Model) -> list[Case]:
         want = cpu.run(comp_name, cpu.feed(comp_name, ids, mask))
         axes = m.output_axes(comp_name)
         for name, value in got.items():
-            case.comparisons.append(compare(name, value, want[name], tol,
-                                            seq_axis=_seq_axis(axes.get(name, [])), mask=mask))
+            case.comparisons.append(
+                compare(name, value, want[name], tol, seq_axis=_seq_axis(axes.get(name, [])), mask=mask)
+            )
+
     return [_case(f"{len(rows)} samples vs CPU", run)]
 
 
@@ -871,8 +991,11 @@ def validate(
         say("loading the PyTorch reference")
         ref, reason = load_reference(manifest.source, reference)
     report = ValidationReport(
-        directory=os.fspath(manifest.directory), task=str(manifest.source.get("task", "")), dtype=dtype,
-        providers=provider_list, reference={"available": ref is not None, "reason": reason},
+        directory=os.fspath(manifest.directory),
+        task=str(manifest.source.get("task", "")),
+        dtype=dtype,
+        providers=provider_list,
+        reference={"available": ref is not None, "reason": reason},
     )
     vocab = _vocab_size(manifest, tokenizer)
     cpu_model: _Model | None = None
@@ -885,8 +1008,11 @@ def validate(
             continue
         model = _Model(manifest, sessions, tokenizer)
         opts = _provider_entry(provider, manifest)[1]
-        tol = fp16_tol if provider == TRT_PROVIDER and str(opts.get("trt_fp16_enable")).lower() in ("true", "1") \
+        tol = (
+            fp16_tol
+            if provider == TRT_PROVIDER and str(opts.get("trt_fp16_enable")).lower() in ("true", "1")
             else base_tol
+        )
         ctx = _Ctx(model, ref, tol, rows, max_seq, vocab, seed)
         short = provider.replace("ExecutionProvider", "")
         if ref is not None:
@@ -894,12 +1020,20 @@ def validate(
             cases = _reference_parity(ctx)
             report.checks.append(CheckResult("reference_parity", provider, _status(cases), cases))
         else:
-            report.checks.append(CheckResult("reference_parity", provider, "skipped",
-                                             note=f"no PyTorch reference: {reason}"))
+            report.checks.append(
+                CheckResult("reference_parity", provider, "skipped", note=f"no PyTorch reference: {reason}")
+            )
         say(f"[{short}] shape generalisation")
         cases = _shape_generalisation(ctx)
-        report.checks.append(CheckResult("shape_generalisation", provider, _status(cases), cases,
-                                         note="" if ref is not None else "ONNX-only: rows vs the same rows alone"))
+        report.checks.append(
+            CheckResult(
+                "shape_generalisation",
+                provider,
+                _status(cases),
+                cases,
+                note="" if ref is not None else "ONNX-only: rows vs the same rows alone",
+            )
+        )
         say(f"[{short}] batching invariance")
         cases = _batching_invariance(ctx)
         report.checks.append(CheckResult("batching_invariance", provider, _status(cases), cases))
@@ -912,7 +1046,11 @@ def validate(
     report.seconds = time.perf_counter() - t0
     if save:
         report.save(manifest.directory / "validation.json")
-        manifest.validation = {**manifest.validation, "passed": report.passed, "report": "validation.json",
-                               "reference_parity": "skipped" if ref is None else "ran"}
+        manifest.validation = {
+            **manifest.validation,
+            "passed": report.passed,
+            "report": "validation.json",
+            "reference_parity": "skipped" if ref is None else "ran",
+        }
         manifest.save()
     return report

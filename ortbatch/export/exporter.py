@@ -110,8 +110,14 @@ def export_model(
     base = recipe if recipe is not None else Recipe()
     rcp = base.with_overrides(
         model=os.fspath(model) if model is not None else None,
-        task=task, opset=opset, dtype=dtype, optimize=optimize, device=device, trt=trt,
-        max_batch_size=max_batch_size, max_sequence_length=max_sequence_length,
+        task=task,
+        opset=opset,
+        dtype=dtype,
+        optimize=optimize,
+        device=device,
+        trt=trt,
+        max_batch_size=max_batch_size,
+        max_sequence_length=max_sequence_length,
         samples=tuple(samples) if samples is not None else None,
         providers=tuple(providers) if providers is not None else None,
     )
@@ -163,14 +169,19 @@ def export_model(
 
     unchecked = [p[0] for p in manifest.providers if p[0] not in manifest.validation["providers"]]
     if unchecked and validate:
-        say(f"not checking {', '.join(unchecked)}: not in this onnxruntime build; run `ortbatch validate {out} "
-            "--providers cuda,trt` where the model will be served")
+        say(
+            f"not checking {', '.join(unchecked)}: not in this onnxruntime build; run `ortbatch validate {out} "
+            "--providers cuda,trt` where the model will be served"
+        )
     report = None
     if validate:
         from .checks import validate as run_checks
 
         report = run_checks(
-            out, providers=list(rcp.providers) or None, reference=torch_model, progress=say,
+            out,
+            providers=list(rcp.providers) or None,
+            reference=torch_model,
+            progress=say,
         )
         manifest = Manifest.load(out)
         if raise_on_failure and not report.passed:
@@ -180,6 +191,7 @@ def export_model(
 
 # -- steps ---------------------------------------------------------------------------
 
+
 def _clean(out: Path) -> None:
     """Remove what an earlier export left (stale decoders, engines for an old model)."""
     if not out.exists():
@@ -188,8 +200,10 @@ def _clean(out: Path) -> None:
     if not out.is_dir():
         raise ExportError(f"{out} exists and is not a directory")
     for p in out.iterdir():
-        if p.suffix in (".onnx", ".onnx_data") or p.name.endswith(".onnx_data") or p.name in (
-            "ortbatch.json", "validation.json"
+        if (
+            p.suffix in (".onnx", ".onnx_data")
+            or p.name.endswith(".onnx_data")
+            or p.name in ("ortbatch.json", "validation.json")
         ):
             p.unlink()
         elif p.name == "trt_cache" and p.is_dir():
@@ -210,8 +224,11 @@ def _load_tokenizer(model_ref: str, trust_remote_code: bool) -> Any:
 
 def _max_sequence_length(resolved: tasks.ResolvedModel, tokenizer: Any, requested: int | None) -> int:
     cfg = resolved.config
-    limits = [getattr(cfg, k) for k in ("max_position_embeddings", "n_positions", "max_seq_len")
-              if isinstance(getattr(cfg, k, None), int)]
+    limits = [
+        getattr(cfg, k)
+        for k in ("max_position_embeddings", "n_positions", "max_seq_len")
+        if isinstance(getattr(cfg, k, None), int)
+    ]
     if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and limits:
         limits = [limits[0] - 2]  # positions start after the padding index
     tok_max = getattr(tokenizer, "model_max_length", None)
@@ -235,8 +252,12 @@ def _export(resolved: tasks.ResolvedModel, out: Path, rcp: Recipe, tokenizer: An
     fam = tasks.family(resolved.task)
     try:
         model = TasksManager.get_model_from_task(
-            resolved.task, resolved.model, framework="pt", library_name=resolved.library,
-            device=rcp.device, trust_remote_code=trust_remote_code,
+            resolved.task,
+            resolved.model,
+            framework="pt",
+            library_name=resolved.library,
+            device=rcp.device,
+            trust_remote_code=trust_remote_code,
         )
     except OrtBatchError:
         raise
@@ -312,8 +333,17 @@ def _pads(tokenizer: Any, resolved: tasks.ResolvedModel) -> dict[str, float | in
 
 def _versions() -> dict[str, str]:
     versions = {}
-    for dist in ("ortbatch", "torch", "transformers", "optimum-onnx", "optimum", "onnx", "onnxruntime",
-                 "onnxruntime-gpu", "sentence-transformers"):
+    for dist in (
+        "ortbatch",
+        "torch",
+        "transformers",
+        "optimum-onnx",
+        "optimum",
+        "onnx",
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "sentence-transformers",
+    ):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -357,7 +387,10 @@ def _write_manifest(
         trt_shapes = TrtShapes(rcp.max_batch_size, max_seq, rcp.trt_opt_batch_size, rcp.trt_opt_sequence_length)
         fp16 = rcp.trt_fp16 if rcp.trt_fp16 is not None else rcp.dtype == "fp16"
         opts = tensorrt_provider_options(
-            shapes, trt_shapes, fp16=fp16, model_digest=components[next(iter(components))]["sha256"],
+            shapes,
+            trt_shapes,
+            fp16=fp16,
+            model_digest=components[next(iter(components))]["sha256"],
             ort_version=_ort_version(),
         )
         providers.append([TRT_PROVIDER, opts])

@@ -130,7 +130,13 @@ def save_onnx(model: Any, path: str | Path) -> None:
     if data.exists():
         data.unlink()
     if model.ByteSize() > _TWO_GB:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data.name, size_threshold=1024)
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data.name,
+            size_threshold=1024,
+        )
     else:
         onnx.save_model(model, str(path))

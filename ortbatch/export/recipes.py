@@ -150,8 +150,7 @@ class Recipe:
         return d
 
 
-_TOP_KEYS = {"model", "task", "opset", "dtype", "optimize", "device", "limits", "validation",
-             "tolerances", "tensorrt"}
+_TOP_KEYS = {"model", "task", "opset", "dtype", "optimize", "device", "limits", "validation", "tolerances", "tensorrt"}
 _SECTIONS = {
     "limits": {"max_batch_size", "max_sequence_length"},
     "validation": {"samples", "providers"},

@@ -59,8 +59,9 @@ class Reference:
     ) -> np.ndarray:
         import torch
 
-        args = self._t({"input_ids": input_ids, "attention_mask": attention_mask,
-                        "decoder_input_ids": decoder_input_ids})
+        args = self._t(
+            {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids}
+        )
         with torch.inference_mode():
             out = self.model(**args, use_cache=False)
         return out.logits.float().numpy()
@@ -85,8 +86,9 @@ class Reference:
                     logits = self.seq2seq_logits(prompt, mask, seq)[0, -1]
                 else:
                     pos = np.arange(seq.shape[1], dtype=np.int64)[None]
-                    logits = self.decoder_logits({"input_ids": seq, "attention_mask": np.ones_like(seq),
-                                                  "position_ids": pos})[0, -1]
+                    logits = self.decoder_logits(
+                        {"input_ids": seq, "attention_mask": np.ones_like(seq), "position_ids": pos}
+                    )[0, -1]
                 nxt = int(logits.argmax())
                 out.append(nxt)
                 top.append(np.sort(logits)[-2:][::-1])

@@ -110,8 +110,11 @@ def resolve_model(model: str, task: str = "auto", *, trust_remote_code: bool = F
     try:
         config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        offline = " (HF_HUB_OFFLINE is set: hub ids must already be in the local cache)" if os.environ.get(
-            "HF_HUB_OFFLINE") in ("1", "true", "True") else ""
+        offline = (
+            " (HF_HUB_OFFLINE is set: hub ids must already be in the local cache)"
+            if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True")
+            else ""
+        )
         raise ExportError(f"cannot load the configuration of {model!r}{offline}: {exc}") from exc
     model_type = config.model_type.replace("_", "-")
     library = _library(model)

@@ -103,6 +103,6 @@ class KVCache:
             for j, (src, r) in enumerate(sources):
                 n = int(lens[j])
                 if n:
-                    out[j, :, length - n:, :] = src.tensors[k][r, :, src.length - n:, :]
+                    out[j, :, length - n :, :] = src.tensors[k][r, :, src.length - n :, :]
             merged.append(out)
         self.tensors, self.lens, self.length = merged, lens, length

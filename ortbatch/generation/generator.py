@@ -96,8 +96,11 @@ def _abort_all_at_exit() -> None:  # pragma: no cover - runs at interpreter exit
 def _resolve_providers(ort: Any, providers: str | Sequence[Any] | None) -> list[Any]:
     if providers is None:
         available = ort.get_available_providers()
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"] if "CUDAExecutionProvider" in available \
+        return (
+            ["CUDAExecutionProvider", "CPUExecutionProvider"]
+            if "CUDAExecutionProvider" in available
             else ["CPUExecutionProvider"]
+        )
     if isinstance(providers, str):
         return list(_SHORTCUTS.get(providers.lower(), [providers]))
     return list(providers)
@@ -286,7 +289,8 @@ class BatchedGenerator:
             if rewritten is None and last_position_logits:
                 raise ModelContractError(
                     f"{model_path}: cannot make the LM head run on the last position only (needs the "
-                    "onnx package, a MatMul producing the logits, and weights inside model.onnx)")
+                    "onnx package, a MatMul producing the logits, and weights inside model.onnx)"
+                )
             model = rewritten if rewritten is not None else model
         #: True when the graph was rewritten to return the last position's logits only.
         self.last_position_logits = isinstance(model, bytes)
@@ -303,8 +307,7 @@ class BatchedGenerator:
 
         context = self.layout.max_context_length
         self.max_batch_size = max_batch_size
-        self.max_tokens_in_flight = (max_batch_size * context if max_tokens_in_flight is None
-                                     else max_tokens_in_flight)
+        self.max_tokens_in_flight = max_batch_size * context if max_tokens_in_flight is None else max_tokens_in_flight
         if self.max_tokens_in_flight < 2:
             raise ValueError(f"max_tokens_in_flight must be >= 2, got {self.max_tokens_in_flight}")
         self.max_queue = max_queue
@@ -318,16 +321,22 @@ class BatchedGenerator:
         if cache_type not in _NP_TYPES:
             raise ModelContractError(
                 f"{model_path}: KV cache of type {cache_type} is not supported (numpy has no such dtype); "
-                "export in float32 or float16")
+                "export in float32 or float16"
+            )
         self._cache_dtype = _NP_TYPES[cache_type]
         self._ids_dtype = _NP_TYPES.get(self._input_type(self.layout.input_ids), np.int64)
         self._mask_dtype = _NP_TYPES.get(self._input_type(self.layout.attention_mask), np.int64)
-        self._pos_dtype = (_NP_TYPES.get(self._input_type(self.layout.position_ids), np.int64)
-                           if self.layout.position_ids else np.int64)
-        self._present_names = [n for pair in zip(self.layout.present_keys, self.layout.present_values,
-                                                 strict=True) for n in pair]
-        self._past_names = [n for pair in zip(self.layout.past_keys, self.layout.past_values,
-                                              strict=True) for n in pair]
+        self._pos_dtype = (
+            _NP_TYPES.get(self._input_type(self.layout.position_ids), np.int64)
+            if self.layout.position_ids
+            else np.int64
+        )
+        self._present_names = [
+            n for pair in zip(self.layout.present_keys, self.layout.present_values, strict=True) for n in pair
+        ]
+        self._past_names = [
+            n for pair in zip(self.layout.past_keys, self.layout.past_values, strict=True) for n in pair
+        ]
         self._output_names = [self.layout.logits, *self._present_names]
 
         # Shared between callers and the scheduler: guarded by _lock.
@@ -337,8 +346,22 @@ class BatchedGenerator:
         self._state = "open"  # open -> draining | aborting -> closed
         self._ids = itertools.count(1)
         self._counts = dict.fromkeys(
-            ("submitted", "completed", "failed", "cancelled", "timed_out", "rejected", "decode_steps",
-             "prefill_runs", "prompt_tokens", "generated_tokens", "decode_rows", "max_decode_rows"), 0)
+            (
+                "submitted",
+                "completed",
+                "failed",
+                "cancelled",
+                "timed_out",
+                "rejected",
+                "decode_steps",
+                "prefill_runs",
+                "prompt_tokens",
+                "generated_tokens",
+                "decode_rows",
+                "max_decode_rows",
+            ),
+            0,
+        )
         self._padding_sum = 0.0
         self._decode_time = 0.0
         self._prefill_time = 0.0
@@ -440,8 +463,9 @@ class BatchedGenerator:
         """Token ids of ``text`` as the export's tokenizer makes them (special tokens added)."""
         tok = self._get_tokenizer()
         if tok is None:
-            raise InvalidInputError(f"text prompt given but {self._tokenizer_error}: pass token ids",
-                                    input_name="prompt")
+            raise InvalidInputError(
+                f"text prompt given but {self._tokenizer_error}: pass token ids", input_name="prompt"
+            )
         return list(tok.encode(text).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -476,8 +500,7 @@ class BatchedGenerator:
         Cancelling the future frees the request's row at the next step. ``on_token`` is
         called on the scheduler thread with each :class:`StreamToken`: keep it quick.
         """
-        req = self._make_request(prompt, max_new_tokens, temperature, top_k, top_p, stop, seed,
-                                 timeout_s, on_token)
+        req = self._make_request(prompt, max_new_tokens, temperature, top_k, top_p, stop, seed, timeout_s, on_token)
         with self._lock:
             if self._state != "open":
                 raise SessionClosedError("the generator is closed")
@@ -502,8 +525,16 @@ class BatchedGenerator:
         timeout_s: float | None = None,
     ) -> Completion:
         """Generate one completion, blocking; see :meth:`submit` for arguments and errors."""
-        fut = self.submit(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                          stop=stop, seed=seed, timeout_s=timeout_s)
+        fut = self.submit(
+            prompt,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop=stop,
+            seed=seed,
+            timeout_s=timeout_s,
+        )
         try:
             return fut.result()
         except BaseException:
@@ -547,8 +578,17 @@ class BatchedGenerator:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
-        fut = self.submit(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                          stop=stop, seed=seed, timeout_s=timeout_s, on_token=put)
+        fut = self.submit(
+            prompt,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop=stop,
+            seed=seed,
+            timeout_s=timeout_s,
+            on_token=put,
+        )
         # Tokens are put before the future settles, on the same thread, so the end marker
         # comes after the last token.
         fut.add_done_callback(lambda _f: put(None))
@@ -576,15 +616,25 @@ class BatchedGenerator:
             decode_time, prefill_time = self._decode_time, self._prefill_time
         steps = c["decode_steps"]
         return GenerationStats(
-            submitted=c["submitted"], completed=c["completed"], failed=c["failed"],
-            cancelled=c["cancelled"], timed_out=c["timed_out"], rejected=c["rejected"],
-            queued=queued, active_rows=rows, reserved_tokens=reserved, cache_length=length,
-            decode_steps=steps, prefill_runs=c["prefill_runs"], prompt_tokens=c["prompt_tokens"],
+            submitted=c["submitted"],
+            completed=c["completed"],
+            failed=c["failed"],
+            cancelled=c["cancelled"],
+            timed_out=c["timed_out"],
+            rejected=c["rejected"],
+            queued=queued,
+            active_rows=rows,
+            reserved_tokens=reserved,
+            cache_length=length,
+            decode_steps=steps,
+            prefill_runs=c["prefill_runs"],
+            prompt_tokens=c["prompt_tokens"],
             generated_tokens=c["generated_tokens"],
             mean_decode_rows=c["decode_rows"] / steps if steps else 0.0,
             max_decode_rows=c["max_decode_rows"],
             cache_padding_fraction=padding / steps if steps else 0.0,
-            decode_time_s=decode_time, prefill_time_s=prefill_time,
+            decode_time_s=decode_time,
+            prefill_time_s=prefill_time,
         )
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
@@ -630,19 +680,23 @@ class BatchedGenerator:
         ids = self._prompt_ids(prompt)
         n_new = self.default_max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 1:
-            raise InvalidInputError(f"max_new_tokens must be a positive integer, got {n_new!r}",
-                                    input_name="max_new_tokens")
+            raise InvalidInputError(
+                f"max_new_tokens must be a positive integer, got {n_new!r}", input_name="max_new_tokens"
+            )
         n_new = int(n_new)
         context = self.layout.max_context_length
         if ids.shape[0] + n_new > context:
             raise InvalidInputError(
                 f"prompt ({ids.shape[0]} tokens) + max_new_tokens ({n_new}) exceeds the model's "
-                f"context of {context} tokens", input_name="prompt")
+                f"context of {context} tokens",
+                input_name="prompt",
+            )
         if ids.shape[0] + n_new > self.max_tokens_in_flight:
             raise InvalidInputError(
                 f"prompt ({ids.shape[0]} tokens) + max_new_tokens ({n_new}) exceeds "
                 f"max_tokens_in_flight={self.max_tokens_in_flight}: it could never be admitted",
-                input_name="prompt")
+                input_name="prompt",
+            )
         if not isinstance(temperature, (int, float)) or not np.isfinite(temperature) or temperature < 0:
             raise InvalidInputError(f"temperature must be >= 0, got {temperature!r}", input_name="temperature")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
@@ -654,8 +708,7 @@ class BatchedGenerator:
             raise InvalidInputError(f"stop must be non-empty strings, got {stop!r}", input_name="stop")
         decode = self._decode_fn()
         if stops and decode is None:
-            raise InvalidInputError(f"stop strings need a tokenizer but {self._tokenizer_error}",
-                                    input_name="stop")
+            raise InvalidInputError(f"stop strings need a tokenizer but {self._tokenizer_error}", input_name="stop")
         timeout = self.timeout_s if timeout_s is None else timeout_s
         if timeout is not None and timeout <= 0:
             raise InvalidInputError(f"timeout_s must be positive, got {timeout!r}", input_name="timeout_s")
@@ -666,9 +719,16 @@ class BatchedGenerator:
         now = time.monotonic()
         fut: Future[Completion] = Future()
         return _Request(
-            id=next(self._ids), prompt=ids, max_new_tokens=n_new, params=params, rng=rng,
-            tracker=TextTracker(decode, stops), future=fut,
-            deadline=None if timeout is None else now + timeout, on_token=on_token, submitted_at=now,
+            id=next(self._ids),
+            prompt=ids,
+            max_new_tokens=n_new,
+            params=params,
+            rng=rng,
+            tracker=TextTracker(decode, stops),
+            future=fut,
+            deadline=None if timeout is None else now + timeout,
+            on_token=on_token,
+            submitted_at=now,
         )
 
     def _prompt_ids(self, prompt: Any) -> np.ndarray:
@@ -685,10 +745,10 @@ class BatchedGenerator:
                 arr = arr[0]
             if arr.ndim != 1:
                 raise InvalidInputError(
-                    f"token-id prompt must be 1-D (or [1, n]), got shape {arr.shape}", input_name="prompt")
+                    f"token-id prompt must be 1-D (or [1, n]), got shape {arr.shape}", input_name="prompt"
+                )
             if arr.size and not np.issubdtype(arr.dtype, np.integer):
-                raise InvalidInputError(f"token ids must be integers, got dtype {arr.dtype}",
-                                        input_name="prompt")
+                raise InvalidInputError(f"token ids must be integers, got dtype {arr.dtype}", input_name="prompt")
             ids = arr.astype(np.int64)
         if ids.size == 0:
             raise InvalidInputError("prompt has no tokens", input_name="prompt")
@@ -697,7 +757,8 @@ class BatchedGenerator:
             pos = int(np.argmax(bad))
             raise InvalidInputError(
                 f"prompt token {pos} is id {int(ids[pos])}, outside the vocabulary [0, {self.layout.vocab_size})",
-                input_name="prompt")
+                input_name="prompt",
+            )
         return ids
 
     # -- scheduler thread -----------------------------------------------------------------
@@ -745,8 +806,7 @@ class BatchedGenerator:
         alive = [r for r in self._rows if not r.done]
         with self._lock:
             if not alive:
-                self._wake.wait_for(lambda: bool(self._pending) or self._state != "open",
-                                    timeout=_IDLE_WAIT_S)
+                self._wake.wait_for(lambda: bool(self._pending) or self._state != "open", timeout=_IDLE_WAIT_S)
             if self._state == "aborting":
                 err = SessionClosedError("the generator was closed without draining")
                 dropped = [(r, err) for r in [*self._pending, *alive]]
@@ -760,9 +820,15 @@ class BatchedGenerator:
                 if req.future.cancelled():
                     dropped.append((req, _CANCELLED))
                 elif req.deadline is not None and now >= req.deadline:
-                    dropped.append((req, RequestTimeoutError(
-                        f"request {req.id}: deadline passed after {now - req.submitted_at:.3f}s "
-                        f"while queued; it was not run")))
+                    dropped.append(
+                        (
+                            req,
+                            RequestTimeoutError(
+                                f"request {req.id}: deadline passed after {now - req.submitted_at:.3f}s "
+                                f"while queued; it was not run"
+                            ),
+                        )
+                    )
                 else:
                     waiting.append(req)
             self._pending = waiting
@@ -834,10 +900,9 @@ class BatchedGenerator:
         longest = int(lens.max())
         ids = np.full((n, longest), lay.pad_token_id, dtype=self._ids_dtype)
         for i, req in enumerate(group):
-            ids[i, longest - lens[i]:] = req.prompt
+            ids[i, longest - lens[i] :] = req.prompt
         empty = (n, lay.num_kv_heads, 0, lay.head_dim)
-        cache = KVCache([np.zeros(empty, self._cache_dtype) for _ in self._past_names],
-                        np.zeros(n, np.int64), 0)
+        cache = KVCache([np.zeros(empty, self._cache_dtype) for _ in self._past_names], np.zeros(n, np.int64), 0)
         # Prefill is a step that appends `longest` columns to an empty cache; the rows'
         # left padding is then exactly the all-zero start of their mask.
         mask = (np.arange(longest)[None, :] >= (longest - lens)[:, None]).astype(self._mask_dtype)
@@ -899,7 +964,8 @@ class BatchedGenerator:
         if cache.rows != rows or mask.shape != (rows, past + new):
             raise InferenceError(
                 f"internal shape mismatch: ids {ids.shape}, mask {mask.shape}, cache rows {cache.rows} "
-                f"x length {past}; expected mask ({rows}, {past + new})")
+                f"x length {past}; expected mask ({rows}, {past + new})"
+            )
         # Positions come from the cumulative mask: a left-padded row starts at 0 where its
         # tokens start, exactly as it would alone (padding gets 1, like transformers).
         positions = np.cumsum(mask, axis=1, dtype=np.int64) - 1
@@ -983,7 +1049,8 @@ class BatchedGenerator:
     def _finish_timeout(self, req: _Request, now: float) -> None:
         err = RequestTimeoutError(
             f"request {req.id}: deadline passed after {now - req.submitted_at:.3f}s with "
-            f"{len(req.generated)} of {req.max_new_tokens} tokens generated")
+            f"{len(req.generated)} of {req.max_new_tokens} tokens generated"
+        )
         err.partial = req.completion("timeout")  # type: ignore[attr-defined]
         self._finish_error(req, err)
 
@@ -994,8 +1061,9 @@ class BatchedGenerator:
             return
         self._settle_counted(req, "timed_out" if isinstance(err, RequestTimeoutError) else "failed", error=err)
 
-    def _settle_counted(self, req: _Request, key: str, *, result: Any = None,
-                        error: BaseException | None = None) -> None:
+    def _settle_counted(
+        self, req: _Request, key: str, *, result: Any = None, error: BaseException | None = None
+    ) -> None:
         # Counted before settling: the caller may read stats() as soon as its future is done.
         self._count(key)
         if not _settle(req.future, result=result, error=error):

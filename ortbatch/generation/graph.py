@@ -64,9 +64,7 @@ def last_position_logits(model_path: str | Path, logits: str = "logits") -> byte
     }
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
     hidden_last = f"{prefix}_hidden"
-    slice_node = helper.make_node(
-        "Slice", [producer.input[0], *consts], [hidden_last], name=f"/{prefix}/Slice"
-    )
+    slice_node = helper.make_node("Slice", [producer.input[0], *consts], [hidden_last], name=f"/{prefix}/Slice")
     producer.input[0] = hidden_last
     index = list(graph.node).index(producer)
     graph.node.insert(index, slice_node)

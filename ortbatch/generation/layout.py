@@ -133,8 +133,7 @@ class GenerationLayout:
             model=data.get("model") or "model.onnx",
         )
         n = layout.num_layers
-        if n == 0 or any(len(x) != n for x in (layout.past_values, layout.present_keys,
-                                                layout.present_values)):
+        if n == 0 or any(len(x) != n for x in (layout.past_values, layout.present_keys, layout.present_values)):
             raise ManifestError(f"{where}: past/present key/value lists must be non-empty and equal in length")
         return layout
 
@@ -188,8 +187,12 @@ def generation_section(export_dir: str | Path, model: str = "model.onnx") -> dic
     tok_config = _read_json(d / "tokenizer_config.json")
     tokenizer = "tokenizer.json" if (d / "tokenizer.json").is_file() else None
     layout = layout_from_io(
-        inputs, outputs, config=config, generation_config=gen_config,
-        tokenizer_config=tok_config, tokenizer_json=_read_json(d / tokenizer) if tokenizer else {},
+        inputs,
+        outputs,
+        config=config,
+        generation_config=gen_config,
+        tokenizer_config=tok_config,
+        tokenizer_json=_read_json(d / tokenizer) if tokenizer else {},
         where=str(path),
     )
     data = layout.to_dict()

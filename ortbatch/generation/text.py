@@ -47,12 +47,12 @@ class TextTracker:
         if self._decode is None or self.stop_string is not None:
             return "", self.stop_string is not None
         self._ids.append(token_id)
-        before = self._decode(self._ids[self._prefix:self._read])
-        window = self._decode(self._ids[self._prefix:])
+        before = self._decode(self._ids[self._prefix : self._read])
+        window = self._decode(self._ids[self._prefix :])
         # An unfinished multi-byte character decodes to U+FFFD: wait for the rest.
         if len(window) <= len(before) or window.endswith(_REPLACEMENT):
             return "", False
-        self._text += window[len(before):]
+        self._text += window[len(before) :]
         self._prefix, self._read = self._read, len(self._ids)
         return self._advance()
 
@@ -69,7 +69,7 @@ class TextTracker:
         end = len(text) - self._holdback
         if end <= self._emitted:
             return "", False
-        delta = text[self._emitted:end]
+        delta = text[self._emitted : end]
         self._emitted = end
         return delta, False
 
@@ -79,9 +79,9 @@ class TextTracker:
         Ids still held back (an unfinished character) are decoded as they are, as the
         tokenizer's own ``decode`` of the whole completion would show them."""
         if self._decode is not None and self.stop_string is None and self._read < len(self._ids):
-            before = self._decode(self._ids[self._prefix:self._read])
-            window = self._decode(self._ids[self._prefix:])
-            self._text += window[len(before):]
+            before = self._decode(self._ids[self._prefix : self._read])
+            window = self._decode(self._ids[self._prefix :])
+            self._text += window[len(before) :]
             self._read = len(self._ids)
             delta, _ = self._advance()  # a stop string may complete in the tail
             if self.stop_string is not None:
@@ -90,6 +90,6 @@ class TextTracker:
         return self._flush()
 
     def _flush(self) -> str:
-        delta = self._text[self._emitted:]
+        delta = self._text[self._emitted :]
         self._emitted = len(self._text)
         return delta

@@ -15,12 +15,39 @@ from ortbatch.manifest import InputSpec, Manifest, OutputSpec
 pytest.importorskip("onnxruntime")
 
 RESULT_KEYS = {
-    "mode", "concurrency", "completed", "errors", "error_samples", "truncated", "hung", "elapsed_s", "cpu_s",
-    "requests_per_s", "tokens_per_s", "latency_ms", "batches", "mean_rows_per_batch", "padding_fraction",
-    "rows_histogram", "served", "request_digest",
+    "mode",
+    "concurrency",
+    "completed",
+    "errors",
+    "error_samples",
+    "truncated",
+    "hung",
+    "elapsed_s",
+    "cpu_s",
+    "requests_per_s",
+    "tokens_per_s",
+    "latency_ms",
+    "batches",
+    "mean_rows_per_batch",
+    "padding_fraction",
+    "rows_histogram",
+    "served",
+    "request_digest",
 }
-TOP_KEYS = {"schema", "ortbatch", "started", "machine", "config", "target", "workload", "settings", "results",
-            "ratios", "checks", "overhead"}
+TOP_KEYS = {
+    "schema",
+    "ortbatch",
+    "started",
+    "machine",
+    "config",
+    "target",
+    "workload",
+    "settings",
+    "results",
+    "ratios",
+    "checks",
+    "overhead",
+}
 
 
 def _bench(tmp_path: Path, target: Path, *extra: str) -> dict:
@@ -32,8 +59,21 @@ def _bench(tmp_path: Path, target: Path, *extra: str) -> dict:
 
 def test_json_schema_and_identical_requests(tmp_path: Path, echo_path: Path, capsys) -> None:
     png = tmp_path / "bench.png"
-    data = _bench(tmp_path, echo_path, "--concurrency", "1,3", "--requests", "40", "--lengths", "2-9",
-                  "--plot", str(png), "--no-overhead", "--seed", "7")
+    data = _bench(
+        tmp_path,
+        echo_path,
+        "--concurrency",
+        "1,3",
+        "--requests",
+        "40",
+        "--lengths",
+        "2-9",
+        "--plot",
+        str(png),
+        "--no-overhead",
+        "--seed",
+        "7",
+    )
     assert set(data) == TOP_KEYS
     assert data["schema"] == "ortbatch.bench/1"
     assert data["config"]["concurrency"] == [1, 3]
@@ -44,7 +84,13 @@ def test_json_schema_and_identical_requests(tmp_path: Path, echo_path: Path, cap
 
     results = data["results"]
     assert [(r["mode"], r["concurrency"]) for r in results] == [
-        ("direct", 1), ("batched", 1), ("oracle", 1), ("direct", 3), ("batched", 3), ("oracle", 3)]
+        ("direct", 1),
+        ("batched", 1),
+        ("oracle", 1),
+        ("direct", 3),
+        ("batched", 3),
+        ("oracle", 3),
+    ]
     for r in results:
         assert set(r) >= RESULT_KEYS, RESULT_KEYS - set(r)
         assert r["completed"] == 40 and r["errors"] == 0 and not r["truncated"] and r["served"] == 40
@@ -86,10 +132,40 @@ def test_json_schema_and_identical_requests(tmp_path: Path, echo_path: Path, cap
 
 
 def test_poisson_arrivals_are_part_of_the_identical_workload(tmp_path: Path, echo_path: Path) -> None:
-    a = _bench(tmp_path, echo_path, "--concurrency", "2", "--requests", "16", "--lengths", "3-5",
-               "--arrival", "poisson", "--rate", "2000", "--no-overhead", "--modes", "direct,batched")
-    b = _bench(tmp_path, echo_path, "--concurrency", "2", "--requests", "16", "--lengths", "3-5",
-               "--arrival", "poisson", "--rate", "1000", "--no-overhead", "--modes", "direct,batched")
+    a = _bench(
+        tmp_path,
+        echo_path,
+        "--concurrency",
+        "2",
+        "--requests",
+        "16",
+        "--lengths",
+        "3-5",
+        "--arrival",
+        "poisson",
+        "--rate",
+        "2000",
+        "--no-overhead",
+        "--modes",
+        "direct,batched",
+    )
+    b = _bench(
+        tmp_path,
+        echo_path,
+        "--concurrency",
+        "2",
+        "--requests",
+        "16",
+        "--lengths",
+        "3-5",
+        "--arrival",
+        "poisson",
+        "--rate",
+        "1000",
+        "--no-overhead",
+        "--modes",
+        "direct,batched",
+    )
     assert a["workload"]["arrival"] == "poisson"
     # same requests, other arrival times: a different workload
     assert a["workload"]["digest"] != b["workload"]["digest"]
@@ -105,10 +181,16 @@ def test_export_dir_with_manifest_and_real_text_lengths(tmp_path: Path, echo_pat
     (export / "model.onnx").write_bytes(echo_path.read_bytes())
     seq = ("batch", "sequence")
     Manifest(
-        inputs={"input_ids": InputSpec("int64", seq, 0), "attention_mask": InputSpec("int64", seq, 0),
-                "extra": InputSpec("float32", ("batch", None), 0)},
-        outputs={"hidden": OutputSpec(("batch", "sequence", None)), "pooled": OutputSpec(("batch", None)),
-                 "extra_out": OutputSpec(("batch", None))},
+        inputs={
+            "input_ids": InputSpec("int64", seq, 0),
+            "attention_mask": InputSpec("int64", seq, 0),
+            "extra": InputSpec("float32", ("batch", None), 0),
+        },
+        outputs={
+            "hidden": OutputSpec(("batch", "sequence", None)),
+            "pooled": OutputSpec(("batch", None)),
+            "extra_out": OutputSpec(("batch", None)),
+        },
         limits={"max_batch_size": 64, "max_sequence_length": 64},
     ).save(export)
     words = ["the", "a", "of", "to", "and", "in", "is", "it", "you", "that"]
@@ -120,8 +202,9 @@ def test_export_dir_with_manifest_and_real_text_lengths(tmp_path: Path, echo_pat
     texts = tmp_path / "texts.txt"
     texts.write_text("the a of\nto and in is it you that the a\n\nit\n")
 
-    data = _bench(tmp_path, export, "--concurrency", "2", "--requests", "12", "--lengths", f"texts:{texts}",
-                  "--no-overhead")
+    data = _bench(
+        tmp_path, export, "--concurrency", "2", "--requests", "12", "--lengths", f"texts:{texts}", "--no-overhead"
+    )
     assert data["target"]["manifest"] is True
     assert data["workload"]["lengths"] == f"texts:{texts}"
     assert {data["workload"]["length"]["min"], data["workload"]["length"]["max"]} <= {1, 3, 9}
@@ -131,8 +214,20 @@ def test_export_dir_with_manifest_and_real_text_lengths(tmp_path: Path, echo_pat
 
 def test_overhead_section(tmp_path: Path, echo_path: Path) -> None:
     pytest.importorskip("onnx")
-    data = _bench(tmp_path, echo_path, "--concurrency", "4", "--requests", "8", "--lengths", "4",
-                  "--modes", "direct,batched", "--overhead-requests", "300")
+    data = _bench(
+        tmp_path,
+        echo_path,
+        "--concurrency",
+        "4",
+        "--requests",
+        "8",
+        "--lengths",
+        "4",
+        "--modes",
+        "direct,batched",
+        "--overhead-requests",
+        "300",
+    )
     o = data["overhead"]
     assert o["concurrency"] == 4 and o["target_us"] == 100.0 and o["requests"] == 300
     labels = [row["label"] for row in o["rows"]]
@@ -142,20 +237,29 @@ def test_overhead_section(tmp_path: Path, echo_path: Path) -> None:
     assert o["us_per_request_at_saturation"] == o["rows"][1]["us_per_request"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["--concurrency", "0"], ["--concurrency", "a,b"], ["--arrival", "burst"], ["--baseline-option", "noequals"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--concurrency", "0"],
+        ["--concurrency", "a,b"],
+        ["--arrival", "burst"],
+        ["--baseline-option", "noequals"],
+    ],
+)
 def test_bad_arguments_are_usage_errors(echo_path: Path, argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["bench", str(echo_path), *argv])
     assert exc.value.code == 2
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--lengths", "9-3"], "--lengths"),
-    (["--arrival", "poisson"], "--rate"),
-    (["--modes", "direct,fast"], "unknown mode"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--lengths", "9-3"], "--lengths"),
+        (["--arrival", "poisson"], "--rate"),
+        (["--modes", "direct,fast"], "unknown mode"),
+    ],
+)
 def test_bad_settings_fail_with_a_message(echo_path: Path, argv: list[str], message: str, capsys) -> None:
     assert main(["bench", str(echo_path), "--no-progress", "--requests", "4", *argv]) == 1
     assert message in capsys.readouterr().err
@@ -167,9 +271,23 @@ def test_missing_target(tmp_path: Path, capsys) -> None:
 
 
 def test_baseline_option_reaches_the_direct_session(tmp_path: Path, echo_path: Path) -> None:
-    data = _bench(tmp_path, echo_path, "--concurrency", "1", "--requests", "4", "--lengths", "3",
-                  "--no-overhead", "--modes", "direct,oracle", "--baseline-option", "intra_op_num_threads=1",
-                  "--baseline-option", "session.intra_op.allow_spinning=0")
+    data = _bench(
+        tmp_path,
+        echo_path,
+        "--concurrency",
+        "1",
+        "--requests",
+        "4",
+        "--lengths",
+        "3",
+        "--no-overhead",
+        "--modes",
+        "direct,oracle",
+        "--baseline-option",
+        "intra_op_num_threads=1",
+        "--baseline-option",
+        "session.intra_op.allow_spinning=0",
+    )
     session = data["settings"]["direct"]["session"]
     assert session["intra_op_num_threads"] == 1 and session["intra_op_allow_spinning"] == "0"
     assert data["settings"]["oracle"]["session"] == session
@@ -178,8 +296,19 @@ def test_baseline_option_reaches_the_direct_session(tmp_path: Path, echo_path: P
 
 
 def test_duration_alone_sizes_the_run_and_caps_it(tmp_path: Path, echo_path: Path) -> None:
-    data = _bench(tmp_path, echo_path, "--concurrency", "2", "--duration", "0.5", "--lengths", "3-6",
-                  "--no-overhead", "--modes", "direct,batched")
+    data = _bench(
+        tmp_path,
+        echo_path,
+        "--concurrency",
+        "2",
+        "--duration",
+        "0.5",
+        "--lengths",
+        "3-6",
+        "--no-overhead",
+        "--modes",
+        "direct,batched",
+    )
     n = data["config"]["requests"]
     assert n >= 64 and data["workload"]["requests"] == n
     for r in data["results"]:

@@ -54,10 +54,14 @@ def _reference(model: TinyModel, prompt: tuple[int, ...], max_new_tokens: int) -
     ids = torch.tensor([list(prompt)])
     with torch.no_grad():
         out = model.hf.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-            pad_token_id=EOS, eos_token_id=EOS,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=EOS,
+            eos_token_id=EOS,
         )
-    return tuple(out[0, len(prompt):].tolist())
+    return tuple(out[0, len(prompt) :].tolist())
 
 
 def _tokenizer(directory: Path):
@@ -68,12 +72,14 @@ def _tokenizer(directory: Path):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "<unk>", "</s>"],
+        vocab_size=VOCAB,
+        special_tokens=["<pad>", "<s>", "<unk>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     assert fast.eos_token_id == EOS and len(fast) == VOCAB
     fast.save_pretrained(directory)
     return fast
@@ -94,9 +100,17 @@ def _build(kind: str, root: Path) -> TinyModel:
     if kind == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(n_positions=CONTEXT, n_embd=32, n_layer=2, n_head=4, **common))
     else:
-        model = LlamaForCausalLM(LlamaConfig(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=CONTEXT, **common))
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=CONTEXT,
+                **common,
+            )
+        )
     model.save_pretrained(source)
     main_export(str(source), output=str(export), task="text-generation-with-past", do_validation=False)
     return TinyModel(kind, source, export)

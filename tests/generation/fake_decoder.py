@@ -90,7 +90,13 @@ def build(directory: Path) -> Path:
     model.ir_version = 8
     onnx.checker.check_model(model)
     onnx.save(model, str(directory / "model.onnx"))
-    config = {"model_type": "fake", "vocab_size": VOCAB, "n_positions": CONTEXT,
-              "eos_token_id": EOS, "pad_token_id": PAD, "bos_token_id": 1}
+    config = {
+        "model_type": "fake",
+        "vocab_size": VOCAB,
+        "n_positions": CONTEXT,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "bos_token_id": 1,
+    }
     (directory / "config.json").write_text(json.dumps(config))
     return directory

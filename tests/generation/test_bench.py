@@ -26,11 +26,26 @@ def bench():
 
 def test_modes_agree_and_report(bench, fake_dir: Path, tmp_path: Path, no_thread_leak: None) -> None:
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
-    rc = bench.main([
-        "--model", str(fake_dir), "--requests", "10", "--prompt-lengths", "2-12", "--new-tokens", "3-20",
-        "--max-batch-size", "4", "--modes", "sequential,static,continuous,continuous-full-logits,genai",
-        "--json", str(out_json), "--markdown", str(out_md),
-    ])
+    rc = bench.main(
+        [
+            "--model",
+            str(fake_dir),
+            "--requests",
+            "10",
+            "--prompt-lengths",
+            "2-12",
+            "--new-tokens",
+            "3-20",
+            "--max-batch-size",
+            "4",
+            "--modes",
+            "sequential,static,continuous,continuous-full-logits,genai",
+            "--json",
+            str(out_json),
+            "--markdown",
+            str(out_md),
+        ]
+    )
     assert rc == 0
     data = json.loads(out_json.read_text())
     modes = {r["mode"]: r for r in data["results"]}

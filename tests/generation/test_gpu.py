@@ -22,8 +22,10 @@ def _has_cuda() -> bool:
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not _has_cuda(), reason="needs onnxruntime-gpu with the CUDA execution provider")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _has_cuda(), reason="needs onnxruntime-gpu with the CUDA execution provider"),
+]
 
 
 def test_cuda_cache_stays_on_device_and_tokens_match(fake_dir: Path, no_thread_leak: None) -> None:

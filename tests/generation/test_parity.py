@@ -146,9 +146,9 @@ def test_stop_strings_and_streamed_text(tiny_gpt2: TinyModel, no_thread_leak: No
     with BatchedGenerator(tiny_gpt2.export) as gen:
         full = gen.generate(prompt, 40)
         text = full.text
-        clean = [i for i in range(4, len(text) - 3) if "\ufffd" not in text[i:i + 3]]
+        clean = [i for i in range(4, len(text) - 3) if "\ufffd" not in text[i : i + 3]]
         assert clean, f"no usable stop string in {text!r}"
-        stop = text[clean[0]:clean[0] + 3]
+        stop = text[clean[0] : clean[0] + 3]
         cut = gen.generate(prompt, 40, stop=["never-there", stop])
 
         async def collect() -> list:

@@ -94,6 +94,7 @@ def test_token_budget_admits_oldest_first(fake_dir: Path, no_thread_leak: None) 
             if tok.finish_reason is not None:
                 with lock:
                     order.append(i)
+
         return cb
 
     # Budget 40: the 10+20 request leaves no room for a 2+20 one beside it, and the
@@ -461,6 +462,7 @@ def test_many_threads_with_cancels_and_deadlines_all_settle(fake_dir: Path, no_t
     lock = threading.Lock()
 
     with BatchedGenerator(fake_dir, max_batch_size=6, max_tokens_in_flight=120, max_queue=1000) as gen:
+
         def client(worker: int) -> None:
             for i in range(worker, len(jobs), 8):
                 prompt, n = jobs[i]
@@ -503,8 +505,7 @@ def test_many_threads_with_cancels_and_deadlines_all_settle(fake_dir: Path, no_t
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_batch_size": 0}, {"max_queue": 0}, {"timeout_s": 0}, {"max_tokens_in_flight": 1},
-     {"max_new_tokens": 0}],
+    [{"max_batch_size": 0}, {"max_queue": 0}, {"timeout_s": 0}, {"max_tokens_in_flight": 1}, {"max_new_tokens": 0}],
 )
 def test_bad_constructor_arguments(fake_dir: Path, kwargs: dict, no_thread_leak: None) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):

@@ -24,7 +24,7 @@ def _rows(lens: list[int], tag: int) -> KVCache:
 
 def _content(cache: KVCache, row: int) -> list[float]:
     n = int(cache.lens[row])
-    return cache.tensors[0][row, 0, cache.length - n:, 0].tolist()
+    return cache.tensors[0][row, 0, cache.length - n :, 0].tolist()
 
 
 def test_mask_matches_lengths_and_positions_count_from_it() -> None:
@@ -76,8 +76,7 @@ def test_greedy_is_argmax_lowest_id_on_ties() -> None:
 def test_sampling_respects_top_k_top_p_and_seed() -> None:
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
     draws = lambda params, seed: [  # noqa: E731
-        choose_token(logits, params, rng) for rng in [np.random.Generator(np.random.PCG64(seed))]
-        for _ in range(400)
+        choose_token(logits, params, rng) for rng in [np.random.Generator(np.random.PCG64(seed))] for _ in range(400)
     ]
     top2 = draws(SamplingParams(1.0, top_k=2), 0)
     assert set(top2) == {0, 1}
@@ -146,10 +145,13 @@ def test_text_tracker_without_tokenizer_is_silent() -> None:
 
 
 IO_IN = [
-    ("input_ids", "int64", ["b", "s"]), ("attention_mask", "int64", ["b", "t"]),
+    ("input_ids", "int64", ["b", "s"]),
+    ("attention_mask", "int64", ["b", "t"]),
     ("position_ids", "int64", ["b", "s"]),
-    ("past_key_values.0.key", "float16", ["b", 2, "p", 16]), ("past_key_values.0.value", "float16", ["b", 2, "p", 16]),
-    ("past_key_values.1.key", "float16", ["b", 2, "p", 16]), ("past_key_values.1.value", "float16", ["b", 2, "p", 16]),
+    ("past_key_values.0.key", "float16", ["b", 2, "p", 16]),
+    ("past_key_values.0.value", "float16", ["b", 2, "p", 16]),
+    ("past_key_values.1.key", "float16", ["b", 2, "p", 16]),
+    ("past_key_values.1.value", "float16", ["b", 2, "p", 16]),
 ]
 IO_OUT = [("logits", "float16", ["b", "s", 100])] + [
     (f"present.{i}.{k}", "float16", ["b", 2, "t", 16]) for i in range(2) for k in ("key", "value")
@@ -157,8 +159,12 @@ IO_OUT = [("logits", "float16", ["b", "s", 100])] + [
 
 
 def test_layout_from_io_and_round_trip() -> None:
-    lay = layout_from_io(IO_IN, IO_OUT, config={"max_position_embeddings": 256, "model_type": "llama"},
-                         generation_config={"eos_token_id": [7, 9], "bos_token_id": 1})
+    lay = layout_from_io(
+        IO_IN,
+        IO_OUT,
+        config={"max_position_embeddings": 256, "model_type": "llama"},
+        generation_config={"eos_token_id": [7, 9], "bos_token_id": 1},
+    )
     assert (lay.num_layers, lay.num_kv_heads, lay.head_dim, lay.cache_dtype) == (2, 2, 16, "float16")
     assert lay.eos_token_ids == (7, 9) and lay.pad_token_id == 7 and lay.max_context_length == 256
     assert lay.vocab_size == 100 and lay.position_ids == "position_ids"
@@ -166,9 +172,13 @@ def test_layout_from_io_and_round_trip() -> None:
 
 
 def test_layout_eos_from_tokenizer_files() -> None:
-    lay = layout_from_io(IO_IN, IO_OUT, config={"n_positions": 64},
-                         tokenizer_config={"eos_token": "</s>"},
-                         tokenizer_json={"added_tokens": [{"id": 42, "content": "</s>"}]})
+    lay = layout_from_io(
+        IO_IN,
+        IO_OUT,
+        config={"n_positions": 64},
+        tokenizer_config={"eos_token": "</s>"},
+        tokenizer_json={"added_tokens": [{"id": 42, "content": "</s>"}]},
+    )
     assert lay.eos_token_ids == (42,)
 
 

@@ -53,8 +53,9 @@ def _bpe(d: Path, kind: str) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=BPE_SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=BPE_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     corpus = [
         *DEFAULT_SAMPLES,
         "Once upon a time there was a tiny model that learned to batch.",
@@ -75,9 +76,15 @@ def _bpe(d: Path, kind: str) -> Any:
 def _bert_config(**kw: Any) -> Any:
     from transformers import BertConfig
 
-    return BertConfig(vocab_size=30522, hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"],
-                      num_attention_heads=TINY["heads"], intermediate_size=TINY["ffn"],
-                      max_position_embeddings=TINY["positions"], **kw)
+    return BertConfig(
+        vocab_size=30522,
+        hidden_size=TINY["hidden"],
+        num_hidden_layers=TINY["layers"],
+        num_attention_heads=TINY["heads"],
+        intermediate_size=TINY["ffn"],
+        max_position_embeddings=TINY["positions"],
+        **kw,
+    )
 
 
 def build_tiny(kind: str, d: Path) -> Path:
@@ -108,29 +115,65 @@ def build_tiny(kind: str, d: Path) -> Path:
             model.embeddings.LayerNorm.weight.mul_(5e4)
     elif kind == "distilbert":
         _wordpiece(d)
-        model = tf.DistilBertForMaskedLM(tf.DistilBertConfig(
-            vocab_size=30522, dim=TINY["hidden"], n_layers=TINY["layers"], n_heads=TINY["heads"],
-            hidden_dim=TINY["ffn"], max_position_embeddings=TINY["positions"]))
+        model = tf.DistilBertForMaskedLM(
+            tf.DistilBertConfig(
+                vocab_size=30522,
+                dim=TINY["hidden"],
+                n_layers=TINY["layers"],
+                n_heads=TINY["heads"],
+                hidden_dim=TINY["ffn"],
+                max_position_embeddings=TINY["positions"],
+            )
+        )
     elif kind == "roberta":
         tok = _bpe(d, "roberta")
-        model = tf.RobertaForSequenceClassification(tf.RobertaConfig(
-            vocab_size=len(tok), hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"],
-            num_attention_heads=TINY["heads"], intermediate_size=TINY["ffn"],
-            max_position_embeddings=TINY["positions"] + 2, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-            num_labels=2))
+        model = tf.RobertaForSequenceClassification(
+            tf.RobertaConfig(
+                vocab_size=len(tok),
+                hidden_size=TINY["hidden"],
+                num_hidden_layers=TINY["layers"],
+                num_attention_heads=TINY["heads"],
+                intermediate_size=TINY["ffn"],
+                max_position_embeddings=TINY["positions"] + 2,
+                pad_token_id=1,
+                bos_token_id=0,
+                eos_token_id=2,
+                num_labels=2,
+            )
+        )
     elif kind == "gpt2":
         tok = _bpe(d, "gpt2")
-        model = tf.GPT2LMHeadModel(tf.GPT2Config(
-            vocab_size=len(tok), n_embd=TINY["hidden"], n_layer=TINY["layers"], n_head=TINY["heads"],
-            n_positions=TINY["positions"], bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+        model = tf.GPT2LMHeadModel(
+            tf.GPT2Config(
+                vocab_size=len(tok),
+                n_embd=TINY["hidden"],
+                n_layer=TINY["layers"],
+                n_head=TINY["heads"],
+                n_positions=TINY["positions"],
+                bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+        )
     elif kind == "bart":
         tok = _bpe(d, "bart")
-        model = tf.BartForConditionalGeneration(tf.BartConfig(
-            vocab_size=len(tok), d_model=TINY["hidden"], encoder_layers=TINY["layers"],
-            decoder_layers=TINY["layers"], encoder_attention_heads=TINY["heads"],
-            decoder_attention_heads=TINY["heads"], encoder_ffn_dim=TINY["ffn"], decoder_ffn_dim=TINY["ffn"],
-            max_position_embeddings=TINY["positions"], pad_token_id=1, bos_token_id=0, eos_token_id=2,
-            decoder_start_token_id=2, forced_eos_token_id=None))
+        model = tf.BartForConditionalGeneration(
+            tf.BartConfig(
+                vocab_size=len(tok),
+                d_model=TINY["hidden"],
+                encoder_layers=TINY["layers"],
+                decoder_layers=TINY["layers"],
+                encoder_attention_heads=TINY["heads"],
+                decoder_attention_heads=TINY["heads"],
+                encoder_ffn_dim=TINY["ffn"],
+                decoder_ffn_dim=TINY["ffn"],
+                max_position_embeddings=TINY["positions"],
+                pad_token_id=1,
+                bos_token_id=0,
+                eos_token_id=2,
+                decoder_start_token_id=2,
+                forced_eos_token_id=None,
+            )
+        )
     else:  # pragma: no cover - a typo in a test
         raise ValueError(kind)
     model.eval()
@@ -182,5 +225,4 @@ def minilm_export(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from ortbatch.export import export_model
 
     recipe = Path(__file__).resolve().parents[2] / "export" / "minilm.toml"
-    return export_model(None, tmp_path_factory.mktemp("minilm") / "minilm", recipe=recipe,
-                        raise_on_failure=False)
+    return export_model(None, tmp_path_factory.mktemp("minilm") / "minilm", recipe=recipe, raise_on_failure=False)

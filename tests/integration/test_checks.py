@@ -69,10 +69,8 @@ def test_pooling_that_ignores_the_mask_fails_batching_invariance(bert_copy: Path
     def add_mean(graph) -> None:
         # Mean over *all* positions, padding included: right for one unpadded request,
         # wrong as soon as the request shares a padded batch.
-        graph.node.append(helper.make_node("ReduceMean", ["last_hidden_state"], ["mean_pooled"], axes=[1],
-                                           keepdims=0))
-        graph.output.append(helper.make_tensor_value_info("mean_pooled", onnx.TensorProto.FLOAT,
-                                                          ["batch_size", 32]))
+        graph.node.append(helper.make_node("ReduceMean", ["last_hidden_state"], ["mean_pooled"], axes=[1], keepdims=0))
+        graph.output.append(helper.make_tensor_value_info("mean_pooled", onnx.TensorProto.FLOAT, ["batch_size", 32]))
 
     model = onnx.load(str(bert_copy / "model.onnx"))
     add_mean(model.graph)
@@ -149,8 +147,11 @@ def test_reference_unavailable_runs_onnx_only_checks_and_says_so(bert_copy: Path
     report = validate(bert_copy)
     assert report.passed and report.reference_skipped
     statuses = {c.name: c.status for c in report.checks}
-    assert statuses == {"reference_parity": "skipped", "shape_generalisation": "passed",
-                        "batching_invariance": "passed"}
+    assert statuses == {
+        "reference_parity": "skipped",
+        "shape_generalisation": "passed",
+        "batching_invariance": "passed",
+    }
     assert "deleted-checkpoint" in report.reference["reason"]
     assert main(["validate", str(bert_copy)]) == 0
     out = capsys.readouterr().out

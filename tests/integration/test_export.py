@@ -78,7 +78,10 @@ def test_tiny_encoders_export_and_pass_every_check(exported, kind: str, task: st
     res = exported(kind)
     assert res.report.passed, res.report.format_table(verbose=True)
     assert _check_names(res.report) == {
-        "reference_parity": "passed", "shape_generalisation": "passed", "batching_invariance": "passed"}
+        "reference_parity": "passed",
+        "shape_generalisation": "passed",
+        "batching_invariance": "passed",
+    }
     m = res.manifest
     assert m.source["task"] == task  # inferred from the checkpoint's architecture
     assert set(m.outputs) == outputs
@@ -138,8 +141,7 @@ def test_tiny_bart_seq2seq_exports_all_components(exported) -> None:
 def test_trt_manifest_has_profiles_and_hashed_caches(exported) -> None:
     res = exported("bert", trt=True, dtype="fp16", max_batch_size=16, max_sequence_length=96)
     m = res.manifest
-    assert [p[0] for p in m.providers] == ["TensorrtExecutionProvider", "CUDAExecutionProvider",
-                                            "CPUExecutionProvider"]
+    assert [p[0] for p in m.providers] == ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     opts = m.providers[0][1]
     assert opts["trt_fp16_enable"] is True
     assert opts["trt_profile_min_shapes"] == "input_ids:1x1,attention_mask:1x1,token_type_ids:1x1"
@@ -223,8 +225,9 @@ def test_batched_session_on_minilm_export_matches_unbatched_under_concurrency(mi
     d = minilm_export.directory
     tok = AutoTokenizer.from_pretrained(d)
     texts = [f"request {i}: " + "word " * (i % 17) for i in range(48)]
-    feeds = [{k: v.astype(np.int64) for k, v in tok(t, return_tensors="np").items() if k != "token_type_ids"}
-             for t in texts]
+    feeds = [
+        {k: v.astype(np.int64) for k, v in tok(t, return_tensors="np").items() if k != "token_type_ids"} for t in texts
+    ]
     direct = ort.InferenceSession(str(d / "model.onnx"), providers=["CPUExecutionProvider"])
     want = [direct.run(None, f) for f in feeds]
     with BatchedSession(d) as bs:
