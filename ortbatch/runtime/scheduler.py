@@ -246,7 +246,6 @@ class Scheduler:
         self._pending: list[Request] = []
         self._closed = False
         self._drain = True
-        self._in_flight = 0
         self.accepted = 0
 
     # -- callers ----------------------------------------------------------------------
@@ -300,7 +299,6 @@ class Scheduler:
                         batch = [pending[i] for i in picked]
                         keep = set(picked)
                         self._pending = [r for i, r in enumerate(pending) if i not in keep]
-                        self._in_flight += 1
                         if self._pending:
                             self._cond.notify()  # another free worker may take the rest
                         return batch
@@ -310,12 +308,6 @@ class Scheduler:
                 exc = RequestTimeoutError("deadline passed before the request could run; it was dropped")
                 if _fail(req, exc) and self._on_expired is not None:
                     self._on_expired(exc)
-
-    def done(self) -> None:
-        """A worker finished the batch it took."""
-        with self._cond:
-            self._in_flight -= 1
-            self._cond.notify_all()
 
     def close(self, drain: bool) -> list[Request]:
         """Stop accepting. Without drain, return the queued requests for the caller to fail."""

@@ -328,8 +328,6 @@ class BatchedSession:
                     _settle_error(r.future, InferenceError(f"internal error: {exc!r}"))
                 if not isinstance(exc, Exception):
                     raise
-            finally:
-                sched.done()
 
     def _run(self, reqs: list[Request], binding: Binding, waits: list[float] | None) -> None:
         """Collate, run and split ``reqs``; on failure split the group and retry halves,

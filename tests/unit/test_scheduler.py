@@ -78,7 +78,6 @@ def test_grouping_pads_less_than_fifo_on_a_fixed_arrival_set():
         batch = sched.take()
         batches.append([r.length for r in batch])
         padded += len(batch) * max(r.length for r in batch)
-        sched.done()
     assert sum(len(b) for b in batches) == len(lengths)
     assert padded < fifo_padding(lengths, 4)
     assert batches[0][0] == 5  # oldest first
