@@ -379,6 +379,7 @@ def _run_batched(
         delta = batched_stats_delta(before, after, warm_tokens, warm_tokens + sent)
         info = {
             "session": session_settings(bs.session),
+            "latency_session": session_settings(bs.latency_session) if bs.latency_session is not None else None,
             "workers": getattr(bs, "workers", cfg.workers),
             "max_batch_size": getattr(bs, "max_batch_size", cfg.max_batch_size),
             "max_batch_tokens": cfg.max_batch_tokens,

@@ -113,13 +113,18 @@ def build_session(
     providers: Sequence[tuple[str, dict[str, Any]]],
     workers: int,
     session_options: Any = None,
+    *,
+    latency: bool = False,
 ) -> Any:
     """Create an InferenceSession tuned for ``workers`` concurrent batches.
 
     On CPU, ``workers`` batches in flight share the cores: each run gets
     ``cores // workers`` intra-op threads, and thread-pool spinning is turned off
     when several runs overlap (spinning threads steal the cores the other run needs).
-    User-supplied ``session_options`` are taken as they are.
+    ``latency=True`` builds the session for a run that is alone: every core, spinning
+    during the run (as ORT's defaults, which direct ``session.run`` latency is measured
+    with) but stopped when the run ends, so idle pool threads do not take the cores from
+    batches that start next. User-supplied ``session_options`` are taken as they are.
     """
     ort = require("onnxruntime")
     available = ort.get_available_providers()
@@ -137,7 +142,9 @@ def build_session(
             threads = max(1, cpu_count() // max(1, workers))
             so.intra_op_num_threads = threads
             so.inter_op_num_threads = 1
-            if workers > 1 and threads > 1:
+            if latency:
+                so.add_session_config_entry("session.force_spinning_stop", "1")
+            elif workers > 1 and threads > 1:
                 so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     else:
         so = session_options

@@ -22,10 +22,12 @@ Batch formation (:class:`BatchPolicy`):
 
 from __future__ import annotations
 
+import _thread
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +35,79 @@ import numpy as np
 
 from ..errors import QueueFullError, RequestTimeoutError, SessionClosedError
 
-__all__ = ["BatchPolicy", "CostModel", "Request", "Scheduler"]
+__all__ = ["BatchPolicy", "CostModel", "Request", "Scheduler", "Slot"]
+
+_PENDING, _RUNNING, _CANCELLED, _FINISHED = 0, 1, 2, 3
+
+
+class Slot:
+    """A one-shot result for a caller blocked in ``BatchedSession.run``.
+
+    The subset of :class:`concurrent.futures.Future` that the runtime uses, built on two
+    bare locks: a ``Future`` allocates a ``Condition`` (and an ``RLock``) per request and
+    wakes its waiter through it, which at thousands of requests per second is a
+    measurable share of the runtime's own cost. ``submit`` and ``run_async`` still hand
+    out real ``Future`` objects; both kinds are settled through the same calls.
+    """
+
+    __slots__ = ("_exc", "_gate", "_lock", "_result", "_state")
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()  # guards _state transitions
+        self._gate = _thread.allocate_lock()  # held until the outcome is set
+        self._gate.acquire()
+        self._state = _PENDING
+        self._result: Any = None
+        self._exc: BaseException | None = None
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with self._lock:
+            if self._state == _CANCELLED:
+                return False
+            if self._state != _PENDING:
+                raise RuntimeError("slot already running or done")
+            self._state = _RUNNING
+            return True
+
+    def cancel(self) -> bool:
+        with self._lock:
+            if self._state == _RUNNING or self._state == _FINISHED:
+                return False
+            if self._state == _PENDING:
+                self._state = _CANCELLED
+                self._gate.release()
+            return True
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def done(self) -> bool:
+        return self._state == _CANCELLED or self._state == _FINISHED
+
+    def set_result(self, value: Any) -> None:
+        self._settle(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._settle(None, exc)
+
+    def _settle(self, value: Any, exc: BaseException | None) -> None:
+        with self._lock:
+            if self._state == _CANCELLED or self._state == _FINISHED:
+                raise InvalidStateError(f"slot already {'cancelled' if self._state == _CANCELLED else 'done'}")
+            self._result, self._exc = value, exc
+            self._state = _FINISHED
+        self._gate.release()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The outcome; waits up to ``timeout`` seconds (``None``: forever)."""
+        if not self._gate.acquire(True, -1 if timeout is None else max(timeout, 0.0)):
+            raise FutureTimeoutError()
+        self._gate.release()  # keep it open for any later call
+        if self._state == _CANCELLED:
+            raise CancelledError()
+        if self._exc is not None:
+            raise self._exc
+        return self._result
 
 
 class Request:
@@ -48,14 +122,14 @@ class Request:
         length: int,
         output_names: Any = None,
         deadline: float | None = None,
-        future: Future[Any] | None = None,
+        future: Future[Any] | Slot | None = None,
     ) -> None:
         self.item = item
         self.rows = rows
         self.length = length
         self.output_names = output_names
         self.deadline = deadline
-        self.future: Future[Any] = future if future is not None else Future()
+        self.future: Future[Any] | Slot = future if future is not None else Slot()
         self.enqueued = 0.0
 
 
@@ -246,6 +320,7 @@ class Scheduler:
         self._pending: list[Request] = []
         self._closed = False
         self._drain = True
+        self._busy = 0  # batches taken and not yet finished, inline runs included
         self.accepted = 0
 
     # -- callers ----------------------------------------------------------------------
@@ -272,13 +347,46 @@ class Scheduler:
         req.future.cancel()
         return True
 
+    def begin_inline(self) -> bool:
+        """Claim the idle system for one request run on the caller's own thread.
+
+        True only when nothing is queued or running (so no request is overtaken) and no
+        ``max_delay_ms`` asks requests to wait for company; the caller must then call
+        :meth:`finished` once its run is over.
+        """
+        if self.policy.max_delay_s > 0:
+            return False
+        with self._cond:
+            if self._closed or self._pending or self._busy:
+                return False
+            self._busy += 1
+            self.accepted += 1
+            return True
+
+    def finished(self) -> None:
+        """A batch taken by :meth:`take_batch` (or an inline run) is over."""
+        with self._cond:
+            self._busy -= 1
+
     @property
     def queued(self) -> int:
         return len(self._pending)
 
     # -- workers -----------------------------------------------------------------------
     def take(self) -> list[Request] | None:
-        """Block until a batch is ready; None once closed and (if draining) empty."""
+        """Block until a batch is ready; None once closed and (if draining) empty.
+
+        For callers that do not track running batches (tests, tools): the batch counts as
+        finished at once."""
+        taken = self.take_batch()
+        if taken is None:
+            return None
+        self.finished()
+        return taken[0]
+
+    def take_batch(self) -> tuple[list[Request], bool] | None:
+        """Like :meth:`take`, plus whether the batch runs *alone* (nothing else running,
+        nothing left queued). Call :meth:`finished` after running it."""
         expired: list[Request] = []
         try:
             with self._cond:
@@ -301,7 +409,9 @@ class Scheduler:
                         self._pending = [r for i, r in enumerate(pending) if i not in keep]
                         if self._pending:
                             self._cond.notify()  # another free worker may take the rest
-                        return batch
+                        alone = not self._busy and not self._pending
+                        self._busy += 1
+                        return batch, alone
                     self._cond.wait(self._timeout(None, now))
         finally:
             for req in expired:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import glob
 import logging
 import os
 import threading
@@ -38,8 +39,16 @@ from ..errors import (
 )
 from ..manifest import MANIFEST_NAME, Manifest
 from .collate import Collator, PaddingCollator
-from .executor import Binding, Executor, build_session, check_providers, cpu_count, resolve_providers
-from .scheduler import BatchPolicy, CostModel, Request, Scheduler
+from .executor import (
+    GPU_PROVIDERS,
+    Binding,
+    Executor,
+    build_session,
+    check_providers,
+    cpu_count,
+    resolve_providers,
+)
+from .scheduler import BatchPolicy, CostModel, Request, Scheduler, Slot
 from .signature import ModelSignature
 from .stats import Stats, StatsRecorder
 
@@ -49,6 +58,7 @@ log = logging.getLogger("ortbatch")
 
 _OPEN, _CLOSING, _CLOSED = "open", "closing", "closed"
 _LIVE: weakref.WeakSet[BatchedSession] = weakref.WeakSet()
+_LATENCY_SESSION_MAX_BYTES = 1 << 30  # auto-build the latency session only for models up to 1 GiB
 
 
 @atexit.register
@@ -84,6 +94,16 @@ class BatchedSession:
         collator: a custom :class:`~ortbatch.Collator` (default: padding collator built
             from the manifest or the graph).
         session_options: ``onnxruntime.SessionOptions`` for a session built here.
+        latency_session: also build a second session with one intra-op thread per core,
+            used for a batch that runs alone (the system was idle), so that one client
+            gets direct ``session.run`` latency while loaded batches keep
+            ``cores // workers`` threads each. It holds its own copy of the weights.
+            ``None`` (default): built when this session is built here on CPU with fewer
+            threads per worker than cores and the model is at most 1 GiB.
+
+    When nothing is queued or running, :meth:`run` executes its request on the
+    caller's own thread (no hand-off to a worker and back); requests that arrive
+    meanwhile are batched by the workers as usual.
     """
 
     def __init__(
@@ -101,6 +121,7 @@ class BatchedSession:
         providers: str | Sequence[Any] | None = None,
         collator: Collator | None = None,
         session_options: Any = None,
+        latency_session: bool | None = None,
     ) -> None:
         _check_positive("max_batch_size", max_batch_size)
         _check_positive("max_queue", max_queue)
@@ -115,6 +136,7 @@ class BatchedSession:
 
         self.manifest = _find_manifest(sess_or_path)
         self.workers = workers if workers is not None else 2
+        self.latency_session: Any = None
         if isinstance(sess_or_path, (str, os.PathLike)):
             model_path = self.manifest.model_path if self.manifest is not None else Path(sess_or_path)
             if not model_path.is_file():
@@ -125,7 +147,13 @@ class BatchedSession:
                 requested = resolve_providers(providers)
             self.session = build_session(model_path, requested, self.workers, session_options)
             check_providers(self.session, requested)
+            if _want_latency_session(latency_session, model_path, requested, self.workers, session_options):
+                self.latency_session = build_session(model_path, requested, 1, session_options, latency=True)
         else:
+            if latency_session:
+                raise ValueError(
+                    "latency_session=True needs a model path: BatchedSession cannot rebuild a session it was handed"
+                )
             self.session = sess_or_path
             if providers is not None:
                 check_providers(self.session, resolve_providers(providers))
@@ -157,6 +185,9 @@ class BatchedSession:
         self._stats = StatsRecorder()
         self._sched = Scheduler(self._policy, max_queue, on_expired=self._stats.error)
         self._executor = Executor(self.session)
+        # A batch that runs alone (and an inline run) goes to the latency session if there is one.
+        self._alone_executor = Executor(self.latency_session) if self.latency_session is not None else self._executor
+        self._inline_binding = self._alone_executor.binding()
         self._state = _OPEN
         self._state_lock = threading.Lock()
         self._threads = [
@@ -197,8 +228,17 @@ class BatchedSession:
             raise InvalidInputError(
                 "run_options apply to a whole batch and cannot be set per request in a BatchedSession"
             )
-        req = self._enqueue(input_feed, output_names, timeout_s)
+        req = self._request(input_feed, output_names, timeout_s, Slot())
         fut = req.future
+        if self._sched.begin_inline():
+            # Idle: run it here, on the caller's thread, skipping two thread hand-offs.
+            try:
+                fut.set_running_or_notify_cancel()
+                self._run([req], self._inline_binding, [0.0], self._alone_executor)
+            finally:
+                self._sched.finished()
+            return fut.result()
+        self._sched.put(req)
         if req.deadline is None:
             return fut.result()
         try:
@@ -217,8 +257,9 @@ class BatchedSession:
         timeout_s: float | None = None,
     ) -> list[np.ndarray]:
         """``await``-able :meth:`run`. Cancelling the task drops a still-queued request."""
-        req = self._enqueue(input_feed, output_names, timeout_s)
-        waiter = asyncio.wrap_future(req.future)
+        fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
+        req = self._enqueue(input_feed, output_names, timeout_s, fut)
+        waiter = asyncio.wrap_future(fut)
         if req.deadline is None:
             return await waiter
         try:
@@ -241,7 +282,9 @@ class BatchedSession:
     ) -> concurrent.futures.Future[list[np.ndarray]]:
         """Queue one request; the Future resolves to its outputs (list, in ``output_names``
         order) or to a typed error. ``future.cancel()`` drops it if it has not started."""
-        return self._enqueue(input_feed, output_names, timeout_s).future
+        fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
+        self._enqueue(input_feed, output_names, timeout_s, fut)
+        return fut
 
     def stats(self) -> Stats:
         """Counters, batch sizes, padding and timing percentiles so far."""
@@ -289,7 +332,22 @@ class BatchedSession:
 
     # -- internals -------------------------------------------------------------------------
     def _enqueue(
-        self, input_feed: Mapping[str, Any], output_names: Sequence[str] | None, timeout_s: float | None
+        self,
+        input_feed: Mapping[str, Any],
+        output_names: Sequence[str] | None,
+        timeout_s: float | None,
+        future: concurrent.futures.Future[Any] | Slot,
+    ) -> Request:
+        req = self._request(input_feed, output_names, timeout_s, future)
+        self._sched.put(req)
+        return req
+
+    def _request(
+        self,
+        input_feed: Mapping[str, Any],
+        output_names: Sequence[str] | None,
+        timeout_s: float | None,
+        future: concurrent.futures.Future[Any] | Slot,
     ) -> Request:
         if self._state != _OPEN:
             raise SessionClosedError("the session is closed; no new requests are accepted")
@@ -305,31 +363,37 @@ class BatchedSession:
         item = self.collator.prepare(input_feed)
         t = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + t if t is not None else None
-        req = Request(item, item.rows, item.length, names, deadline)
-        self._sched.put(req)
-        return req
+        return Request(item, item.rows, item.length, names, deadline, future)
 
     def _worker(self) -> None:
         binding = self._executor.binding()
+        alone_binding = self._alone_executor.binding() if self._alone_executor is not self._executor else binding
         sched = self._sched
         while True:
-            batch = sched.take()
-            if batch is None:
+            taken = sched.take_batch()
+            if taken is None:
                 return
+            batch, alone = taken
             try:
                 live = [r for r in batch if r.future.set_running_or_notify_cancel()]
                 if len(live) < len(batch):
                     self._stats.cancel(len(batch) - len(live))
                 if live:
                     now = time.monotonic()
-                    self._run(live, binding, [now - r.enqueued for r in live])
+                    waits = [now - r.enqueued for r in live]
+                    if alone:
+                        self._run(live, alone_binding, waits, self._alone_executor)
+                    else:
+                        self._run(live, binding, waits, self._executor)
             except BaseException as exc:  # never let a worker die with futures unsettled
                 for r in batch:
                     _settle_error(r.future, InferenceError(f"internal error: {exc!r}"))
                 if not isinstance(exc, Exception):
                     raise
+            finally:
+                sched.finished()
 
-    def _run(self, reqs: list[Request], binding: Binding, waits: list[float] | None) -> None:
+    def _run(self, reqs: list[Request], binding: Binding, waits: list[float] | None, executor: Executor) -> None:
         """Collate, run and split ``reqs``; on failure split the group and retry halves,
         so only the request(s) that fail on their own get the error."""
         t0 = time.perf_counter()
@@ -342,7 +406,7 @@ class BatchedSession:
                 wanted = set().union(*(r.output_names for r in reqs))
                 names = [n for n in self.output_names if n in wanted]
             try:
-                outs = self._executor.run(binding, feed, names)
+                outs = executor.run(binding, feed, names)
             except Exception:
                 if len(reqs) > 1 or binding.io is None:
                     raise
@@ -350,15 +414,15 @@ class BatchedSession:
                 # RuntimeError, losing the status (INVALID_ARGUMENT vs FAIL). Run it once
                 # through session.run, which raises ORT's typed error (or succeeds, if the
                 # failure was transient).
-                outs = self._executor.run_plain(feed, names)
+                outs = executor.run_plain(feed, names)
             results = self.collator.split(dict(zip(names, outs, strict=True)), state)
             if len(results) != len(reqs):
                 raise InferenceError(f"collator returned {len(results)} results for {len(reqs)} requests")
         except Exception as exc:
             if len(reqs) > 1:
                 mid = len(reqs) // 2
-                self._run(reqs[:mid], binding, waits[:mid] if waits else None)
-                self._run(reqs[mid:], binding, waits[mid:] if waits else None)
+                self._run(reqs[:mid], binding, waits[:mid] if waits else None, executor)
+                self._run(reqs[mid:], binding, waits[mid:] if waits else None, executor)
                 return
             err = exc if isinstance(exc, OrtBatchError) else map_ort_error(exc, "inference failed")
             if err is not exc:
@@ -369,7 +433,8 @@ class BatchedSession:
         elapsed = time.perf_counter() - t0
         rows = sum(r.rows for r in reqs)
         longest = max(r.length for r in reqs)
-        self._cost.observe(rows, longest, elapsed)
+        if executor is self._executor:  # the cost model describes the workers' session
+            self._cost.observe(rows, longest, elapsed)
         self._stats.batch(rows, len(reqs), sum(r.rows * r.length for r in reqs), rows * longest, elapsed, waits or [])
         ok = 0
         for req, res in zip(reqs, results, strict=True):
@@ -383,7 +448,26 @@ class BatchedSession:
         self._stats.finished(ok)
 
 
-def _settle_error(fut: concurrent.futures.Future[Any], exc: BaseException) -> None:
+def _want_latency_session(
+    wanted: bool | None,
+    model_path: Path,
+    providers: Sequence[tuple[str, dict[str, Any]]],
+    workers: int,
+    session_options: Any,
+) -> bool:
+    """Whether to build the latency session (see ``BatchedSession(latency_session=...)``)."""
+    if wanted is not None:
+        return wanted
+    if session_options is not None or any(name in GPU_PROVIDERS for name, _ in providers):
+        return False  # the user's own thread settings; on a GPU threads are not the limit
+    cores = cpu_count()
+    if max(1, cores // workers) >= cores:
+        return False  # the workers' session already has every core
+    weight_bytes = sum(f.stat().st_size for f in model_path.parent.glob(glob.escape(model_path.name) + "*"))
+    return weight_bytes <= _LATENCY_SESSION_MAX_BYTES
+
+
+def _settle_error(fut: concurrent.futures.Future[Any] | Slot, exc: BaseException) -> None:
     try:
         fut.set_exception(exc)
     except concurrent.futures.InvalidStateError:
