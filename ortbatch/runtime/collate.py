@@ -84,10 +84,21 @@ class PaddingCollator(Collator):
         self._left = signature.padding_side == "left"
         self._inputs = list(signature.inputs.values())
         self._names = frozenset(signature.inputs)
+        # Inputs whose one ragged axis is axis 1 (token sequences) are padded with one
+        # boolean-mask scatter instead of a slice assignment per request.
+        self._seq_key = {
+            sig.name: sig.ragged_axes[0][1]
+            for sig in self._inputs
+            if len(sig.ragged_axes) == 1 and sig.ragged_axes[0][0] == 1
+        }
+        self._out_seq: dict[str, str | None] = {}  # output -> key, when its only trim is axis 1
+        for name in signature.outputs:
+            trims = signature.output_ragged(name)
+            self._out_seq[name] = trims[0][1] if len(trims) == 1 and trims[0][0] == 1 else None
 
     # -- submit-time checks ------------------------------------------------------------
     def prepare(self, feed: Any) -> Prepared:
-        if not isinstance(feed, Mapping):
+        if type(feed) is not dict and not isinstance(feed, Mapping):
             raise InvalidInputError(f"input_feed must be a mapping of input name to array, got {type(feed).__name__}")
         if len(feed) != len(self._names) or not self._names.issuperset(feed):
             unknown = sorted(str(k) for k in feed if k not in self._names)
@@ -107,7 +118,11 @@ class PaddingCollator(Collator):
         lengths: dict[str, int] = {}
         lengths_from: dict[str, str] = {}
         for sig in self._inputs:
-            arr = _as_array(sig, feed[sig.name])
+            value = feed[sig.name]
+            if type(value) is np.ndarray and (value.dtype is sig.dtype or value.dtype == sig.dtype):
+                arr = value
+            else:
+                arr = _as_array(sig, value)
             if arr.ndim != len(sig.shape):
                 raise InvalidInputError(
                     f"input {sig.name!r}: expected rank {len(sig.shape)} {sig.describe()}, "
@@ -183,10 +198,28 @@ class PaddingCollator(Collator):
             return feed, state
         total = sum(row_counts)
         feed = {}
+        masks: dict[str, np.ndarray] = {}
         for sig in self._inputs:
             parts = [it.feed[sig.name] for it in items]
             if not sig.ragged_axes:
                 feed[sig.name] = np.concatenate(parts, axis=0)
+                continue
+            key = self._seq_key.get(sig.name)
+            if key is not None:
+                width = padded[key]
+                mask = masks.get(key)
+                if mask is None:
+                    # row r of the batch holds its request's first n positions (right) or last n (left)
+                    n = np.fromiter((ls[key] for ls in lengths), dtype=np.int64, count=len(lengths))
+                    if total != len(items):
+                        n = np.repeat(n, row_counts)
+                    pos = np.arange(width)
+                    mask = pos >= (width - n)[:, None] if self._left else pos < n[:, None]
+                    masks[key] = mask
+                tail = parts[0].shape[2:]
+                out = np.full((total, width, *tail), sig.pad, dtype=sig.dtype)
+                out[mask] = np.concatenate([p.reshape(-1, *tail) for p in parts])
+                feed[sig.name] = out
                 continue
             out_shape = list(parts[0].shape)
             out_shape[0] = total
@@ -236,11 +269,18 @@ class PaddingCollator(Collator):
             plans.append((name, arr, trims))
         results: list[dict[str, np.ndarray]] = []
         r = 0
+        left = self._left
+        out_seq = self._out_seq
         for rows, lengths in zip(st.rows, st.lengths, strict=True):
             res: dict[str, np.ndarray] = {}
             for name, arr, trims in plans:
                 if not trims:
                     res[name] = arr[r : r + rows]
+                    continue
+                seq = out_seq.get(name)
+                if seq is not None:  # the common case: trim axis 1 only
+                    n = lengths[seq]
+                    res[name] = arr[r : r + rows, arr.shape[1] - n :] if left else arr[r : r + rows, :n]
                     continue
                 index: list[slice] = [slice(r, r + rows)] + [slice(None)] * (arr.ndim - 1)
                 for axis, key in trims:

@@ -157,6 +157,7 @@ class CostModel:
         self._buffer: list[tuple[int, int, float]] = []
         self._decay = decay
         self._refit_every = refit_every
+        self._refits = 0
         # coefficients in seconds; the prior only matters through ratios
         self.a = prior_overhead * 1e-6
         self.b = 1e-6
@@ -169,10 +170,14 @@ class CostModel:
         normal equations (vectorised) every ``refit_every`` batches."""
         with self._lock:
             self._buffer.append((rows, length, seconds))
-            if len(self._buffer) >= self._refit_every:
+            # refit often while learning, then every 8x as many batches (a refit costs
+            # ~0.1-0.5 ms of the worker's time; drift is slow next to that)
+            every = self._refit_every if self._refits < 8 else 8 * self._refit_every
+            if len(self._buffer) >= every:
                 self._fold()
                 if self._n >= 4:
                     self._refit()
+                    self._refits += 1
 
     def _fold(self) -> None:
         samples = np.array(self._buffer, dtype=np.float64)
@@ -278,27 +283,31 @@ class BatchPolicy:
         for idx in range(n):
             prow[idx + 1] = prow[idx] + srows[idx]
             preal[idx + 1] = preal[idx] + srows[idx] * slen[idx]
-        best_window: tuple[float, int, int] | None = None
+        # predict() inlined (this loop runs per batch under the queue lock)
+        ca, cb, cc, cd = cost.a, cost.b, cost.c, cost.d
+        best_score, best_i, best_j = -1.0, k, k
         for j in range(k, n):  # j: the longest request in the window
             L = slen[j]
-            if prow[j + 1] - prow[k] > max_rows and j > k:
+            top_real = preal[j + 1]
+            top_rows = prow[j + 1]
+            if j > k and (
+                top_rows - prow[k] > max_rows or (max_tokens is not None and (top_rows - prow[k]) * L > max_tokens)
+            ):
                 break
-            if max_tokens is not None and j > k and (prow[j + 1] - prow[k]) * L > max_tokens:
-                break
-            best_j: tuple[float, int] | None = None
+            peak = -1.0
             for i in range(k, -1, -1):  # extend toward shorter requests
-                rows = prow[j + 1] - prow[i]
+                rows = top_rows - prow[i]
                 if i < k and (rows > max_rows or (max_tokens is not None and rows * L > max_tokens)):
                     break
-                score = (preal[j + 1] - preal[i]) / cost.predict(rows, L)
-                if best_j is None or score >= best_j[0]:
-                    best_j = (score, i)
+                p = rows * L
+                score = (top_real - preal[i]) / (ca + cb * p + cc * p * L + cd * p * p)
+                if score >= peak:
+                    peak = score
+                    if score > best_score or (score == best_score and j == best_j):  # ties: reach further
+                        best_score, best_i, best_j = score, i, j
                 elif i < k:
                     break  # past the peak: further extension only adds shorter rows
-            if best_j is not None and (best_window is None or best_j[0] > best_window[0]):
-                best_window = (best_j[0], best_j[1], j)
-        assert best_window is not None  # j == k, i == k is always feasible
-        _, i, j = best_window
+        i, j = best_i, best_j
         return sorted(order[i : j + 1])  # i <= k <= j: the oldest is always in
 
 
@@ -321,13 +330,21 @@ class Scheduler:
         self._closed = False
         self._drain = True
         self._busy = 0  # batches taken and not yet finished, inline runs included
+        self._idle = 0  # workers waiting in take_batch (put notifies only when there is one)
         self.accepted = 0
 
     # -- callers ----------------------------------------------------------------------
-    def put(self, req: Request) -> None:
+    def put(self, req: Request, inline_ok: bool = False) -> bool:
+        """Queue ``req``. With ``inline_ok``, an idle scheduler (nothing queued or running,
+        no ``max_delay_ms``) does not queue it but returns True: the caller runs it on its
+        own thread and then calls :meth:`finished` (no request is overtaken)."""
         with self._cond:
             if self._closed:
                 raise SessionClosedError("the session is closed; no new requests are accepted")
+            if inline_ok and not self._pending and not self._busy and self.policy.max_delay_s <= 0:
+                self._busy += 1
+                self.accepted += 1
+                return True
             if len(self._pending) >= self.max_queue:
                 self._purge_cancelled()
                 if len(self._pending) >= self.max_queue:
@@ -335,7 +352,9 @@ class Scheduler:
             req.enqueued = self._clock()
             self._pending.append(req)
             self.accepted += 1
-            self._cond.notify()
+            if self._idle:
+                self._cond.notify()
+            return False
 
     def cancel(self, req: Request) -> bool:
         """Remove ``req`` if still queued; True if it was (its future is then cancelled)."""
@@ -347,24 +366,8 @@ class Scheduler:
         req.future.cancel()
         return True
 
-    def begin_inline(self) -> bool:
-        """Claim the idle system for one request run on the caller's own thread.
-
-        True only when nothing is queued or running (so no request is overtaken) and no
-        ``max_delay_ms`` asks requests to wait for company; the caller must then call
-        :meth:`finished` once its run is over.
-        """
-        if self.policy.max_delay_s > 0:
-            return False
-        with self._cond:
-            if self._closed or self._pending or self._busy:
-                return False
-            self._busy += 1
-            self.accepted += 1
-            return True
-
     def finished(self) -> None:
-        """A batch taken by :meth:`take_batch` (or an inline run) is over."""
+        """A batch taken by :meth:`take_batch` (or an inline run, see :meth:`put`) is over."""
         with self._cond:
             self._busy -= 1
 
@@ -401,7 +404,7 @@ class Scheduler:
                         if delay > 0 and not self._closed:
                             wait = pending[0].enqueued + delay - now
                             if wait > 0 and sum(r.rows for r in pending) < self.policy.max_rows:
-                                self._cond.wait(self._timeout(wait, now))
+                                self._wait(self._timeout(wait, now))
                                 continue
                         picked = self.policy.select(pending)
                         batch = [pending[i] for i in picked]
@@ -412,7 +415,7 @@ class Scheduler:
                         alone = not self._busy and not self._pending
                         self._busy += 1
                         return batch, alone
-                    self._cond.wait(self._timeout(None, now))
+                    self._wait(self._timeout(None, now))
         finally:
             for req in expired:
                 exc = RequestTimeoutError("deadline passed before the request could run; it was dropped")
@@ -431,6 +434,13 @@ class Scheduler:
             return dropped
 
     # -- internals (lock held) ------------------------------------------------------------
+    def _wait(self, timeout: float | None) -> None:
+        self._idle += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._idle -= 1
+
     def _timeout(self, wait: float | None, now: float) -> float | None:
         deadlines = [r.deadline for r in self._pending if r.deadline is not None]
         if deadlines:

@@ -230,7 +230,7 @@ class BatchedSession:
             )
         req = self._request(input_feed, output_names, timeout_s, Slot())
         fut = req.future
-        if self._sched.begin_inline():
+        if self._sched.put(req, inline_ok=True):
             # Idle: run it here, on the caller's thread, skipping two thread hand-offs.
             try:
                 fut.set_running_or_notify_cancel()
@@ -238,7 +238,6 @@ class BatchedSession:
             finally:
                 self._sched.finished()
             return fut.result()
-        self._sched.put(req)
         if req.deadline is None:
             return fut.result()
         try:

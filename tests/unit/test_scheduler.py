@@ -171,3 +171,55 @@ def test_cost_model_learns_superlinear_batches_and_then_prefers_moderate_ones():
     assert 1 < peak < 40
     picked = BatchPolicy(max_rows=64, cost=cm).select(reqs([64] * 40))
     assert picked == list(range(peak))  # equal lengths: FIFO, stopping at the peak
+
+
+# -- Slot: the light future behind BatchedSession.run ------------------------------------
+def test_slot_result_exception_and_timeout():
+    import concurrent.futures
+    import threading
+
+    from ortbatch.runtime.scheduler import Slot
+
+    s = Slot()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        s.result(timeout=0.01)
+    assert s.set_running_or_notify_cancel()
+    assert not s.cancel()  # running: too late
+    threading.Timer(0.05, s.set_result, args=([1, 2],)).start()
+    assert s.result(timeout=5) == [1, 2]
+    assert s.result() == [1, 2] and s.done()  # a second call returns the same
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        s.set_result(3)
+
+    e = Slot()
+    e.set_running_or_notify_cancel()
+    e.set_exception(RequestTimeoutError("late"))
+    with pytest.raises(RequestTimeoutError, match="late"):
+        e.result(0)
+
+
+def test_slot_cancel_before_running():
+    import concurrent.futures
+
+    from ortbatch.runtime.scheduler import Slot
+
+    s = Slot()
+    assert s.cancel() and s.cancel() and s.cancelled() and s.done()
+    assert not s.set_running_or_notify_cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        s.result(0)
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        s.set_exception(RuntimeError())
+
+
+def test_put_inline_claims_only_an_idle_scheduler():
+    sched = Scheduler(BatchPolicy(), max_queue=10)
+    assert sched.put(Request(0, 1, 1), inline_ok=True)  # idle: the caller runs it
+    assert not sched.put(Request(1, 1, 1), inline_ok=True)  # one is running: queue
+    assert sched.accepted == 2 and sched.queued == 1
+    sched.finished()
+    assert not sched.put(Request(2, 1, 1), inline_ok=True)  # something is queued: queue
+    assert [r.item for r in sched.take()] == [1, 2]
+    assert sched.put(Request(3, 1, 1), inline_ok=True)
+    delayed = Scheduler(BatchPolicy(max_delay_s=0.01), max_queue=10)
+    assert not delayed.put(Request(0, 1, 1), inline_ok=True)  # max_delay asks for company
