@@ -47,10 +47,10 @@ class Stats:
         return d
 
 
-def _percentiles(samples: deque[float]) -> dict[str, float]:
+def _percentiles(samples: list[float]) -> dict[str, float]:
     if not samples:
         return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
-    arr = np.fromiter(samples, dtype=np.float64) * 1e3
+    arr = np.asarray(samples, dtype=np.float64) * 1e3
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(arr.max())}
 
@@ -96,9 +96,10 @@ class StatsRecorder:
             self.cancelled += count
 
     def snapshot(self, requests: int, queued: int, workers: int, cost_model: dict[str, Any]) -> Stats:
-        with self._lock:
+        with self._lock:  # copy under the lock; the percentiles are computed outside it
+            waits, runs = list(self.waits), list(self.runs)
             failed = sum(self.errors.values())
-            return Stats(
+            snap = Stats(
                 requests=requests,
                 completed=self.completed,
                 failed=failed,
@@ -109,10 +110,13 @@ class StatsRecorder:
                 mean_requests_per_batch=self.batch_requests / self.batches if self.batches else 0.0,
                 rows_histogram=dict(self.hist),
                 padding_fraction=1.0 - self.real / self.padded if self.padded else 0.0,
-                queue_wait_ms=_percentiles(self.waits),
-                run_ms=_percentiles(self.runs),
+                queue_wait_ms={},
+                run_ms={},
                 errors=dict(self.errors),
                 queued=queued,
                 workers=workers,
                 cost_model=cost_model,
             )
+        snap.queue_wait_ms.update(_percentiles(waits))
+        snap.run_ms.update(_percentiles(runs))
+        return snap
