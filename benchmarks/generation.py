@@ -324,7 +324,8 @@ def run_continuous(
     done = [r.total_time_s for r in results]
     note = (
         f"max_batch_size {batch}; mean decode rows {stats.mean_decode_rows:.1f}, "
-        f"{stats.prefill_runs} prefills, padding {stats.cache_padding_fraction:.0%}; LM head on "
+        f"{stats.prefill_runs} prefills, padding {stats.cache_padding_fraction:.0%}, "
+        f"{stats.cache_copies} cache copies, {stats.slot_reuses} joins in place; LM head on "
         + ("the last position only" if gen.last_position_logits else "every position")
     )
     mode = "continuous" if last_position_logits is not False else "continuous-full-logits"

@@ -6,10 +6,12 @@ column to every row, so alignment is kept for free; the attention mask masks the
 padding and positions are counted from the mask, so each row sees exactly what it
 would see alone.
 
-Membership changes are the only copies: rows that leave are dropped and the columns
-that are padding in every remaining row are trimmed (compaction, so the padded length
-is always the longest row's length); rows that join are left-padded to the common
-length and stacked. Layer tensors may also be device-resident ``OrtValue`` objects
+Membership changes are the only copies, and the scheduler keeps them rare (a full
+copy of a large cache costs several decode steps): a row that joins may take the slot
+of a row that left, written in place (:meth:`KVCache.place`, one row's worth of
+copying); rows that leave are dropped, and the columns that are padding in every
+remaining row trimmed, by :meth:`KVCache.rebuild`, which also left-pads and stacks rows
+that join, in one pass. Layer tensors may also be device-resident ``OrtValue`` objects
 (IOBinding); they are brought to the host only when membership changes.
 """
 
@@ -65,6 +67,32 @@ class KVCache:
         self.tensors = list(presents)
         self.lens = self.lens + new
         self.length += new
+
+    def nbytes(self, itemsize: int) -> int:
+        """Bytes held by the layer tensors (host arrays or device ``OrtValue``s of ``itemsize``)."""
+        return sum(t.nbytes if isinstance(t, np.ndarray) else int(np.prod(t.shape())) * itemsize for t in self.tensors)
+
+    def place(self, slot: int, other: KVCache, row: int) -> None:
+        """Write ``other``'s row ``row`` into this cache's row ``slot`` in place (left-padded).
+
+        The slot's previous contents are overwritten: use it for a row that has left.
+        The row must fit: ``other.lens[row] <= self.length``.
+        """
+        n = int(other.lens[row])
+        if not 0 <= slot < self.rows:
+            raise ValueError(f"slot {slot} is not a row of this cache ({self.rows} rows)")
+        if n > self.length:
+            raise ValueError(f"a row of {n} positions does not fit a cache of length {self.length}")
+        self.host()
+        other.host()
+        pad = self.length - n
+        for k, t in enumerate(self.tensors):
+            if not t.flags.writeable:
+                t = self.tensors[k] = t.copy()
+            t[slot, :, :pad, :] = 0
+            t[slot, :, pad:, :] = other.tensors[k][row, :, other.length - n :, :]
+        self.lens = self.lens.copy()
+        self.lens[slot] = n
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (in that order), then trim columns that are padding everywhere."""

@@ -162,6 +162,8 @@ class GenerationStats:
     cache_padding_fraction: float
     decode_time_s: float
     prefill_time_s: float
+    cache_copies: int = 0
+    slot_reuses: int = 0
 
 
 @dataclass(eq=False)
@@ -359,6 +361,8 @@ class BatchedGenerator:
                 "generated_tokens",
                 "decode_rows",
                 "max_decode_rows",
+                "cache_copies",
+                "slot_reuses",
             ),
             0,
         )
@@ -368,8 +372,11 @@ class BatchedGenerator:
         self._active_snapshot = (0, 0, 0)  # rows, reserved tokens, cache length
 
         # Owned by the scheduler thread only.
-        self._rows: list[_Request] = []
+        self._rows: list[_Request] = []  # one per cache row; rows that left may linger (see _place)
         self._cache = self._empty_cache()
+        self._cache_itemsize = np.dtype(self._cache_dtype).itemsize
+        self._last_step_s = 0.0  # the last decode step's time
+        self._copy_s_per_byte = 1e-9  # learned from the cache copies made
 
         # Daemon, so a process that never calls close() still exits; atexit aborts it first.
         self._thread = threading.Thread(target=self._run, name="ortbatch-generator", daemon=True)
@@ -635,6 +642,8 @@ class BatchedGenerator:
             cache_padding_fraction=padding / steps if steps else 0.0,
             decode_time_s=decode_time,
             prefill_time_s=prefill_time,
+            cache_copies=c["cache_copies"],
+            slot_reuses=c["slot_reuses"],
         )
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
@@ -772,10 +781,7 @@ class BatchedGenerator:
                     break
                 keep = self._reap_rows()
                 joining, joined = self._prefill(admitted) if admitted else ([], [])
-                # Rows that left (finished last step, cancelled, expired) and rows that join
-                # cost one pass over the cache together.
-                self._cache.rebuild(keep, joining)
-                self._rows = [self._rows[i] for i in keep] + joined
+                self._place(keep, joining, joined)
                 if self._rows:
                     self._decode_step()
                 if not any(not r.done for r in self._rows):
@@ -843,6 +849,54 @@ class BatchedGenerator:
                 reserved += head.reserve
             stop = self._state == "draining" and not self._pending and not alive and not admitted
             return admitted, dropped, stop
+
+    def _place(self, keep: list[int], joining: list[KVCache], joined: list[_Request]) -> None:
+        """Fit the rows that join into the batch, and decide whether rows that left are dropped.
+
+        A full cache copy costs several decode steps on a large cache, so: joining rows
+        take the slots of rows that left, in place, when there are enough and the cache
+        is long enough; otherwise one rebuild drops the rows that left and stacks the
+        new ones. Rows that left and are not replaced stay in the batch, unread, until
+        the compute they waste (a share of each step, for the steps the others still
+        have to go) outweighs the copy that drops them.
+        """
+        rows, cache = self._rows, self._cache
+        kept = set(keep)
+        free = [i for i in range(len(rows)) if i not in kept]
+        incoming = [(c, r) for c in joining for r in range(c.rows)]
+        if not keep and not incoming:
+            self._rows, self._cache = [], self._empty_cache()
+            return
+        if incoming and len(incoming) <= len(free) and all(int(c.lens[r]) <= cache.length for c, r in incoming):
+            for (c, r), req, slot in zip(incoming, joined, free, strict=False):
+                cache.place(slot, c, r)
+                rows[slot] = req
+            with self._lock:
+                self._counts["slot_reuses"] += len(incoming)
+            free = free[len(incoming) :]
+            keep = sorted([*keep, *(i for i in range(len(rows)) if i not in kept and i not in free)])
+            incoming = []
+        if incoming or (free and self._worth_compacting(keep, free)):
+            t0 = time.perf_counter()
+            copied = cache.nbytes(self._cache_itemsize) * len(keep) // max(1, len(rows))
+            cache.rebuild(keep, joining if incoming else ())
+            elapsed = time.perf_counter() - t0
+            self._rows = [rows[i] for i in keep] + (joined if incoming else [])
+            if copied:
+                self._copy_s_per_byte = 0.7 * self._copy_s_per_byte + 0.3 * elapsed / copied
+            with self._lock:
+                self._counts["cache_copies"] += 1
+
+    def _worth_compacting(self, keep: list[int], free: list[int]) -> bool:
+        """Whether dropping the ``free`` rows now saves more decode time than the copy costs."""
+        if not keep:
+            return True
+        rows = len(keep) + len(free)
+        # steps the surviving rows still have to go, at most (stop strings and EOS end some sooner)
+        remaining = sum(self._rows[i].max_new_tokens - len(self._rows[i].generated) for i in keep) / len(keep)
+        waste = self._last_step_s * len(free) / rows * remaining
+        copy = self._copy_s_per_byte * self._cache.nbytes(self._cache_itemsize) * len(keep) / rows
+        return waste > copy
 
     def _reap_rows(self) -> list[int]:
         """Indices of the rows that stay: not finished, not cancelled, not past their deadline
@@ -928,32 +982,37 @@ class BatchedGenerator:
     def _decode_step(self) -> None:
         rows = self._rows
         cache = self._cache
+        # rows that left and were not replaced yet ride along (see _place); their outputs are unread
         ids = np.array([[r.generated[-1]] for r in rows], dtype=self._ids_dtype)
         mask = cache.attention_mask(1, self._mask_dtype)
+        live = [i for i, r in enumerate(rows) if not r.done]
         with self._lock:
             self._counts["decode_steps"] += 1
-            self._counts["decode_rows"] += len(rows)
-            self._counts["max_decode_rows"] = max(self._counts["max_decode_rows"], len(rows))
-            self._padding_sum += 1.0 - float(cache.lens.sum()) / max(1, cache.rows * cache.length)
+            self._counts["decode_rows"] += len(live)
+            self._counts["max_decode_rows"] = max(self._counts["max_decode_rows"], len(live))
+            live_tokens = float(cache.lens[live].sum())
+            self._padding_sum += 1.0 - live_tokens / max(1, cache.rows * cache.length)
         t0 = time.perf_counter()
         try:
             logits, presents = self._forward(ids, mask, cache)
         except OrtBatchError as exc:
             # A failed decode step cannot be pinned on one row: every row in it fails,
             # and the generator carries on with the next requests.
-            for req in rows:
-                self._finish_error(req, exc)
+            for i in live:
+                self._finish_error(rows[i], exc)
             self._rows = []
             self._cache = self._empty_cache()
             return
         finally:
+            elapsed = time.perf_counter() - t0
             with self._lock:
-                self._decode_time += time.perf_counter() - t0
+                self._decode_time += elapsed
+        self._last_step_s = elapsed
         cache.advance(presents, new=1)
-        # Finished rows are settled now; their rows leave at the next step boundary,
-        # together with whatever joins then (one cache copy for both).
-        for i, req in enumerate(rows):
-            self._add_token(req, logits[i, -1])
+        # Finished rows are settled now; at the next step boundary their slots go to rows
+        # that join, or are dropped when that is worth a copy (see _place).
+        for i in live:
+            self._add_token(rows[i], logits[i, -1])
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, cache: KVCache) -> tuple[np.ndarray, list[Any]]:
         """One model run; checks every length, since the model silently accepts a mask

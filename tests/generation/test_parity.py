@@ -76,6 +76,33 @@ def test_greedy_join_and_leave_mid_flight(tiny: TinyModel, no_thread_leak: None)
     assert stats.max_decode_rows == 3
     assert stats.prefill_runs >= 6  # requests joined one by one as rows freed up
     assert stats.completed == len(prompts) and stats.active_rows == 0 and stats.cache_length == 0
+    assert stats.slot_reuses >= 1  # some joined in place, in the slot of a row that left
+
+
+def test_greedy_when_rows_that_left_linger_and_when_they_are_compacted(tiny: TinyModel, no_thread_leak: None) -> None:
+    """Rows that finish stay in the batch unread until a copy pays off; the others'
+    tokens are unchanged either way, whether the copy never comes or comes at once."""
+    prompts, news = PROMPTS[:6], [4, 30, 6, 25, 3, 28]
+    for copy_s_per_byte in (1.0, 0.0):  # a copy never worth it / always worth it
+        with BatchedGenerator(tiny.export, max_batch_size=6) as gen:
+            entered, gate = threading.Event(), threading.Event()
+            blocker = gen.submit(
+                [5, 6], 1, on_token=lambda _t, entered=entered, gate=gate: (entered.set(), gate.wait(10))
+            )
+            assert entered.wait(10)
+            gen._copy_s_per_byte = copy_s_per_byte
+            futures = [gen.submit(p, n) for p, n in zip(prompts, news, strict=True)]
+            gate.set()
+            blocker.result(10)
+            results = [f.result(30) for f in futures]
+            stats = gen.stats()
+        for prompt, n, out in zip(prompts, news, results, strict=True):
+            assert list(out.token_ids) == tiny.reference(prompt, n), (len(prompt), n, copy_s_per_byte)
+        if copy_s_per_byte:
+            assert stats.cache_copies <= 1  # (the blocker's own row) the finished rows rode along
+            assert stats.mean_decode_rows < 6  # ...but were not counted as decoded rows
+        else:
+            assert stats.cache_copies >= 2  # dropped as they finished
 
 
 def test_greedy_with_full_logits_graph(tiny: TinyModel, no_thread_leak: None) -> None:

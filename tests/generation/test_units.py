@@ -60,6 +60,26 @@ def test_extend_left_pads_both_sides() -> None:
     assert (a.tensors[0][:, 0, :, 0][mask == 0] == 0).all()
 
 
+def test_place_overwrites_one_slot_in_place_left_padded() -> None:
+    cache = _rows([3, 7, 2], tag=1)
+    before = [_content(cache, r) for r in range(3)]
+    tensors = list(cache.tensors)
+    joiner = _rows([5, 4], tag=2)
+    want = _content(joiner, 1)
+    cache.place(0, joiner, 1)  # row 0 left; joiner's row 1 takes its slot
+    assert all(a is b for a, b in zip(cache.tensors, tensors, strict=True))  # no new arrays
+    assert cache.length == 7 and cache.lens.tolist() == [4, 7, 2]
+    assert [_content(cache, r) for r in range(3)] == [want, before[1], before[2]]
+    assert np.array_equal(cache.tensors[1], cache.tensors[0] * 2)
+    mask = cache.attention_mask(0)
+    assert (cache.tensors[0][:, 0, :, 0][mask == 0] == 0).all()  # the old row's tokens are gone
+    with pytest.raises(ValueError, match="does not fit"):
+        cache.place(2, _rows([8], tag=3), 0)
+    with pytest.raises(ValueError, match="not a row"):
+        cache.place(3, joiner, 0)
+    assert cache.nbytes(4) == sum(t.nbytes for t in cache.tensors)
+
+
 def test_advance_checks_tensor_count() -> None:
     cache = _rows([2], tag=1)
     with pytest.raises(ValueError):
