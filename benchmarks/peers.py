@@ -386,9 +386,10 @@ def write_docs(report: dict[str, Any], docs: Path) -> None:
             f"### {lengths} tokens ({own['workload']['requests']} requests, {own['workload']['tokens']} tokens, "
             f"digest `{own['workload']['digest'][:12]}`)\n\n" + markdown_tables(own) + "\n\n"
             f"Settings — direct and oracle: `{_fmt_session(s.get('direct', s.get('oracle', {})).get('session', {}))}`; "
-            f"batched: workers={b.get('workers')}, `{_fmt_session(b.get('session', {}))}`, "
-            f"max_batch_size={b.get('max_batch_size')}, max_batch_tokens={b.get('max_batch_tokens')}, "
-            f"max_delay_ms={b.get('max_delay_ms')}. Output check vs direct: "
+            f"batched: workers={b.get('workers')}, `{_fmt_session(b.get('session', {}))}`"
+            + (f" (runs alone: `{_fmt_session(b['latency_session'])}`), " if b.get("latency_session") else ", ")
+            + f"max_batch_size={b.get('max_batch_size')}, max_batch_tokens={b.get('max_batch_tokens')}, "
+            + f"max_delay_ms={b.get('max_delay_ms')}. Output check vs direct: "
             + ", ".join(
                 f"{k} max |diff| {max(v['max_abs_diff'].values(), default=0):.1e}"
                 for k, v in own["checks"].items()

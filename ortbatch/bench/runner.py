@@ -53,6 +53,7 @@ class BenchConfig:
     max_batch_tokens: int | None = None
     max_delay_ms: float = 0.0
     workers: int | None = None
+    latency_session: bool | None = None  # None: BatchedSession's default
     providers: str | None = None
     baseline_options: dict[str, str] = field(default_factory=dict)
 
@@ -359,6 +360,7 @@ def _run_batched(
         max_delay_ms=cfg.max_delay_ms,
         workers=cfg.workers,
         providers=cfg.providers,
+        latency_session=cfg.latency_session,
         max_queue=max(1024, 4 * c),
     )
     try:

@@ -84,6 +84,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rt.add_argument("--max-batch-tokens", type=int, default=None)
     rt.add_argument("--max-delay-ms", type=float, default=0.0)
     rt.add_argument("--workers", type=int, default=None)
+    rt.add_argument(
+        "--no-latency-session",
+        action="store_true",
+        help="no second, every-core session for batches that run alone (BatchedSession(latency_session=False))",
+    )
     rt.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available, else CPU)")
     rt.add_argument(
         "--baseline-option",
@@ -131,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch_tokens=args.max_batch_tokens,
         max_delay_ms=args.max_delay_ms,
         workers=args.workers,
+        latency_session=False if args.no_latency_session else None,
         providers=args.providers,
         baseline_options=dict(args.baseline_option),
     )

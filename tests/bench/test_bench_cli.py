@@ -11,6 +11,7 @@ import pytest
 
 from ortbatch.cli import main
 from ortbatch.manifest import InputSpec, Manifest, OutputSpec
+from ortbatch.runtime.executor import cpu_count
 
 pytest.importorskip("onnxruntime")
 
@@ -293,6 +294,15 @@ def test_baseline_option_reaches_the_direct_session(tmp_path: Path, echo_path: P
     assert data["settings"]["oracle"]["session"] == session
     assert "batched" not in data["settings"]
     assert np.isfinite(data["results"][0]["requests_per_s"])
+
+
+@pytest.mark.skipif(cpu_count() < 2, reason="no latency session on one core")
+def test_latency_session_is_reported_and_can_be_turned_off(tmp_path: Path, echo_path: Path) -> None:
+    args = ("--concurrency", "1", "--requests", "4", "--lengths", "3", "--no-overhead", "--modes", "batched")
+    on = _bench(tmp_path, echo_path, *args, "--workers", "2")["settings"]["batched"]
+    assert on["latency_session"]["intra_op_num_threads"] > on["session"]["intra_op_num_threads"]
+    off = _bench(tmp_path, echo_path, *args, "--workers", "2", "--no-latency-session")["settings"]["batched"]
+    assert off["latency_session"] is None
 
 
 def test_duration_alone_sizes_the_run_and_caps_it(tmp_path: Path, echo_path: Path) -> None:
