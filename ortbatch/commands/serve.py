@@ -31,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--workers", type=_positive_int, default=None, help="batches in flight (default 2)")
     parser.add_argument(
+        "--no-latency-session",
+        action="store_true",
+        help="do not build the second, every-core CPU session for requests that arrive when idle (saves its memory)",
+    )
+    parser.add_argument(
         "--timeout-s", type=float, default=None, help="deadline per request before it runs; then 504 (default none)"
     )
     parser.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available)")
@@ -70,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         max_delay_ms=args.max_delay_ms,
         max_queue=args.max_queue,
         workers=args.workers,
+        latency_session=False if args.no_latency_session else None,
         timeout_s=args.timeout_s,
         providers=args.providers,
         max_body_bytes=args.max_body_bytes,

@@ -43,6 +43,8 @@ class ServeConfig:
     workers: int | None = None
     timeout_s: float | None = None
     providers: str | None = None
+    #: BatchedSession's latency session (None: its default; False saves the second copy of the weights)
+    latency_session: bool | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     normalize_embeddings: bool = True
     #: seconds to wait for in-flight requests on shutdown before cancelling them
@@ -62,6 +64,8 @@ class ServeConfig:
         }
         if self.providers is not None:
             kw["providers"] = self.providers
+        if self.latency_session is not None:
+            kw["latency_session"] = self.latency_session
         return kw
 
 

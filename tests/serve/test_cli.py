@@ -252,3 +252,19 @@ def test_loopback_unless_told_otherwise():
     assert args.host == "127.0.0.1" and ServeConfig().host == "127.0.0.1" and args.port == 8000
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.0.2.1") and not is_loopback("example.org")
+
+
+def test_no_latency_session_reaches_the_batched_session(adder_path):
+    from ortbatch.cli import build_parser
+    from ortbatch.serve import ServeConfig
+    from ortbatch.serve.model import ServedModel
+
+    args = build_parser().parse_args(["serve", "exports/minilm", "--no-latency-session"])
+    assert args.no_latency_session
+    assert "latency_session" not in ServeConfig().session_kwargs()  # BatchedSession's default
+    kwargs = ServeConfig(latency_session=False).session_kwargs()
+    model = ServedModel.load(adder_path, session_kwargs=kwargs)
+    try:
+        assert model.session.latency_session is None
+    finally:
+        model.close()
