@@ -257,7 +257,8 @@ class BatchedSession:
     ) -> list[np.ndarray]:
         """``await``-able :meth:`run`. Cancelling the task drops a still-queued request."""
         fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
-        req = self._enqueue(input_feed, output_names, timeout_s, fut)
+        req = self._request(input_feed, output_names, timeout_s, fut)
+        self._sched.put(req)
         waiter = asyncio.wrap_future(fut)
         if req.deadline is None:
             return await waiter
@@ -282,7 +283,7 @@ class BatchedSession:
         """Queue one request; the Future resolves to its outputs (list, in ``output_names``
         order) or to a typed error. ``future.cancel()`` drops it if it has not started."""
         fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
-        self._enqueue(input_feed, output_names, timeout_s, fut)
+        self._sched.put(self._request(input_feed, output_names, timeout_s, fut))
         return fut
 
     def stats(self) -> Stats:
@@ -330,17 +331,6 @@ class BatchedSession:
         )
 
     # -- internals -------------------------------------------------------------------------
-    def _enqueue(
-        self,
-        input_feed: Mapping[str, Any],
-        output_names: Sequence[str] | None,
-        timeout_s: float | None,
-        future: concurrent.futures.Future[Any] | Slot,
-    ) -> Request:
-        req = self._request(input_feed, output_names, timeout_s, future)
-        self._sched.put(req)
-        return req
-
     def _request(
         self,
         input_feed: Mapping[str, Any],

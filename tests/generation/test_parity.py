@@ -34,22 +34,27 @@ def test_greedy_alone_matches_transformers(tiny: TinyModel, no_thread_leak: None
         assert gen.stats().max_decode_rows == 1
 
 
-def test_greedy_batched_mixed_lengths_matches_alone(tiny: TinyModel, no_thread_leak: None) -> None:
-    prompts = PROMPTS
-    # All submitted before the scheduler can take them: they prefill and decode together.
+def submit_together(gen: BatchedGenerator, prompts: list, news: list) -> list:
+    """Submit every request while the scheduler is held busy by a one-token blocker, so they
+    are all queued before it takes any: they prefill and decode together. Their completions."""
     entered, gate = threading.Event(), threading.Event()
 
     def hold(_token: object) -> None:
         entered.set()
         gate.wait(10)
 
+    blocker = gen.submit([5, 6], 1, on_token=hold)
+    assert entered.wait(10)  # the scheduler is busy: the next ones queue together
+    futures = [gen.submit(p, n) for p, n in zip(prompts, news, strict=True)]
+    gate.set()
+    blocker.result(10)
+    return [f.result(30) for f in futures]
+
+
+def test_greedy_batched_mixed_lengths_matches_alone(tiny: TinyModel, no_thread_leak: None) -> None:
+    prompts = PROMPTS
     with BatchedGenerator(tiny.export, max_batch_size=len(prompts)) as gen:
-        blocker = gen.submit([5, 6], 1, on_token=hold)
-        assert entered.wait(10)  # the scheduler is busy: the next ones queue together
-        futures = [gen.submit(p, n) for p, n in zip(prompts, NEW, strict=True)]
-        gate.set()
-        blocker.result(5)
-        results = [f.result(30) for f in futures]
+        results = submit_together(gen, prompts, NEW)
         stats = gen.stats()
     for prompt, n, out in zip(prompts, NEW, results, strict=True):
         assert list(out.token_ids) == tiny.reference(prompt, n), (len(prompt), n)
@@ -85,16 +90,8 @@ def test_greedy_when_rows_that_left_linger_and_when_they_are_compacted(tiny: Tin
     prompts, news = PROMPTS[:6], [4, 30, 6, 25, 3, 28]
     for copy_s_per_byte in (1.0, 0.0):  # a copy never worth it / always worth it
         with BatchedGenerator(tiny.export, max_batch_size=6) as gen:
-            entered, gate = threading.Event(), threading.Event()
-            blocker = gen.submit(
-                [5, 6], 1, on_token=lambda _t, entered=entered, gate=gate: (entered.set(), gate.wait(10))
-            )
-            assert entered.wait(10)
             gen._copy_s_per_byte = copy_s_per_byte
-            futures = [gen.submit(p, n) for p, n in zip(prompts, news, strict=True)]
-            gate.set()
-            blocker.result(10)
-            results = [f.result(30) for f in futures]
+            results = submit_together(gen, prompts, news)
             stats = gen.stats()
         for prompt, n, out in zip(prompts, news, results, strict=True):
             assert list(out.token_ids) == tiny.reference(prompt, n), (len(prompt), n, copy_s_per_byte)
