@@ -223,3 +223,35 @@ def test_put_inline_claims_only_an_idle_scheduler():
     assert sched.put(Request(3, 1, 1), inline_ok=True)
     delayed = Scheduler(BatchPolicy(max_delay_s=0.01), max_queue=10)
     assert not delayed.put(Request(0, 1, 1), inline_ok=True)  # max_delay asks for company
+
+
+def test_selection_is_the_best_window_holding_the_oldest():
+    """Against brute force over every contiguous window of the length-sorted queue that holds
+    the oldest request and respects the caps: no heuristic shortcut may lose throughput."""
+    import random
+
+    def window_score(pol, chosen):
+        rows = sum(r.rows for r in chosen)
+        return sum(r.rows * r.length for r in chosen) / pol.cost.predict(rows, max(r.length for r in chosen))
+
+    rng = random.Random(0)
+    for _ in range(300):
+        lo, hi = rng.choice([(8, 16), (8, 128), (1, 4)])
+        pending = [Request(i, rng.choice([1, 1, 1, 2, 4]), rng.randint(lo, hi)) for i in range(rng.randint(2, 24))]
+        cost = FixedCost(a=rng.choice([1, 10, 100, 1000]), b=1)
+        cost.c, cost.d = rng.choice([0, 1e-3, 1e-2]), rng.choice([0, 0, 1e-4, 1e-3])
+        pol = BatchPolicy(max_rows=rng.choice([4, 8, 32]), max_tokens=rng.choice([None, None, 200, 1000]), cost=cost)
+        order = sorted(range(len(pending)), key=lambda x: pending[x].length)
+        k = order.index(0)
+        best = 0.0
+        for i in range(k + 1):
+            for j in range(k, len(pending)):
+                chosen = [pending[x] for x in order[i : j + 1]]
+                rows, longest = sum(r.rows for r in chosen), max(r.length for r in chosen)
+                if (i, j) == (k, k) or (
+                    rows <= pol.max_rows and (pol.max_tokens is None or rows * longest <= pol.max_tokens)
+                ):
+                    best = max(best, window_score(pol, chosen))
+        picked = pol.select(pending)
+        assert 0 in picked
+        assert window_score(pol, [pending[x] for x in picked]) >= best * (1 - 1e-9)
