@@ -218,7 +218,10 @@ class PaddingCollator(Collator):
                     masks[key] = mask
                 tail = parts[0].shape[2:]
                 out = np.full((total, width, *tail), sig.pad, dtype=sig.dtype)
-                out[mask] = np.concatenate([p.reshape(-1, *tail) for p in parts])
+                if total == len(items):  # one row each: join along the sequence axis (no per-part reshape)
+                    out[mask] = np.concatenate(parts, axis=1)[0]
+                else:
+                    out[mask] = np.concatenate([p.reshape(-1, *tail) for p in parts])
                 feed[sig.name] = out
                 continue
             out_shape = list(parts[0].shape)
