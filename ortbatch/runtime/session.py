@@ -235,6 +235,7 @@ class BatchedSession:
             try:
                 fut.set_running_or_notify_cancel()
                 self._run([req], self._inline_binding, [0.0], self._alone_executor)
+                self._stats.ran_alone(inline=True)
             finally:
                 self._sched.finished()
             return fut.result()
@@ -372,6 +373,7 @@ class BatchedSession:
                     waits = [now - r.enqueued for r in live]
                     if alone:
                         self._run(live, alone_binding, waits, self._alone_executor)
+                        self._stats.ran_alone(inline=False)
                     else:
                         self._run(live, binding, waits, self._executor)
             except BaseException as exc:  # never let a worker die with futures unsettled

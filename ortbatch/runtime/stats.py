@@ -21,6 +21,9 @@ class Stats:
     Times are milliseconds; percentiles cover the most recent 8192 samples.
     ``padding_fraction`` is the share of padded elements in all batches run
     (0 = no padding). ``errors`` counts failed requests by error type.
+    ``alone_batches`` counts batches that ran with nothing else queued or running (on
+    the latency session when there is one), ``inline_runs`` those of them that ran on
+    the caller's own thread (``run()`` on an idle session).
     """
 
     requests: int
@@ -39,6 +42,8 @@ class Stats:
     queued: int
     workers: int
     cost_model: dict[str, Any] = field(default_factory=dict)
+    alone_batches: int = 0
+    inline_runs: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict."""
@@ -69,6 +74,8 @@ class StatsRecorder:
         self.padded = 0
         self.hist: Counter[int] = Counter()
         self.errors: Counter[str] = Counter()
+        self.alone = 0
+        self.inline = 0
         self.waits: deque[float] = deque(maxlen=_WINDOW)
         self.runs: deque[float] = deque(maxlen=_WINDOW)
 
@@ -82,6 +89,11 @@ class StatsRecorder:
             self.hist[rows] += 1
             self.runs.append(run_s)
             self.waits.extend(waits)
+
+    def ran_alone(self, inline: bool) -> None:
+        with self._lock:
+            self.alone += 1
+            self.inline += inline
 
     def finished(self, ok: int) -> None:
         with self._lock:
@@ -116,6 +128,8 @@ class StatsRecorder:
                 queued=queued,
                 workers=workers,
                 cost_model=cost_model,
+                alone_batches=self.alone,
+                inline_runs=self.inline,
             )
         snap.queue_wait_ms.update(_percentiles(waits))
         snap.run_ms.update(_percentiles(runs))

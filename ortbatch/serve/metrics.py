@@ -45,6 +45,11 @@ class _SessionCollector:
             "ortbatch_session_requests", "Requests submitted to the BatchedSession", value=s.requests
         )
         yield core.CounterMetricFamily("ortbatch_batches", "Batches run", value=s.batches)
+        yield core.CounterMetricFamily(
+            "ortbatch_batches_alone",
+            "Batches that ran with nothing else queued or running (the idle path)",
+            value=getattr(s, "alone_batches", 0),
+        )
         failed = core.CounterMetricFamily(
             "ortbatch_session_failures", "Requests that ended in an error, by error type", labels=["error"]
         )

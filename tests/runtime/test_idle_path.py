@@ -61,7 +61,7 @@ def test_lone_run_executes_on_the_callers_thread(recording):
         assert recording.threads == [threading.get_ident()]
         np.testing.assert_array_equal(ids_of(out), np.full((1, 3), 5))
         s = bs.stats()
-        assert (s.requests, s.completed, s.batches) == (1, 1, 1)
+        assert (s.requests, s.completed, s.batches, s.alone_batches, s.inline_runs) == (1, 1, 1, 1, 1)
 
 
 def test_requests_arriving_during_an_inline_run_are_served_by_the_workers(recording):
@@ -82,6 +82,8 @@ def test_requests_arriving_during_an_inline_run_are_served_by_the_workers(record
         assert recording.threads[0] == lone.ident
         assert lone.ident not in recording.threads[1:]
         assert sorted(x for ids in recording.first_ids[1:] for x in ids) == [10, 11, 12]
+        s = bs.stats()
+        assert s.inline_runs == 1 and s.batches == len(recording.threads) and s.completed == 4
 
 
 def test_no_inline_run_while_requests_are_queued(recording):
@@ -157,5 +159,6 @@ def test_a_batch_that_runs_alone_uses_the_latency_session_and_loaded_ones_do_not
             ex.run = spy  # type: ignore[method-assign]
         np.testing.assert_array_equal(ids_of(bs.submit(feed(4, 3)).result(10)), np.full((1, 3), 4))
         assert used == ["latency"]
+        assert (bs.stats().alone_batches, bs.stats().inline_runs) == (1, 0)
         # the cost model learns only from the workers' session
         assert not bs.stats().cost_model["fitted"]

@@ -442,6 +442,7 @@ def test_metrics_by_route_template_and_batching(adder_server):
     )
     assert "ortbatch_queue_depth 0.0" in text
     assert "ortbatch_padding_fraction" in text
+    assert re.search(r"ortbatch_batches_alone_total [1-9]", text)  # the idle server ran it alone
 
 
 def test_a_client_that_leaves_is_not_computed_for():
