@@ -873,8 +873,8 @@ class BatchedGenerator:
                 rows[slot] = req
             with self._lock:
                 self._counts["slot_reuses"] += len(incoming)
+            keep = sorted(keep + free[: len(incoming)])
             free = free[len(incoming) :]
-            keep = sorted([*keep, *(i for i in range(len(rows)) if i not in kept and i not in free)])
             incoming = []
         if incoming or (free and self._worth_compacting(keep, free)):
             t0 = time.perf_counter()

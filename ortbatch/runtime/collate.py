@@ -251,7 +251,7 @@ class PaddingCollator(Collator):
     def split(self, outputs: Mapping[str, np.ndarray], state: Any) -> list[dict[str, np.ndarray]]:
         st: _BatchState = state
         total = sum(st.rows)
-        plans: list[tuple[str, np.ndarray, list[tuple[int, str]]]] = []
+        plans: list[tuple[str, np.ndarray, list[tuple[int, str]], str | None]] = []
         for name, arr in outputs.items():
             if arr.ndim == 0 or arr.shape[0] != total:
                 raise InferenceError(
@@ -269,19 +269,18 @@ class PaddingCollator(Collator):
                         f"batch was padded to {want}: cannot trim it back per request"
                     )
                 trims.append((axis, key))
-            plans.append((name, arr, trims))
+            # the common case, trimming axis 1 only, takes one slice per request
+            plans.append((name, arr, trims, self._out_seq.get(name) if trims else None))
         results: list[dict[str, np.ndarray]] = []
         r = 0
         left = self._left
-        out_seq = self._out_seq
         for rows, lengths in zip(st.rows, st.lengths, strict=True):
             res: dict[str, np.ndarray] = {}
-            for name, arr, trims in plans:
+            for name, arr, trims, seq in plans:
                 if not trims:
                     res[name] = arr[r : r + rows]
                     continue
-                seq = out_seq.get(name)
-                if seq is not None:  # the common case: trim axis 1 only
+                if seq is not None:
                     n = lengths[seq]
                     res[name] = arr[r : r + rows, arr.shape[1] - n :] if left else arr[r : r + rows, :n]
                     continue

@@ -14,7 +14,7 @@ from ortbatch import BatchedSession
 from ortbatch.runtime import session as session_mod
 from ortbatch.runtime.executor import cpu_count
 
-from .helpers import WrappedSession
+from .helpers import GatedSession
 
 
 def feed(value: int, n: int) -> dict[str, np.ndarray]:
@@ -30,24 +30,24 @@ def ids_of(out: list[np.ndarray]) -> np.ndarray:
     return out[0][..., 0]
 
 
-class ThreadRecordingSession(WrappedSession):
-    """Records which thread ran each batch; runs wait for ``gate`` once it is armed."""
+class ThreadRecordingSession(GatedSession):
+    """A GatedSession (open unless a test clears ``gate``) that also records which thread ran
+    each batch and counts runs that have started (``running``)."""
 
     def __init__(self, sess: Any) -> None:
         super().__init__(sess)
-        self.threads: list[int] = []
-        self.first_ids: list[list[int]] = []
-        self.gate = threading.Event()
         self.gate.set()
+        self.threads: list[int] = []
         self.running = threading.Semaphore(0)
 
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         self.threads.append(threading.get_ident())
-        self.first_ids.append([int(x) for x in feed["input_ids"][:, 0]])
         self.running.release()
-        if not self.gate.wait(30):
-            raise RuntimeError("test gate never opened")
         return super().run(names, feed)
+
+    def first_ids(self) -> list[list[int]]:
+        """Each batch's first input_ids value per row (the echo feeds' request ids)."""
+        return [[int(x) for x in batch["input_ids"][:, 0]] for batch in self.batches]
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_requests_arriving_during_an_inline_run_are_served_by_the_workers(record
             np.testing.assert_array_equal(ids_of(f.result(10)), np.full((1, 4), 10 + i))
         assert recording.threads[0] == lone.ident
         assert lone.ident not in recording.threads[1:]
-        assert sorted(x for ids in recording.first_ids[1:] for x in ids) == [10, 11, 12]
+        assert sorted(x for ids in recording.first_ids()[1:] for x in ids) == [10, 11, 12]
         s = bs.stats()
         assert s.inline_runs == 1 and s.batches == len(recording.threads) and s.completed == 4
 
