@@ -55,38 +55,22 @@ def main() -> int:
     mask = torch.ones_like(ids)
     path = args.out / "model.onnx"
     axes = {0: "batch", 1: "sequence"}
+    export_args = dict(
+        input_names=["input_ids", "attention_mask"],
+        output_names=["last_hidden_state", "pooler_output"],
+        opset_version=17,
+        dynamic_axes={
+            "input_ids": axes,
+            "attention_mask": axes,
+            "last_hidden_state": axes,
+            "pooler_output": {0: "batch"},
+        },
+    )
     with torch.no_grad():
         try:
-            torch.onnx.export(
-                Wrapped(),
-                (ids, mask),
-                str(path),
-                input_names=["input_ids", "attention_mask"],
-                output_names=["last_hidden_state", "pooler_output"],
-                opset_version=17,
-                dynamic_axes={
-                    "input_ids": axes,
-                    "attention_mask": axes,
-                    "last_hidden_state": axes,
-                    "pooler_output": {0: "batch"},
-                },
-                dynamo=False,
-            )
+            torch.onnx.export(Wrapped(), (ids, mask), str(path), dynamo=False, **export_args)
         except TypeError:  # an older torch without the dynamo argument
-            torch.onnx.export(
-                Wrapped(),
-                (ids, mask),
-                str(path),
-                input_names=["input_ids", "attention_mask"],
-                output_names=["last_hidden_state", "pooler_output"],
-                opset_version=17,
-                dynamic_axes={
-                    "input_ids": axes,
-                    "attention_mask": axes,
-                    "last_hidden_state": axes,
-                    "pooler_output": {0: "batch"},
-                },
-            )
+            torch.onnx.export(Wrapped(), (ids, mask), str(path), **export_args)
     providers = []
     if args.trt_cache is not None:
         args.trt_cache.mkdir(parents=True, exist_ok=True)

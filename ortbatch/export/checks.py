@@ -207,37 +207,12 @@ class ValidationReport:
         for chk in self.checks:
             prov = chk.provider.replace("ExecutionProvider", "")
             if chk.status == "skipped" or not chk.cases:
-                rows.append(
-                    (
-                        chk.name,
-                        prov,
-                        "-",
-                        "-",
-                        "-",
-                        "-",
-                        "-",
-                        "-",
-                        "-",
-                        _short(f"{chk.status.upper()}{': ' + chk.note if chk.note else ''}", 70),
-                    )
-                )
+                status = _short(f"{chk.status.upper()}{': ' + chk.note if chk.note else ''}", 70)
+                rows.append((chk.name, prov, "-", *_NO_FIGURES, status))
                 continue
             for case, comp in _rows(chk, verbose):
                 if comp is None:
-                    rows.append(
-                        (
-                            chk.name,
-                            prov,
-                            case.label,
-                            "-",
-                            "-",
-                            "-",
-                            "-",
-                            "-",
-                            "-",
-                            "FAIL: " + _short(case.error or "", 60),
-                        )
-                    )
+                    rows.append((chk.name, prov, case.label, *_NO_FIGURES, "FAIL: " + _short(case.error or "", 60)))
                     continue
                 metric = f"{comp.metric}={comp.metric_value:.5f}" if comp.metric_value is not None else "-"
                 tol = f"atol={comp.tolerance.get('atol', 0):g}" if comp.tolerance else "-"
@@ -291,6 +266,9 @@ def _badness(c: Comparison) -> tuple[int, float]:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2e}"
+
+
+_NO_FIGURES = ("-",) * 6  # output, shape, max abs, max rel, metric, tol of a row without a comparison
 
 
 def _short(s: str, n: int) -> str:

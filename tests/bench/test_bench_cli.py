@@ -133,40 +133,10 @@ def test_json_schema_and_identical_requests(tmp_path: Path, echo_path: Path, cap
 
 
 def test_poisson_arrivals_are_part_of_the_identical_workload(tmp_path: Path, echo_path: Path) -> None:
-    a = _bench(
-        tmp_path,
-        echo_path,
-        "--concurrency",
-        "2",
-        "--requests",
-        "16",
-        "--lengths",
-        "3-5",
-        "--arrival",
-        "poisson",
-        "--rate",
-        "2000",
-        "--no-overhead",
-        "--modes",
-        "direct,batched",
-    )
-    b = _bench(
-        tmp_path,
-        echo_path,
-        "--concurrency",
-        "2",
-        "--requests",
-        "16",
-        "--lengths",
-        "3-5",
-        "--arrival",
-        "poisson",
-        "--rate",
-        "1000",
-        "--no-overhead",
-        "--modes",
-        "direct,batched",
-    )
+    args = ("--concurrency", "2", "--requests", "16", "--lengths", "3-5", "--arrival", "poisson")
+    args += ("--no-overhead", "--modes", "direct,batched")
+    a = _bench(tmp_path, echo_path, *args, "--rate", "2000")
+    b = _bench(tmp_path, echo_path, *args, "--rate", "1000")
     assert a["workload"]["arrival"] == "poisson"
     # same requests, other arrival times: a different workload
     assert a["workload"]["digest"] != b["workload"]["digest"]

@@ -38,18 +38,19 @@ def bert_copy(exported, tmp_path: Path) -> Path:
     return Path(shutil.copytree(res.directory, tmp_path / "broken"))
 
 
+def _bake_batch(graph) -> None:
+    """What tracing does with `x.view(int(x.size(0)), -1, hidden)`: the traced batch (2)
+    becomes a constant. Shapes with batch 2 still work; nothing else does."""
+    node = _producer(graph, "last_hidden_state")
+    node.output[list(node.output).index("last_hidden_state")] = "hidden_raw"
+    graph.initializer.append(numpy_helper.from_array(np.array([2, -1, 32], dtype=np.int64), "baked_shape"))
+    graph.node.append(helper.make_node("Reshape", ["hidden_raw", "baked_shape"], ["last_hidden_state"]))
+
+
 def test_reshape_baked_to_the_traced_batch_size_fails_shape_generalisation(bert_copy: Path) -> None:
     from ortbatch import validate
 
-    def bake(graph) -> None:
-        # What tracing does with `x.view(int(x.size(0)), -1, hidden)`: the traced batch (2)
-        # becomes a constant. Shapes with batch 2 still work; nothing else does.
-        node = _producer(graph, "last_hidden_state")
-        node.output[list(node.output).index("last_hidden_state")] = "hidden_raw"
-        graph.initializer.append(numpy_helper.from_array(np.array([2, -1, 32], dtype=np.int64), "baked_shape"))
-        graph.node.append(helper.make_node("Reshape", ["hidden_raw", "baked_shape"], ["last_hidden_state"]))
-
-    _edit_graph(bert_copy / "model.onnx", bake)
+    _edit_graph(bert_copy / "model.onnx", _bake_batch)
     report = validate(bert_copy)
     assert not report.passed
     failed = _failed(report)
@@ -161,13 +162,7 @@ def test_reference_unavailable_runs_onnx_only_checks_and_says_so(bert_copy: Path
 def test_onnx_only_checks_still_catch_a_baked_batch(bert_copy: Path) -> None:
     from ortbatch import validate
 
-    def bake(graph) -> None:
-        node = _producer(graph, "last_hidden_state")
-        node.output[list(node.output).index("last_hidden_state")] = "hidden_raw"
-        graph.initializer.append(numpy_helper.from_array(np.array([2, -1, 32], dtype=np.int64), "baked_shape"))
-        graph.node.append(helper.make_node("Reshape", ["hidden_raw", "baked_shape"], ["last_hidden_state"]))
-
-    _edit_graph(bert_copy / "model.onnx", bake)
+    _edit_graph(bert_copy / "model.onnx", _bake_batch)
     report = validate(bert_copy, use_reference=False)
     assert report.reference_skipped
     assert "shape_generalisation" in _failed(report)
