@@ -12,8 +12,13 @@ mixed new-token counts, greedy), all arriving at t=0, on the same machine in one
 - ``genai``: onnxruntime-genai's ``Engine`` (Llama-architecture presets only: its model
   builder does not support GPT-2), on the model its builder makes from the same weights.
 - ``continuous``: :class:`ortbatch.BatchedGenerator` with ``--max-batch-size``.
-- ``continuous-full-logits`` (opt-in): the same with ``last_position_logits=False``, i.e. on
-  the unmodified graph the baselines run, to separate scheduling from the LM-head rewrite.
+- ``continuous-export-graph`` (opt-in): the same with both graph rewrites off
+  (``last_position_logits=False, attention_rewrite=False``), i.e. on the unmodified graph
+  the baselines run, to separate scheduling from the rewrites.
+
+The baselines run the export as it is (what a plain ORT loop has); with
+``--baseline-graph rewritten`` they run the graph :class:`BatchedGenerator` runs
+(:func:`ortbatch.generation.graph.rewrite_decoder`), so the ratios measure batching alone.
 
 Reported per mode: generated tokens/s (wall clock), time to first token p50/p99 and
 request latency p50/p99 (from t=0), and how many requests produced exactly the tokens
@@ -215,16 +220,24 @@ def build_genai(preset: str, workdir: Path) -> Path:
 class DirectLoop:
     """Left-padded batch generation with a plain InferenceSession (no scheduler)."""
 
-    def __init__(self, export: Path, threads: int | None = None) -> None:
+    def __init__(self, export: Path, threads: int | None = None, rewritten: bool = False) -> None:
         import onnxruntime as ort
 
+        from ortbatch.generation.graph import rewrite_decoder
         from ortbatch.generation.layout import GenerationLayout, generation_section
 
         self.layout = GenerationLayout.from_dict(generation_section(export))
         so = ort.SessionOptions()
         if threads:
             so.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(export / "model.onnx"), so, providers=["CPUExecutionProvider"])
+        model: str | bytes = str(export / self.layout.model)
+        #: the graph rewrites the baselines run with (none: the export as it is)
+        self.rewrites: dict[str, int] = {}
+        if rewritten:
+            graph = rewrite_decoder(model, logits=self.layout.logits)
+            if graph is not None:
+                model, self.rewrites = graph.model, graph.rewrites
+        self.session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
         lay = self.layout
         self.past = [n for kv in zip(lay.past_keys, lay.past_values, strict=True) for n in kv]
         self.outputs = [lay.logits] + [n for kv in zip(lay.present_keys, lay.present_values, strict=True) for n in kv]
@@ -287,7 +300,7 @@ def run_sequential(loop: DirectLoop, work: Workload) -> ModeResult:
     t0 = time.perf_counter()
     for p, n in zip(work.prompts, work.max_new, strict=True):
         outs += loop.run_batch([p], [n], t0, ttft, done)
-    return _summarise("sequential", time.perf_counter() - t0, outs, ttft, done)
+    return _summarise("sequential", time.perf_counter() - t0, outs, ttft, done, note=_graph_note(loop.rewrites))
 
 
 def run_static(loop: DirectLoop, work: Workload, batch: int) -> ModeResult:
@@ -297,11 +310,13 @@ def run_static(loop: DirectLoop, work: Workload, batch: int) -> ModeResult:
     t0 = time.perf_counter()
     for i in range(0, len(work.prompts), batch):
         outs += loop.run_batch(work.prompts[i : i + batch], work.max_new[i : i + batch], t0, ttft, done)
-    return _summarise("static", time.perf_counter() - t0, outs, ttft, done, note=f"batches of {batch}")
+    return _summarise(
+        "static", time.perf_counter() - t0, outs, ttft, done, note=f"batches of {batch}; {_graph_note(loop.rewrites)}"
+    )
 
 
 def run_continuous(
-    export: Path, work: Workload, batch: int, threads: int | None = None, last_position_logits: bool | None = None
+    export: Path, work: Workload, batch: int, threads: int | None = None, rewrites: bool = True
 ) -> ModeResult:
     import onnxruntime as ort
 
@@ -312,7 +327,12 @@ def run_continuous(
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
     with BatchedGenerator(
-        export, max_batch_size=batch, providers="cpu", session_options=so, last_position_logits=last_position_logits
+        export,
+        max_batch_size=batch,
+        providers="cpu",
+        session_options=so,
+        last_position_logits=None if rewrites else False,
+        attention_rewrite=rewrites,
     ) as gen:
         gen.generate(work.prompts[0][:4], 2)  # warm-up, as the baselines' first run is
         t0 = time.perf_counter()
@@ -325,11 +345,14 @@ def run_continuous(
     note = (
         f"max_batch_size {batch}; mean decode rows {stats.mean_decode_rows:.1f}, "
         f"{stats.prefill_runs} prefills, padding {stats.cache_padding_fraction:.0%}, "
-        f"{stats.cache_copies} cache copies, {stats.slot_reuses} joins in place; LM head on "
-        + ("the last position only" if gen.last_position_logits else "every position")
+        f"{stats.cache_copies} cache copies, {stats.slot_reuses} joins in place; " + _graph_note(gen.graph_rewrites)
     )
-    mode = "continuous" if last_position_logits is not False else "continuous-full-logits"
+    mode = "continuous" if rewrites else "continuous-export-graph"
     return _summarise(mode, wall, [list(r.token_ids) for r in results], ttft, done, note=note)
+
+
+def _graph_note(rewrites: dict[str, int]) -> str:
+    return "graph rewrites: " + (", ".join(sorted(rewrites)) if rewrites else "none")
 
 
 def run_genai(genai_dir: Path, work: Workload) -> ModeResult:
@@ -427,6 +450,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=None, help="intra-op threads for every mode (default ORT's)")
     p.add_argument("--modes", default="sequential,static,genai,continuous")
+    p.add_argument(
+        "--baseline-graph",
+        choices=("export", "rewritten"),
+        default="export",
+        help="the graph sequential and static run: the export as it is, or BatchedGenerator's rewritten graph",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
@@ -434,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     export = args.model or build_model(args.preset, args.workdir)
-    loop = DirectLoop(export, args.threads)
+    loop = DirectLoop(export, args.threads, rewritten=args.baseline_graph == "rewritten")
     work = Workload.make(args.requests, loop.layout.vocab_size, args.prompt_lengths, args.new_tokens, args.seed)
     # Warm-up, so no mode pays for first-run allocations.
     loop.run_batch([work.prompts[0][:4]], [2], time.perf_counter(), [], [])
@@ -450,8 +479,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(run_static(loop, work, args.max_batch_size))
         elif mode == "continuous":
             results.append(run_continuous(export, work, args.max_batch_size, args.threads))
-        elif mode == "continuous-full-logits":  # the same, without the LM-head graph rewrite
-            results.append(run_continuous(export, work, args.max_batch_size, args.threads, False))
+        elif mode == "continuous-export-graph":  # the same, without the graph rewrites
+            results.append(run_continuous(export, work, args.max_batch_size, args.threads, rewrites=False))
         elif mode == "genai":
             if args.model:
                 skipped[mode] = (

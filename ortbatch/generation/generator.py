@@ -56,7 +56,7 @@ from ..errors import (
 )
 from ..manifest import MANIFEST_NAME, Manifest
 from .cache import KVCache
-from .graph import last_position_logits as _last_position_logits
+from .graph import LAST_POSITION_LOGITS, rewrite_decoder
 from .layout import GenerationLayout, generation_section
 from .sampling import SamplingParams, choose_token
 from .text import TextTracker
@@ -243,10 +243,15 @@ class BatchedGenerator:
             its real tokens, before the group is split (lower = less wasted compute,
             more prefill runs).
         last_position_logits: run the LM head on the last position only (a graph
-            rewrite, see :func:`ortbatch.generation.graph.last_position_logits`): prefill
-            then computes and returns ``rows x vocab`` logits, not ``rows x prompt x vocab``.
+            rewrite, see :mod:`ortbatch.generation.graph`): prefill then computes and
+            returns ``rows x vocab`` logits, not ``rows x prompt x vocab``.
             ``None`` (default): when ``onnx`` is installed and the graph allows it;
             ``True``: required (:class:`ModelContractError` if impossible); ``False``: never.
+        attention_rewrite: move the attention scale from the key cache to the scores, so
+            ONNX Runtime reads the key cache in place instead of transposing and scaling
+            all of it every step (a graph rewrite, see :mod:`ortbatch.generation.graph`;
+            about 1.5x faster decode steps at 16 rows on CPU). Applied where ``onnx`` is
+            installed and the graph has that pattern; ``False``: never.
     """
 
     def __init__(
@@ -263,6 +268,7 @@ class BatchedGenerator:
         max_new_tokens: int = 64,
         prefill_padding: float = 0.25,
         last_position_logits: bool | None = None,
+        attention_rewrite: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -285,17 +291,24 @@ class BatchedGenerator:
         model_path = self._dir / self.layout.model
         wanted = _resolve_providers(ort, providers)
         self._check_available(ort, wanted)
-        model: str | bytes = str(model_path)
-        if last_position_logits is not False:
-            rewritten = _last_position_logits(model_path, self.layout.logits)
-            if rewritten is None and last_position_logits:
-                raise ModelContractError(
-                    f"{model_path}: cannot make the LM head run on the last position only (needs the "
-                    "onnx package, a MatMul producing the logits, and weights inside model.onnx)"
-                )
-            model = rewritten if rewritten is not None else model
+        rewritten = None
+        if last_position_logits is not False or attention_rewrite:
+            rewritten = rewrite_decoder(
+                model_path,
+                logits=self.layout.logits,
+                last_position=last_position_logits is not False,
+                attention=attention_rewrite,
+            )
+        #: The graph rewrites applied (name -> places changed); empty when the export runs as it is.
+        self.graph_rewrites: dict[str, int] = dict(rewritten.rewrites) if rewritten else {}
         #: True when the graph was rewritten to return the last position's logits only.
-        self.last_position_logits = isinstance(model, bytes)
+        self.last_position_logits = LAST_POSITION_LOGITS in self.graph_rewrites
+        if last_position_logits and not self.last_position_logits:
+            raise ModelContractError(
+                f"{model_path}: cannot make the LM head run on the last position only (needs the "
+                "onnx package, a MatMul producing the logits, and weights inside model.onnx)"
+            )
+        model: str | bytes = rewritten.model if rewritten else str(model_path)
         try:
             self._session = ort.InferenceSession(model, sess_options=session_options, providers=wanted)
         except Exception as exc:

@@ -1,60 +1,110 @@
 """Graph rewrites that make a decoder export cheaper to serve. Needs ``onnx``.
 
-:func:`last_position_logits` makes the LM head run on the last position only. A decoder
-export computes logits for every input position, but generation only reads the last one:
-on a prefill of ``rows x prompt`` tokens that is ``prompt`` times the LM-head work, and a
-``rows x prompt x vocab`` float array to allocate and copy back (6.4 GB for 32 prompts
-of 1000 tokens with GPT-2's vocabulary). transformers' own ``generate`` avoids the same
-waste with ``logits_to_keep=1``.
+:func:`rewrite_decoder` loads the model once and applies, where the graph allows:
+
+- **last-position logits** (:data:`LAST_POSITION_LOGITS`). A decoder export computes
+  logits for every input position, but generation only reads the last one: on a prefill
+  of ``rows x prompt`` tokens that is ``prompt`` times the LM-head work, and a
+  ``rows x prompt x vocab`` float array to allocate and copy back (6.4 GB for 32 prompts
+  of 1000 tokens with GPT-2's vocabulary). transformers' own ``generate`` avoids the same
+  waste with ``logits_to_keep=1``. A ``Slice`` of the last position is inserted before
+  the LM head's ``MatMul``.
+- **attention scale after the scores** (:data:`ATTENTION_SCALE`). Exports of
+  ``scaled_dot_product_attention`` (optimum's GPT-2, Llama, ...) compute
+  ``(q * sqrt(s)) @ (transpose(k) * sqrt(s))``: every step transposes and scales the
+  *whole* key cache, ``rows x heads x past x head_dim`` floats per layer, before the
+  ``MatMul``. Rewritten as ``((q * sqrt(s)) @ transpose(k)) * sqrt(s)`` (the same
+  product: the factor is a scalar), the scale applies to the small score tensor and ONNX
+  Runtime fuses the transpose into the ``MatMul`` (``FusedMatMul`` with ``transB``), so
+  the cache is read once in place. Measured on GPT-2 small (CPU, 16 rows, 150 cached
+  positions): 169 → 113 ms per decode step; at one row the step is 0-14% faster.
+
+Both rewrites leave the inputs and the present outputs unchanged; logits agree with the
+unmodified graph to float rounding.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["last_position_logits"]
+__all__ = ["ATTENTION_SCALE", "LAST_POSITION_LOGITS", "RewrittenGraph", "rewrite_decoder"]
 
 log = logging.getLogger("ortbatch")
+
+LAST_POSITION_LOGITS = "last-position-logits"
+ATTENTION_SCALE = "attention-scale-after-scores"
 
 # Serialising a ModelProto is limited to 2 GiB; stay well under it.
 _MAX_INLINE_BYTES = 1_800_000_000
 _INT64_MAX = 2**63 - 1
+# Initializers above this many elements become plain inputs in the copy that shape
+# inference reads (it only needs their shapes; copying the weights costs seconds).
+_SMALL_INITIALIZER = 4096
 
 
-def last_position_logits(model_path: str | Path, logits: str = "logits") -> bytes | None:
-    """A serialized copy of the model whose ``logits`` output covers the last position only.
+@dataclass(frozen=True)
+class RewrittenGraph:
+    """A rewritten model, ready for ``onnxruntime.InferenceSession``."""
 
-    The node producing ``logits`` must be ``MatMul(hidden [batch, seq, hidden], W)`` (as in
-    optimum's GPT-2, Llama, Mistral, ... exports); a ``Slice`` taking the last position of
-    ``hidden`` is inserted before it, and the output's sequence dim becomes 1. Returns
-    ``None`` (and the caller keeps the original model) when ``onnx`` is missing, the model
-    keeps its weights in external data files or is too large to serialize, or the graph
-    does not have that shape.
+    model: bytes
+    """The serialized ``ModelProto``."""
+    rewrites: dict[str, int] = field(default_factory=dict)
+    """Each rewrite applied and how many places it changed (e.g. one per layer)."""
+
+
+def rewrite_decoder(
+    model_path: str | Path,
+    *,
+    logits: str = "logits",
+    last_position: bool = True,
+    attention: bool = True,
+) -> RewrittenGraph | None:
+    """Apply the rewrites asked for where the graph allows them (see the module docs).
+
+    Returns ``None`` (the caller keeps the original model) when ``onnx`` is missing, the
+    model keeps its weights in external data files or is too large to serialize, or no
+    rewrite applies.
     """
     try:
         import onnx
-        from onnx import helper, numpy_helper
     except ImportError:
         return None
-    import numpy as np
 
     path = Path(model_path)
     if path.stat().st_size > _MAX_INLINE_BYTES:
         return None
     model = onnx.load(str(path), load_external_data=False)
-    graph = model.graph
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer):
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         return None
+    done: dict[str, int] = {}
+    if last_position and _last_position_logits(model, logits):
+        done[LAST_POSITION_LOGITS] = 1
+    if attention:
+        count = _attention_scale_after_scores(model)
+        if count:
+            done[ATTENTION_SCALE] = count
+    if not done:
+        return None
+    return RewrittenGraph(bytes(model.SerializeToString()), done)
+
+
+def _last_position_logits(model: Any, logits: str) -> bool:
+    """Insert a ``Slice`` of the last position before the ``MatMul`` producing ``logits``."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
     producer = next((n for n in graph.node if logits in n.output), None)
     output = next((o for o in graph.output if o.name == logits), None)
     if producer is None or output is None or producer.op_type != "MatMul" or len(producer.input) != 2:
         log.info("logits are not produced by a MatMul: the LM head keeps running on every position")
-        return None
+        return False
     dims = output.type.tensor_type.shape.dim
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if len(dims) != 3 or opset < 10:  # Slice takes its bounds as inputs from opset 10
-        return None
+    if len(dims) != 3 or _opset(model) < 10:  # Slice takes its bounds as inputs from opset 10
+        return False
 
     prefix = "ortbatch_last_position"
     consts = {
@@ -70,4 +120,124 @@ def last_position_logits(model_path: str | Path, logits: str = "logits") -> byte
     graph.node.insert(index, slice_node)
     dims[1].Clear()
     dims[1].dim_value = 1
-    return bytes(model.SerializeToString())
+    return True
+
+
+def _attention_scale_after_scores(model: Any) -> int:
+    """Rewrite ``MatMul(a, Mul(Transpose(k, swap last two), s))`` with a one-element ``s``
+    into ``Mul(MatMul(a, Transpose(k)), s)``; returns how many were rewritten."""
+    graph = model.graph
+    nodes = list(graph.node)
+    producer = {out: n for n in nodes for out in n.output}
+    consumers: dict[str, int] = {}
+    for n in nodes:
+        for name in n.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    for out in graph.output:  # a graph output counts as one more reader
+        consumers[out.name] = consumers.get(out.name, 0) + 1
+
+    def only_reader(name: str) -> bool:
+        return consumers.get(name, 0) == 1
+
+    candidates = []  # (matmul, mul, transpose output, scale)
+    for matmul in nodes:
+        if matmul.op_type != "MatMul" or matmul.domain not in ("", "ai.onnx"):
+            continue
+        mul = producer.get(matmul.input[1])
+        if mul is None or mul.op_type != "Mul" or not only_reader(mul.output[0]):
+            continue
+        for k in (0, 1):
+            transpose = producer.get(mul.input[k])
+            if transpose is not None and _swaps_last_two(transpose) and only_reader(transpose.output[0]):
+                candidates.append((matmul, mul, transpose.output[0], mul.input[1 - k]))
+                break
+    if not candidates:
+        return 0
+    shapes = _inferred_shapes(model)
+    moved: dict[int, Any] = {}  # id(matmul) -> the Mul now placed right after it
+    for matmul, mul, transposed, scale in candidates:
+        shape = shapes.get(scale)
+        if shape is None or any(d != 1 for d in shape):
+            continue  # not provably one element: it might not commute with the MatMul
+        scores = matmul.output[0]
+        unscaled = f"{scores}_ortbatch_unscaled"
+        matmul.input[1] = transposed
+        matmul.output[0] = unscaled
+        del mul.input[:]
+        mul.input.extend([unscaled, scale])
+        mul.output[0] = scores
+        moved[id(matmul)] = mul
+    if not moved:
+        return 0
+    # Keep the node list topologically sorted: each moved Mul now follows its MatMul.
+    after = {id(m) for m in moved.values()}
+    order = []
+    for n in nodes:
+        if id(n) in after:
+            continue
+        order.append(n)
+        if id(n) in moved:
+            order.append(moved[id(n)])
+    copies = [type(n).FromString(n.SerializeToString()) for n in order]
+    del graph.node[:]
+    graph.node.extend(copies)
+    return len(moved)
+
+
+def _swaps_last_two(node: Any) -> bool:
+    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return False
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+    if not perm or len(perm) < 2:
+        return False
+    rank = len(perm)
+    return perm == [*range(rank - 2), rank - 1, rank - 2]
+
+
+def _inferred_shapes(model: Any) -> dict[str, list[int | None]]:
+    """Static shapes (``None`` for a symbolic dim) of the graph's values, by ONNX shape
+    inference on a copy whose large weights are plain inputs (only their shapes matter)."""
+    import onnx
+    from onnx import helper
+
+    graph = model.graph
+    small = [t for t in graph.initializer if _numel(t.dims) <= _SMALL_INITIALIZER]
+    declared = {i.name for i in graph.input}
+    large = [
+        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in graph.initializer
+        if _numel(t.dims) > _SMALL_INITIALIZER and t.name not in declared
+    ]
+    light_graph = helper.make_graph(
+        list(graph.node), graph.name, [*graph.input, *large], list(graph.output), initializer=small
+    )
+    light = helper.make_model(light_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light)
+    except Exception as exc:  # inference is best effort: without shapes nothing is rewritten
+        log.info("shape inference failed (%s): the attention scale stays where it is", exc)
+        return {}
+    shapes: dict[str, list[int | None]] = {}
+    for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape"):
+            shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    for t in small:
+        shapes[t.name] = list(t.dims)
+    for n in graph.node:
+        if n.op_type == "Constant":
+            value = next((a.t for a in n.attribute if a.name == "value"), None)
+            if value is not None:
+                shapes[n.output[0]] = list(value.dims)
+    return shapes
+
+
+def _numel(dims: Any) -> int:
+    total = 1
+    for d in dims:
+        total *= int(d)
+    return total
+
+
+def _opset(model: Any) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

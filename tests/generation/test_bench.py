@@ -39,7 +39,7 @@ def test_modes_agree_and_report(bench, fake_dir: Path, tmp_path: Path, no_thread
             "--max-batch-size",
             "4",
             "--modes",
-            "sequential,static,continuous,continuous-full-logits,genai",
+            "sequential,static,continuous,continuous-export-graph,genai",
             "--json",
             str(out_json),
             "--markdown",
@@ -49,8 +49,26 @@ def test_modes_agree_and_report(bench, fake_dir: Path, tmp_path: Path, no_thread
     assert rc == 0
     data = json.loads(out_json.read_text())
     modes = {r["mode"]: r for r in data["results"]}
-    assert set(modes) == {"sequential", "static", "continuous", "continuous-full-logits"}
+    assert set(modes) == {"sequential", "static", "continuous", "continuous-export-graph"}
     assert all(r["same_as_sequential"] == 10 for r in modes.values())
     assert len({r["tokens"] for r in modes.values()}) == 1
     assert "genai" in data["skipped"]  # not a Llama preset: said why, not silently dropped
     assert "| continuous |" in out_md.read_text()
+
+
+def test_baselines_on_the_rewritten_graph(bench, tiny_gpt2, tmp_path: Path, no_thread_leak: None) -> None:
+    """--baseline-graph rewritten: the plain loop runs BatchedGenerator's graph; every mode,
+    rewritten or not, produces the same tokens, and each says which graph it ran."""
+    out_json = tmp_path / "b.json"
+    args = ["--model", str(tiny_gpt2.export), "--requests", "6", "--prompt-lengths", "3-9", "--new-tokens", "2-9"]
+    modes = "sequential,static,continuous,continuous-export-graph"
+    rc = bench.main(
+        [*args, "--max-batch-size", "3", "--modes", modes, "--baseline-graph", "rewritten", "--json", str(out_json)]
+    )
+    assert rc == 0
+    results = {r["mode"]: r for r in json.loads(out_json.read_text())["results"]}
+    assert all(r["same_as_sequential"] == 6 for r in results.values())
+    rewritten = "graph rewrites: attention-scale-after-scores, last-position-logits"
+    for mode in ("sequential", "static", "continuous"):
+        assert rewritten in results[mode]["note"], mode
+    assert "graph rewrites: none" in results["continuous-export-graph"]["note"]

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from ortbatch import BatchedGenerator
+from ortbatch.generation.graph import ATTENTION_SCALE, LAST_POSITION_LOGITS
 
 from .conftest import EOS, TinyModel, random_prompts
 
@@ -102,16 +103,19 @@ def test_greedy_when_rows_that_left_linger_and_when_they_are_compacted(tiny: Tin
             assert stats.cache_copies >= 2  # dropped as they finished
 
 
-def test_greedy_with_full_logits_graph(tiny: TinyModel, no_thread_leak: None) -> None:
-    """The default rewrites the graph so the LM head runs on the last position only; the
-    unmodified graph (all positions' logits) gives the same tokens."""
+def test_greedy_on_the_unmodified_graph(tiny: TinyModel, no_thread_leak: None) -> None:
+    """The default rewrites the graph (LM head on the last position only, attention scale
+    after the scores); the export as it is gives the same tokens."""
     with BatchedGenerator(tiny.export, max_batch_size=4) as gen:
         assert gen.last_position_logits
-    with BatchedGenerator(tiny.export, max_batch_size=4, last_position_logits=False) as gen:
-        assert not gen.last_position_logits
-        results = [f.result(30) for f in [gen.submit(p, n) for p, n in zip(PROMPTS, NEW, strict=True)]]
-    for prompt, n, out in zip(PROMPTS, NEW, results, strict=True):
-        assert list(out.token_ids) == tiny.reference(prompt, n)
+        assert set(gen.graph_rewrites) == {LAST_POSITION_LOGITS, ATTENTION_SCALE}
+    for kwargs in ({"last_position_logits": False, "attention_rewrite": False}, {"attention_rewrite": False}):
+        with BatchedGenerator(tiny.export, max_batch_size=4, **kwargs) as gen:
+            assert ATTENTION_SCALE not in gen.graph_rewrites
+            assert gen.last_position_logits == (LAST_POSITION_LOGITS in gen.graph_rewrites)
+            results = [f.result(30) for f in [gen.submit(p, n) for p, n in zip(PROMPTS, NEW, strict=True)]]
+        for prompt, n, out in zip(PROMPTS, NEW, results, strict=True):
+            assert list(out.token_ids) == tiny.reference(prompt, n), kwargs
 
 
 def test_greedy_through_io_binding(tiny: TinyModel, no_thread_leak: None) -> None:

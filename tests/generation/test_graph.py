@@ -1,0 +1,118 @@
+"""The decoder graph rewrites (ortbatch.generation.graph): where they apply, where they
+must not, and that a rewritten graph computes what the export computes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ortbatch.generation.graph import ATTENTION_SCALE, LAST_POSITION_LOGITS, rewrite_decoder
+
+from .conftest import TinyModel
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+B, H, S, D = 2, 3, 5, 4
+
+
+def _scores_graph(
+    path: Path, scale: np.ndarray | None, *, perm: tuple[int, ...] = (0, 1, 3, 2), expose: bool = False
+) -> Path:
+    """scores = q @ (transpose(k) * s), the shape of an exported SDPA; ``scale=None``
+    makes ``s`` a graph input whose shape is not known statically."""
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=list(perm)),
+        helper.make_node("Mul", ["kt", "s"], ["kts"]),
+        helper.make_node("MatMul", ["q", "kts"], ["scores"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("q", TensorProto.FLOAT, ["b", H, 1, D]),
+        helper.make_tensor_value_info("k", TensorProto.FLOAT, ["b", H, "past", D]),
+    ]
+    inits = []
+    if scale is None:
+        inputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, None))
+    else:
+        inits.append(numpy_helper.from_array(scale.astype(np.float32), "s"))
+    outputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, None)]
+    if expose:  # the transposed keys are read by something else too
+        outputs.append(helper.make_tensor_value_info("kt", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "scores", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _run(model: str | bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+@pytest.mark.parametrize("scale", [np.array(0.35), np.array([0.35]), np.full((1, 1, 1, 1), 0.35)])
+def test_one_element_scale_moves_after_the_scores(tmp_path: Path, scale: np.ndarray) -> None:
+    path = _scores_graph(tmp_path / "m.onnx", scale)
+    rewritten = rewrite_decoder(path, last_position=False)
+    assert rewritten is not None and rewritten.rewrites == {ATTENTION_SCALE: 1}
+    nodes = onnx.load_from_string(rewritten.model).graph.node
+    assert [n.op_type for n in nodes] == ["Transpose", "MatMul", "Mul"]  # topologically sorted
+    rs = np.random.RandomState(0)
+    feed = {"q": rs.randn(B, H, 1, D).astype(np.float32), "k": rs.randn(B, H, S, D).astype(np.float32)}
+    np.testing.assert_allclose(_run(rewritten.model, feed)[0], _run(str(path), feed)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("scale", "perm", "expose"),
+    [
+        (np.full((D, 1), 0.35), (0, 1, 3, 2), False),  # differs along the contracted axis
+        (None, (0, 1, 3, 2), False),  # shape unknown until run time
+        (np.array(0.35), (0, 1, 3, 2), True),  # transposed keys are also a graph output
+        (np.array(0.35), (1, 0, 3, 2), False),  # not only the last two axes swapped
+    ],
+)
+def test_scale_stays_where_moving_it_is_not_proven_safe(
+    tmp_path: Path, scale: np.ndarray | None, perm: tuple[int, ...], expose: bool
+) -> None:
+    path = _scores_graph(tmp_path / "m.onnx", scale, perm=perm, expose=expose)
+    assert rewrite_decoder(path, last_position=False) is None
+
+
+def test_nothing_asked_nothing_done(tmp_path: Path) -> None:
+    path = _scores_graph(tmp_path / "m.onnx", np.array(0.35))
+    assert rewrite_decoder(path, last_position=False, attention=False) is None
+
+
+def test_rewritten_export_computes_the_same(tiny: TinyModel) -> None:
+    """On real optimum exports (GPT-2; Llama with grouped KV heads): the attention scale is
+    moved in every layer and the LM head slices the last position; presents and the last
+    position's logits match the export's, on left-padded rows with a past."""
+    path = tiny.export / "model.onnx"
+    rewritten = rewrite_decoder(path)
+    assert rewritten is not None
+    assert rewritten.rewrites == {LAST_POSITION_LOGITS: 1, ATTENTION_SCALE: 2}  # two layers
+    original = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    new = ort.InferenceSession(rewritten.model, providers=["CPUExecutionProvider"])
+    rs = np.random.RandomState(1)
+    rows, past, seq = 3, 6, 4
+    mask = np.ones((rows, past + seq), np.int64)
+    mask[1, :3] = 0  # a left-padded row
+    positions = (np.cumsum(mask, axis=1) - 1).clip(min=0)[:, past:]
+    feed: dict[str, np.ndarray] = {
+        "input_ids": rs.randint(4, 300, size=(rows, seq)),
+        "attention_mask": mask,
+        "position_ids": positions,
+    }
+    for inp in original.get_inputs():
+        if inp.name.startswith("past_key_values"):
+            heads, dim = inp.shape[1], inp.shape[3]
+            feed[inp.name] = rs.randn(rows, heads, past, dim).astype(np.float32)
+    names = [o.name for o in original.get_outputs()]
+    want = dict(zip(names, original.run(None, feed), strict=True))
+    got = dict(zip(names, new.run(names, feed), strict=True))
+    assert got["logits"].shape == (rows, 1, want["logits"].shape[-1])
+    np.testing.assert_allclose(got["logits"][:, 0], want["logits"][:, -1], rtol=1e-4, atol=1e-4)
+    for name in names[1:]:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
