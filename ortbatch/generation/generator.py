@@ -304,15 +304,20 @@ class BatchedGenerator:
         #: True when the graph was rewritten to return the last position's logits only.
         self.last_position_logits = LAST_POSITION_LOGITS in self.graph_rewrites
         if last_position_logits and not self.last_position_logits:
+            if rewritten is not None:
+                rewritten.close()
             raise ModelContractError(
                 f"{model_path}: cannot make the LM head run on the last position only (needs the "
-                "onnx package, a MatMul producing the logits, and weights inside model.onnx)"
+                "onnx package and a MatMul producing the logits)"
             )
         model: str | bytes = rewritten.model if rewritten else str(model_path)
         try:
             self._session = ort.InferenceSession(model, sess_options=session_options, providers=wanted)
         except Exception as exc:
             raise map_ort_error(exc, f"loading {model_path}") from exc
+        finally:
+            if rewritten is not None:
+                rewritten.close()
         self._check_providers(wanted)
         self._check_session()
         active = self._session.get_providers()

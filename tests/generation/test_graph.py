@@ -116,3 +116,48 @@ def test_rewritten_export_computes_the_same(tiny: TinyModel) -> None:
     np.testing.assert_allclose(got["logits"][:, 0], want["logits"][:, -1], rtol=1e-4, atol=1e-4)
     for name in names[1:]:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def external_export(tiny_gpt2: TinyModel, tmp_path: Path) -> Path:
+    """The tiny GPT-2 export with its weights moved to an external data file, as large
+    models (over protobuf's 2 GiB) always are."""
+    import shutil
+
+    out = tmp_path / "external"
+    shutil.copytree(tiny_gpt2.export, out, ignore=shutil.ignore_patterns("model.onnx"))
+    model = onnx.load(str(tiny_gpt2.export / "model.onnx"))
+    onnx.save(model, str(out / "model.onnx"), save_as_external_data=True, location="model.onnx_data", size_threshold=0)
+    return out
+
+
+def test_external_data_model_is_rewritten_beside_its_data(external_export: Path, tiny_gpt2: TinyModel) -> None:
+    before = sorted(p.name for p in external_export.iterdir())
+    rewritten = rewrite_decoder(external_export / "model.onnx")
+    assert rewritten is not None and isinstance(rewritten.model, str)
+    assert Path(rewritten.model).parent == external_export  # where the data's relative path resolves
+    assert rewritten.rewrites == {LAST_POSITION_LOGITS: 1, ATTENTION_SCALE: 2}
+    with rewritten:
+        session = ort.InferenceSession(rewritten.model, providers=["CPUExecutionProvider"])
+    assert sorted(p.name for p in external_export.iterdir()) == before  # the temporary graph is gone
+    inputs = {i.name: i for i in session.get_inputs()}
+    feed = {"input_ids": np.array([[5, 6, 7]]), "attention_mask": np.ones((1, 3), np.int64)}
+    feed["position_ids"] = np.array([[0, 1, 2]])
+    for name, inp in inputs.items():
+        if name.startswith("past_key_values"):
+            feed[name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
+    original = ort.InferenceSession(str(tiny_gpt2.export / "model.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(
+        session.run(["logits"], feed)[0][:, -1], original.run(["logits"], feed)[0][:, -1], atol=1e-4
+    )
+
+
+def test_generator_on_an_external_data_export(external_export: Path, tiny_gpt2: TinyModel) -> None:
+    from ortbatch import BatchedGenerator
+
+    before = sorted(p.name for p in external_export.iterdir())
+    with BatchedGenerator(external_export, max_batch_size=2) as gen:
+        assert set(gen.graph_rewrites) == {LAST_POSITION_LOGITS, ATTENTION_SCALE}
+        prompt = [5, 9, 40, 41, 7]
+        assert list(gen.generate(prompt, 12).token_ids) == tiny_gpt2.reference(prompt, 12)
+    assert sorted(p.name for p in external_export.iterdir()) == before
