@@ -161,3 +161,12 @@ def test_generator_on_an_external_data_export(external_export: Path, tiny_gpt2: 
         prompt = [5, 9, 40, 41, 7]
         assert list(gen.generate(prompt, 12).token_ids) == tiny_gpt2.reference(prompt, 12)
     assert sorted(p.name for p in external_export.iterdir()) == before
+
+
+def test_unreadable_graph_is_left_to_onnxruntime(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No exception escapes a rewrite: a file onnx cannot parse runs as it is (and ONNX
+    Runtime raises its own, typed, error when it loads it)."""
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\x08\x07\x12not a model at all")
+    assert rewrite_decoder(path) is None
+    assert "graph rewrites skipped" in caplog.text
