@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available)")
+    parser.add_argument(
+        "--max-context-length",
+        type=int,
+        default=None,
+        help="most positions a sequence may reach (default: from the export; needed for ALiBi models such as BLOOM)",
+    )
     parser.add_argument("--stream", action="store_true", help="print the first prompt's tokens as they come")
     parser.add_argument("--json", action="store_true", help="print each completion as a JSON line")
 
@@ -35,7 +41,12 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "stop": args.stop,
     }
-    with BatchedGenerator(args.directory, max_batch_size=args.max_batch_size, providers=args.providers) as gen:
+    with BatchedGenerator(
+        args.directory,
+        max_batch_size=args.max_batch_size,
+        providers=args.providers,
+        max_context_length=args.max_context_length,
+    ) as gen:
         on_token: Callable[[StreamToken], None] | None = None
         if args.stream and not args.json:
 

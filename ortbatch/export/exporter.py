@@ -277,6 +277,7 @@ def _export(resolved: tasks.ResolvedModel, out: Path, rcp: Recipe, tokenizer: An
             # seq2seq: keep the plain decoder and decoder-with-past instead of the merged If-graph.
             no_post_process=fam == "seq2seq",
             preprocessors=maybe_load_preprocessors(resolved.model, trust_remote_code=trust_remote_code),
+            custom_onnx_configs=_with_position_ids(model, resolved),
         )
     except (ValueError, KeyError) as exc:
         if "not supported" in str(exc) or "unsupported" in str(exc).lower():
@@ -289,6 +290,54 @@ def _export(resolved: tasks.ResolvedModel, out: Path, rcp: Recipe, tokenizer: An
     if hasattr(model, "eval"):
         model.eval()
     return model
+
+
+def _with_position_ids(model: Any, resolved: tasks.ResolvedModel) -> dict[str, Any] | None:
+    """An export config that gives a decoder-with-past a ``position_ids`` input where
+    optimum's has none (the Gemma family in optimum-onnx 0.1.0); ``None`` otherwise.
+
+    Without that input the graph counts positions from the cache length. That is harmless
+    while a row keeps its place in the cache (rotary embeddings only see relative
+    positions), but continuous batching moves rows (a row joining a longer cache gets more
+    left padding; compaction trims padding), and every move would shift the positions of
+    that row's new tokens against its cached ones. With ``position_ids`` as an input, the
+    runtime gives each row its own positions from its mask.
+    """
+    if resolved.task != "text-generation-with-past":
+        return None
+    import inspect
+
+    from optimum.exporters.tasks import TasksManager
+
+    try:
+        constructor = TasksManager.get_exporter_config_constructor(
+            model=model, exporter="onnx", task=resolved.task, library_name=resolved.library
+        )
+        config = constructor(model.config, int_dtype="int64", float_dtype="fp32")
+    except Exception:  # optimum raises its own error for this in the export itself
+        return None
+    forward = getattr(model, "forward", None)
+    takes_positions = forward is not None and "position_ids" in inspect.signature(forward).parameters
+    if "position_ids" in config.inputs or not takes_positions:
+        return None
+    base = type(config)
+
+    def inputs(self: Any) -> dict[str, dict[int, str]]:
+        common = base.inputs.fget(self)
+        common["position_ids"] = {0: "batch_size", 1: "sequence_length"}
+        return common
+
+    with_positions = type(f"{base.__name__}WithPositionIds", (base,), {"inputs": property(inputs)})
+    # as optimum's get_decoder_models_for_export builds it: the task without "-with-past"
+    export_config = with_positions(
+        model.config,
+        task=config.task,
+        int_dtype="int64",
+        float_dtype="fp32",
+        use_past=config.use_past,
+        use_past_in_inputs=config.use_past,
+    )
+    return {"model": export_config}
 
 
 def _optimize(out: Path, onnx_files: list[str], rcp: Recipe) -> None:

@@ -252,6 +252,10 @@ class BatchedGenerator:
             all of it every step (a graph rewrite, see :mod:`ortbatch.generation.graph`;
             about 1.5x faster decode steps at 16 rows on CPU). Applied where ``onnx`` is
             installed and the graph has that pattern; ``False``: never.
+        max_context_length: most positions a row may reach (prompt + new tokens). Default:
+            the export's, from ``config.json`` (``max_position_embeddings`` and the like) or
+            the manifest; required for models whose config gives none (ALiBi models such as
+            BLOOM). The manifest's ``limits.max_sequence_length`` still caps it.
     """
 
     def __init__(
@@ -269,6 +273,7 @@ class BatchedGenerator:
         prefill_padding: float = 0.25,
         last_position_logits: bool | None = None,
         attention_rewrite: bool = True,
+        max_context_length: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -278,8 +283,12 @@ class BatchedGenerator:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if max_context_length is not None and max_context_length < 2:
+            raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
         self._dir = Path(export_dir)
-        self.layout, manifest = self._load_layout(self._dir)
+        self.layout, manifest = self._load_layout(self._dir, max_context_length)
+        if max_context_length is not None:
+            self.layout = dataclasses.replace(self.layout, max_context_length=max_context_length)
         # The manifest's limits (e.g. TensorRT profile shapes) bound what may be run.
         if manifest is not None and manifest.max_sequence_length:
             context = min(self.layout.max_context_length, manifest.max_sequence_length)
@@ -358,6 +367,8 @@ class BatchedGenerator:
             n for pair in zip(self.layout.past_keys, self.layout.past_values, strict=True) for n in pair
         ]
         self._output_names = [self.layout.logits, *self._present_names]
+        if not self.layout.position_ids:
+            self._check_positions_follow_the_mask()
 
         # Shared between callers and the scheduler: guarded by _lock.
         self._lock = threading.Lock()
@@ -403,7 +414,7 @@ class BatchedGenerator:
 
     # -- construction helpers ---------------------------------------------------------
     @staticmethod
-    def _load_layout(directory: Path) -> tuple[GenerationLayout, Manifest | None]:
+    def _load_layout(directory: Path, max_context_length: int | None) -> tuple[GenerationLayout, Manifest | None]:
         if not directory.is_dir():
             raise ModelContractError(f"{directory}: not an export directory")
         model = "model.onnx"
@@ -417,7 +428,8 @@ class BatchedGenerator:
                 where = f"{directory / MANIFEST_NAME}: generation"
                 return GenerationLayout.from_dict(section, where=where), manifest
         try:
-            return GenerationLayout.from_dict(generation_section(directory, model)), manifest
+            section = generation_section(directory, model, max_context_length=max_context_length)
+            return GenerationLayout.from_dict(section), manifest
         except ManifestError as exc:  # our own inference produced it: a model problem
             raise ModelContractError(str(exc)) from exc
 
@@ -462,6 +474,40 @@ class BatchedGenerator:
             raise ModelContractError(
                 f"{self._dir}: the generation layout does not match the model: "
                 f"missing {missing}, unexpected inputs {extra}"
+            )
+
+    def _check_positions_follow_the_mask(self) -> None:
+        """For a graph without a ``position_ids`` input: check that it counts each row's
+        positions from the attention mask, as the scheduler needs.
+
+        Rows move within the cache (a row joining a longer cache gets more left padding;
+        compaction trims padding). A graph that derives positions from the mask (GPT-2 and
+        OPT style, ALiBi) does not notice; one that counts them from the cache length
+        (optimum's Gemma-family exports) would give a moved row's new tokens positions
+        shifted against its cached ones, and silently generate something else. So a short
+        probe decodes one token after a 3-token prefill twice, the second time with the
+        cache moved 5 columns right, and the two must agree.
+        """
+        vocab = max(2, self.layout.vocab_size)
+        tokens = np.array([[vocab // 3, vocab // 5, vocab // 7, vocab // 2]], dtype=self._ids_dtype)
+        lay = self.layout
+        empty = np.zeros((1, lay.num_kv_heads, 0, lay.head_dim), self._cache_dtype)
+        cache = KVCache([empty] * len(self._past_names), np.zeros(1, np.int64), 0)
+        _, presents = self._forward(tokens[:, :3], np.ones((1, 3), self._mask_dtype), cache)
+        cache.advance(presents, new=3)
+        cache.host()
+        shift = ((0, 0), (0, 0), (5, 0), (0, 0))  # 5 columns of left padding
+        moved = KVCache([np.pad(t, shift) for t in cache.tensors], cache.lens, cache.length + 5)
+        here, _ = self._forward(tokens[:, 3:], cache.attention_mask(1, self._mask_dtype), cache)
+        there, _ = self._forward(tokens[:, 3:], moved.attention_mask(1, self._mask_dtype), moved)
+        a, b = np.asarray(here[:, -1], np.float64), np.asarray(there[:, -1], np.float64)
+        if not np.abs(a - b).max() <= 1e-2 * max(1.0, float(np.abs(a).max())):
+            raise ModelContractError(
+                f"{self._dir}: the model has no position_ids input and counts positions from the cache "
+                "length instead of the attention mask, so rows that join or leave a running batch would "
+                "get wrong positions (moving a row 5 cache columns changed its next logits by up to "
+                f"{float(np.abs(a - b).max()):.3g}). Export it with `ortbatch export MODEL --task "
+                "text-generation-with-past`, which adds a position_ids input"
             )
 
     def _empty_cache(self) -> KVCache:

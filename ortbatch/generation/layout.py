@@ -169,13 +169,16 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
-def generation_section(export_dir: str | Path, model: str = "model.onnx") -> dict[str, Any]:
+def generation_section(
+    export_dir: str | Path, model: str = "model.onnx", *, max_context_length: int | None = None
+) -> dict[str, Any]:
     """Inspect a decoder-with-past export directory and return its ``generation`` section.
 
     Reads the graph's inputs/outputs (with ``onnx`` when installed, weights not loaded;
     otherwise with onnxruntime), ``config.json``, ``generation_config.json`` and the
     tokenizer files. Raises :class:`ModelContractError` when the graph is not a
     decoder with a KV cache (``--task text-generation-with-past``).
+    ``max_context_length`` replaces the context length ``config.json`` gives (or lacks).
     """
     d = Path(export_dir)
     path = d / model
@@ -194,6 +197,7 @@ def generation_section(export_dir: str | Path, model: str = "model.onnx") -> dic
         tokenizer_config=tok_config,
         tokenizer_json=_read_json(d / tokenizer) if tokenizer else {},
         where=str(path),
+        max_context_length=max_context_length,
     )
     data = layout.to_dict()
     data["model"] = model
@@ -210,8 +214,10 @@ def layout_from_io(
     tokenizer_config: Mapping[str, Any] | None = None,
     tokenizer_json: Mapping[str, Any] | None = None,
     where: str = "model",
+    max_context_length: int | None = None,
 ) -> GenerationLayout:
-    """Build a :class:`GenerationLayout` from graph I/O specs and the HF config files."""
+    """Build a :class:`GenerationLayout` from graph I/O specs and the HF config files;
+    ``max_context_length``, when given, replaces the config's context length."""
     config = config or {}
     generation_config = generation_config or {}
     in_by_name = {name: (dtype, list(shape)) for name, dtype, shape in inputs}
@@ -284,15 +290,16 @@ def layout_from_io(
         # The pad id never reaches the model unmasked; any valid id will do.
         pad = eos[0] if eos else 0
 
-    context = None
-    for key in _CONTEXT_KEYS:
+    context = max_context_length
+    for key in _CONTEXT_KEYS if context is None else ():
         value = config.get(key)
         if isinstance(value, int) and value > 0:
             context = value
             break
     if context is None:
         raise ModelContractError(
-            f"{where}: config.json does not say the model's context length ({' / '.join(_CONTEXT_KEYS)})"
+            f"{where}: config.json does not say the model's context length ({' / '.join(_CONTEXT_KEYS)}); "
+            "give it as max_context_length"
         )
 
     return GenerationLayout(

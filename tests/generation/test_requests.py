@@ -505,7 +505,14 @@ def test_many_threads_with_cancels_and_deadlines_all_settle(fake_dir: Path, no_t
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_batch_size": 0}, {"max_queue": 0}, {"timeout_s": 0}, {"max_tokens_in_flight": 1}, {"max_new_tokens": 0}],
+    [
+        {"max_batch_size": 0},
+        {"max_queue": 0},
+        {"timeout_s": 0},
+        {"max_tokens_in_flight": 1},
+        {"max_new_tokens": 0},
+        {"max_context_length": 1},
+    ],
 )
 def test_bad_constructor_arguments(fake_dir: Path, kwargs: dict, no_thread_leak: None) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
