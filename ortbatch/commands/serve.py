@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "serve an export directory over HTTP (KServe v2 / Triton protocol, /v1/embeddings, /metrics)"
+HELP = (
+    "serve an export directory over HTTP (KServe v2 / Triton protocol, /v1/embeddings, /metrics; "
+    "a text-generation-with-past export: OpenAI /v1/completions)"
+)
 
 
 def _positive_int(text: str) -> int:
@@ -52,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="on SIGTERM, wait this long for in-flight requests (default 60)",
     )
+    parser.add_argument(
+        "--max-context-length",
+        type=_positive_int,
+        default=None,
+        help="generation exports: most positions a sequence may reach (default: the export's)",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
 
@@ -83,5 +92,6 @@ def run(args: argparse.Namespace) -> int:
         graceful_timeout_s=args.graceful_timeout_s,
         log_level=args.log_level,
         access_log=not args.no_access_log,
+        max_context_length=args.max_context_length,
     )
     return serve(args.directory, config)

@@ -50,7 +50,10 @@ __all__ = [
     "RequestCounts",
     "create_app",
     "error_response",
+    "json_response",
+    "read_request_body",
     "run_or_abandon",
+    "text_or_ids",
 ]
 
 log = logging.getLogger("ortbatch.serve")
@@ -145,6 +148,51 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
     return status, body, headers
 
 
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Any:
+    """A compact JSON ``starlette.responses.Response``."""
+    from starlette.responses import Response
+
+    return Response(
+        json.dumps(body, separators=(",", ":")).encode("utf-8"),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+async def read_request_body(request: Any, max_body_bytes: int) -> bytes:
+    """The request body, decompressed (gzip/deflate), at most ``max_body_bytes`` (else 413)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise HTTPError(400, f"invalid Content-Length {declared!r}") from None
+        if size > max_body_bytes:
+            raise HTTPError(413, f"request body of {size} bytes exceeds the limit of {max_body_bytes}")
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > max_body_bytes:
+            raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return bytes(chunks)
+    if encoding not in ("gzip", "deflate"):
+        raise HTTPError(415, f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
+    # bounded decompression: a small compressed body must not inflate past the limit
+    d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        out = d.decompress(bytes(chunks), max_body_bytes + 1)
+    except zlib.error as exc:
+        raise HTTPError(400, f"body is not valid {encoding} data: {exc}") from None
+    if len(out) > max_body_bytes or d.unconsumed_tail:
+        raise HTTPError(413, f"decompressed request body exceeds the limit of {max_body_bytes} bytes")
+    if not d.eof:
+        raise HTTPError(400, f"body is truncated {encoding} data")
+    return out
+
+
 def create_app(
     model: ServedModel,
     *,
@@ -169,14 +217,6 @@ def create_app(
     metrics = ServerMetrics(model.session.stats)
     counts = RequestCounts()
 
-    def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-        return Response(
-            json.dumps(body, separators=(",", ":")).encode("utf-8"),
-            status_code=status,
-            media_type="application/json",
-            headers=headers,
-        )
-
     def fail(exc: BaseException, openai: bool = False) -> Response:
         status, body, headers = error_response(exc, openai)
         if status >= 500 and not isinstance(exc, (SessionClosedError, InferenceError)):
@@ -193,35 +233,7 @@ def create_app(
         return model
 
     async def read_body(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                raise HTTPError(400, f"invalid Content-Length {declared!r}") from None
-            if size > max_body_bytes:
-                raise HTTPError(413, f"request body of {size} bytes exceeds the limit of {max_body_bytes}")
-        chunks = bytearray()
-        async for chunk in request.stream():
-            chunks += chunk
-            if len(chunks) > max_body_bytes:
-                raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding in ("", "identity"):
-            return bytes(chunks)
-        if encoding not in ("gzip", "deflate"):
-            raise HTTPError(415, f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
-        # bounded decompression: a small compressed body must not inflate past the limit
-        d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-        try:
-            out = d.decompress(bytes(chunks), max_body_bytes + 1)
-        except zlib.error as exc:
-            raise HTTPError(400, f"body is not valid {encoding} data: {exc}") from None
-        if len(out) > max_body_bytes or d.unconsumed_tail:
-            raise HTTPError(413, f"decompressed request body exceeds the limit of {max_body_bytes} bytes")
-        if not d.eof:
-            raise HTTPError(400, f"body is truncated {encoding} data")
-        return out
+        return await read_request_body(request, max_body_bytes)
 
     async def maybe_offload(size: int, fn: Callable[..., Any], *args: Any) -> Any:
         if size > _OFFLOAD_BYTES:
@@ -286,7 +298,7 @@ def create_app(
             raise HTTPError(404, f"unknown model {name!r}; this server serves {model.name!r}")
         if model.embedding_output is None:
             raise HTTPError(404, f"model {model.name!r} does not serve embeddings: {model.embeddings_disabled_reason}")
-        inputs = _embedding_inputs(doc.get("input"))
+        inputs = text_or_ids(doc.get("input"), "input")
         fmt = doc.get("encoding_format", "float")
         if fmt not in ("float", "base64"):
             raise InvalidInputError(f"encoding_format must be 'float' or 'base64', got {fmt!r}")
@@ -428,7 +440,11 @@ class _Observed:
                 self.counts.by_status[status] = self.counts.by_status.get(status, 0) + 1
 
 
-def _embedding_inputs(value: Any) -> list[str] | list[list[int]]:
+def text_or_ids(value: Any, field: str) -> list[str] | list[list[int]]:
+    """An OpenAI-style text input (``input`` of /v1/embeddings, ``prompt`` of
+    /v1/completions): a string, a list of strings, a list of token ids, or a list of
+    such lists; always returned as a list."""
+
     def is_ids(x: Any) -> bool:
         return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
@@ -442,5 +458,5 @@ def _embedding_inputs(value: Any) -> list[str] | list[list[int]]:
         if all(is_ids(x) for x in value):
             return value
     raise InvalidInputError(
-        "'input' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists"
+        f"'{field}' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists"
     )

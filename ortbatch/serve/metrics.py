@@ -64,10 +64,53 @@ class _SessionCollector:
         yield core.HistogramMetricFamily("ortbatch_batch_rows", "Rows per batch run", buckets=buckets, sum_value=s.rows)
 
 
+class _GeneratorCollector:
+    """Exposes a BatchedGenerator's stats as Prometheus families at scrape time."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        core = require("prometheus_client.core")
+        s = self._stats()
+        yield core.GaugeMetricFamily("ortbatch_queue_depth", "Requests waiting for admission", value=s.queued)
+        yield core.GaugeMetricFamily("ortbatch_generation_active_rows", "Sequences being decoded", value=s.active_rows)
+        yield core.GaugeMetricFamily(
+            "ortbatch_generation_cache_padding_fraction",
+            "Mean share of the KV cache that is padding, over decode steps",
+            value=s.cache_padding_fraction,
+        )
+        outcomes = core.CounterMetricFamily(
+            "ortbatch_generation_requests", "Generation requests, by outcome", labels=["outcome"]
+        )
+        for outcome in ("submitted", "completed", "failed", "cancelled", "timed_out", "rejected"):
+            outcomes.add_metric([outcome], getattr(s, outcome))
+        yield outcomes
+        yield core.CounterMetricFamily(
+            "ortbatch_generation_prompt_tokens", "Prompt tokens prefilled", value=s.prompt_tokens
+        )
+        yield core.CounterMetricFamily(
+            "ortbatch_generation_generated_tokens", "Tokens generated", value=s.generated_tokens
+        )
+        yield core.CounterMetricFamily(
+            "ortbatch_generation_decode_steps", "Batched decode steps run", value=s.decode_steps
+        )
+        yield core.CounterMetricFamily(
+            "ortbatch_generation_decode_rows",
+            "Rows decoded, summed over steps",
+            value=round(s.mean_decode_rows * s.decode_steps),
+        )
+
+
 class ServerMetrics:
     """The server's Prometheus registry and the instruments the app records into."""
 
-    def __init__(self, stats: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, stats: Callable[[], Any] | None = None, generator_stats: Callable[[], Any] | None = None
+    ) -> None:
         prom = require("prometheus_client")
         self._prom = prom
         self.registry = prom.CollectorRegistry(auto_describe=False)
@@ -89,6 +132,8 @@ class ServerMetrics:
         )
         if stats is not None:
             self.registry.register(_SessionCollector(stats))
+        if generator_stats is not None:
+            self.registry.register(_GeneratorCollector(generator_stats))
 
     def observe(self, endpoint: str, method: str, status: int, started: float) -> None:
         """Record one answered request (``started`` from :func:`time.perf_counter`)."""

@@ -381,6 +381,10 @@ class ServedModel:
             emb = emb / np.maximum(norms, 1e-12)
         return EmbeddingResult(emb, tokens)
 
+    @property
+    def closed(self) -> bool:
+        return bool(self.session.closed)
+
     def close(self, drain: bool = True) -> None:
         """Close the session (draining queued requests by default)."""
         self.session.close(drain=drain)

@@ -18,11 +18,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._extras import require
 from .app import DEFAULT_MAX_BODY_BYTES, RequestCounts, create_app
 from .model import ServedModel
+
+if TYPE_CHECKING:
+    from .completions import ServedGenerator
 
 __all__ = ["BackgroundServer", "ServeConfig", "bind_socket", "serve"]
 
@@ -52,6 +55,20 @@ class ServeConfig:
     log_level: str = "info"
     access_log: bool = True
     backlog: int = 2048
+    #: generation exports: most positions a sequence may reach (None: the export's)
+    max_context_length: int | None = None
+
+    def generator_kwargs(self) -> dict[str, Any]:
+        """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""
+        kw: dict[str, Any] = {
+            "max_batch_size": self.max_batch_size,
+            "max_queue": self.max_queue,
+            "timeout_s": self.timeout_s,
+            "max_context_length": self.max_context_length,
+        }
+        if self.providers is not None:
+            kw["providers"] = self.providers
+        return kw
 
     def session_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {
@@ -114,6 +131,31 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def _load_app(directory: str | Path, config: ServeConfig) -> tuple[ServedModel | ServedGenerator, Any]:
+    """The served model and its app: completions for a decoder-with-past export, the
+    Open Inference Protocol (and /v1/embeddings) for anything else."""
+    from .completions import ServedGenerator, create_completions_app, is_generation_export
+
+    if is_generation_export(directory):
+        generator = ServedGenerator.load(directory, name=config.name, generator_kwargs=config.generator_kwargs())
+        try:
+            return generator, create_completions_app(generator, max_body_bytes=config.max_body_bytes)
+        except BaseException:
+            generator.close(drain=False)
+            raise
+    model = ServedModel.load(
+        directory,
+        name=config.name,
+        session_kwargs=config.session_kwargs(),
+        normalize_embeddings=config.normalize_embeddings,
+    )
+    try:
+        return model, create_app(model, max_body_bytes=config.max_body_bytes)
+    except BaseException:
+        model.close(drain=False)
+        raise
+
+
 def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
     """Serve an export directory in the foreground until SIGTERM/SIGINT; returns 0
     after a graceful drain in which every received request was answered (1 if the
@@ -123,17 +165,11 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
     uvicorn = require("uvicorn")
     if not is_loopback(config.host):
         log.warning("ortbatch serve: binding %s, reachable from other machines", config.host)
-    model = ServedModel.load(
-        directory,
-        name=config.name,
-        session_kwargs=config.session_kwargs(),
-        normalize_embeddings=config.normalize_embeddings,
-    )
+    served, app = _load_app(directory, config)
     try:
-        app = create_app(model, max_body_bytes=config.max_body_bytes)
         sock = bind_socket(config.host, config.port, config.backlog)
     except BaseException:
-        model.close(drain=False)
+        served.close(drain=False)
         raise
     server = uvicorn.Server(_uvicorn_config(app, config))
     received: list[int] = []
@@ -146,10 +182,14 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
         server.should_exit = True
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    text = "text input on" if model.text_input else "no text input"
-    emb = "/v1/embeddings on" if model.embedding_output else "no /v1/embeddings"
+    if isinstance(served, ServedModel):
+        text = "text input on" if served.text_input else "no text input"
+        emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
+        what = f"{text}, {emb}"
+    else:
+        what = "text generation: /v1/completions"
     print(
-        f"ortbatch serve: model {model.name!r} ({text}, {emb}); listening on {_url(sock)}",
+        f"ortbatch serve: model {served.name!r} ({what}); listening on {_url(sock)}",
         file=sys.stderr,
         flush=True,
     )
@@ -159,8 +199,8 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
         sock.close()
-        if not model.session.closed:
-            model.close(drain=True)
+        if not served.closed:
+            served.close(drain=True)
     counts: RequestCounts = app.state.counts
     print(
         f"ortbatch serve: stopped; requests accepted={counts.accepted} answered={counts.answered}",
@@ -182,7 +222,8 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
 
 
 class BackgroundServer:
-    """Serve a :class:`ServedModel` from a background thread on a loopback port.
+    """Serve a :class:`ServedModel` (or a :class:`~ortbatch.serve.completions.ServedGenerator`)
+    from a background thread on a loopback port.
 
         with BackgroundServer(ServedModel.load("exports/minilm")) as srv:
             httpx.get(srv.url + "/v2/health/ready")
@@ -193,14 +234,17 @@ class BackgroundServer:
 
     def __init__(
         self,
-        model: ServedModel,
+        model: ServedModel | ServedGenerator,
         config: ServeConfig | None = None,
         *,
         close_model: bool = True,
     ) -> None:
+        from .completions import ServedGenerator, create_completions_app
+
         self.config = config or ServeConfig(port=0, access_log=False, log_level="warning")
         self.model = model
-        self.app = create_app(model, max_body_bytes=self.config.max_body_bytes, close_model_on_shutdown=close_model)
+        make = create_completions_app if isinstance(model, ServedGenerator) else create_app
+        self.app = make(model, max_body_bytes=self.config.max_body_bytes, close_model_on_shutdown=close_model)  # type: ignore[arg-type]
         self._sock = bind_socket(self.config.host, self.config.port, self.config.backlog)
         self.url = _url(self._sock)
         self.port: int = self._sock.getsockname()[1]

@@ -1,0 +1,424 @@
+"""OpenAI-compatible text completions over a :class:`~ortbatch.BatchedGenerator`: what
+``ortbatch serve`` runs for a ``text-generation-with-past`` export.
+
+Routes::
+
+    POST /v1/completions                 OpenAI Completions API, whole or streamed (SSE)
+    GET  /v1/models
+    GET  /v2/health/live | /v2/health/ready
+    GET  /metrics                        Prometheus (HTTP and generator counters)
+
+Every HTTP request's prompts join the one generator, so concurrent clients share decode
+steps (continuous batching). A client that disconnects, before its answer or in the
+middle of a stream, cancels its requests, and their rows are freed at the next step.
+Errors are answered in OpenAI's form (``{"error": {"message": ...}}``) with the statuses
+of :func:`~ortbatch.serve.app.error_response`: a bad request 400, queue full 429,
+deadline 504, shutting down 503.
+
+Request fields: ``prompt`` (a string, a list of strings, a list of token ids, or a list
+of such lists), ``max_tokens`` (default 16, as OpenAI's), ``temperature`` (default 1.0,
+as OpenAI's; 0 is greedy), ``top_p``, ``top_k`` (an extension), ``stop``, ``seed``,
+``stream``, ``stream_options.include_usage``, ``model`` (must name the served model when
+given). ``n``, ``best_of`` above 1, ``echo``, ``logprobs``, ``suffix``, ``logit_bias``
+and non-zero penalties are refused with a 400 rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._extras import require
+from ..errors import InferenceError, InvalidInputError, SessionClosedError
+from ..manifest import MANIFEST_NAME, Manifest
+from .app import (
+    DEFAULT_MAX_BODY_BYTES,
+    HTTPError,
+    RequestCounts,
+    _Observed,
+    error_response,
+    json_response,
+    read_request_body,
+    run_or_abandon,
+    text_or_ids,
+)
+from .metrics import ServerMetrics
+
+__all__ = [
+    "CompletionRequest",
+    "ServedGenerator",
+    "create_completions_app",
+    "is_generation_export",
+    "parse_completion_request",
+]
+
+log = logging.getLogger("ortbatch.serve")
+
+_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def is_generation_export(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a decoder-with-past export (served as completions)."""
+    path = Path(directory)
+    if not path.is_dir():
+        return False
+    if (path / MANIFEST_NAME).is_file():
+        manifest = Manifest.load(path)
+        if manifest.generation:
+            return True
+        return any(name.startswith("past_key_values") for name in manifest.inputs)
+    if not (path / "model.onnx").is_file():
+        return False
+    from ..generation.layout import _read_io
+
+    inputs, _ = _read_io(path / "model.onnx")
+    return any(name.startswith("past_key_values") for name, _, _ in inputs)
+
+
+class ServedGenerator:
+    """A :class:`~ortbatch.BatchedGenerator` served under ``name``."""
+
+    def __init__(self, generator: Any, name: str) -> None:
+        self.generator = generator
+        self.name = name
+
+    @classmethod
+    def load(
+        cls, directory: str | Path, *, name: str | None = None, generator_kwargs: dict[str, Any] | None = None
+    ) -> ServedGenerator:
+        from ..generation import BatchedGenerator
+
+        path = Path(directory)
+        return cls(BatchedGenerator(path, **(generator_kwargs or {})), name or path.resolve().name)
+
+    @property
+    def ready(self) -> bool:
+        return not self.generator.closed
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.generator.closed)
+
+    def close(self, drain: bool = True) -> None:
+        self.generator.close(drain=drain)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A parsed ``POST /v1/completions`` body."""
+
+    prompts: list[str] | list[list[int]]
+    max_tokens: int
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    stop: list[str] | None
+    seed: int | None
+    stream: bool
+    include_usage: bool
+
+
+def _number(doc: dict[str, Any], key: str, default: float | None) -> float | None:
+    value = doc.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError(f"'{key}' must be a number, got {value!r}", input_name=key)
+    return float(value)
+
+
+def _integer(doc: dict[str, Any], key: str, default: int | None) -> int | None:
+    value = doc.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"'{key}' must be an integer, got {value!r}", input_name=key)
+    return value
+
+
+def parse_completion_request(doc: Any, model_name: str) -> CompletionRequest:
+    """Validate a ``/v1/completions`` body; raises :class:`InvalidInputError` (400) naming
+    the field, or :class:`HTTPError` 404 for another model's name."""
+    if not isinstance(doc, dict):
+        raise InvalidInputError("request body must be a JSON object")
+    name = doc.get("model")
+    if name is not None and name != model_name:
+        raise HTTPError(404, f"unknown model {name!r}; this server serves {model_name!r}")
+    prompts = text_or_ids(doc.get("prompt"), "prompt")
+    for key in ("n", "best_of"):
+        if _integer(doc, key, 1) != 1:
+            raise InvalidInputError(f"'{key}' above 1 is not supported: send the prompt again instead", input_name=key)
+    if doc.get("echo"):
+        raise InvalidInputError("'echo' is not supported", input_name="echo")
+    for key in ("logprobs", "suffix"):
+        if doc.get(key) is not None:
+            raise InvalidInputError(f"'{key}' is not supported", input_name=key)
+    if doc.get("logit_bias"):
+        raise InvalidInputError("'logit_bias' is not supported", input_name="logit_bias")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if _number(doc, key, 0.0) != 0.0:
+            raise InvalidInputError(f"'{key}' is not supported (only 0)", input_name=key)
+    max_tokens = _integer(doc, "max_tokens", _DEFAULT_MAX_TOKENS)
+    if max_tokens is None or max_tokens < 1:
+        raise InvalidInputError(f"'max_tokens' must be >= 1, got {max_tokens}", input_name="max_tokens")
+    temperature = _number(doc, "temperature", 1.0)
+    assert temperature is not None
+    if not 0.0 <= temperature <= 2.0:
+        raise InvalidInputError(f"'temperature' must be in [0, 2], got {temperature}", input_name="temperature")
+    top_p = _number(doc, "top_p", None)
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise InvalidInputError(f"'top_p' must be in (0, 1], got {top_p}", input_name="top_p")
+    top_k = _integer(doc, "top_k", None)
+    if top_k is not None and top_k < 0:
+        raise InvalidInputError(f"'top_k' must be >= 0, got {top_k}", input_name="top_k")
+    stop = doc.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)):
+        raise InvalidInputError(f"'stop' must be a string or a list of non-empty strings, got {stop!r}")
+    stream = doc.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidInputError(f"'stream' must be true or false, got {stream!r}", input_name="stream")
+    options = doc.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise InvalidInputError("'stream_options' must be an object", input_name="stream_options")
+    return CompletionRequest(
+        prompts=prompts,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=None if top_p == 1.0 else top_p,
+        top_k=top_k or None,
+        stop=stop or None,
+        seed=_integer(doc, "seed", None),
+        stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+    )
+
+
+def _submit_all(
+    generator: Any,
+    req: CompletionRequest,
+    on_token: Callable[[int], Callable[[Any], None]] | None = None,
+) -> list[Future[Any]]:
+    """Submit every prompt; if one is refused, cancel those already queued and re-raise."""
+    futures: list[Future[Any]] = []
+    try:
+        for i, prompt in enumerate(req.prompts):
+            futures.append(
+                generator.submit(
+                    prompt,
+                    req.max_tokens,
+                    temperature=req.temperature,
+                    top_k=req.top_k,
+                    top_p=req.top_p,
+                    stop=req.stop,
+                    seed=req.seed,
+                    on_token=on_token(i) if on_token else None,
+                )
+            )
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        raise
+    return futures
+
+
+def _usage(completions: Sequence[Any]) -> dict[str, int]:
+    prompt = sum(c.prompt_tokens for c in completions)
+    generated = sum(c.completion_tokens for c in completions)
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+
+
+def create_completions_app(
+    served: ServedGenerator,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    close_model_on_shutdown: bool = True,
+) -> Any:
+    """Build the Starlette app serving ``served`` (routes in the module docs).
+
+    ``app.state.counts`` is a :class:`RequestCounts`; on lifespan shutdown the generator
+    is closed with ``drain=True`` (unless ``close_model_on_shutdown=False``).
+    """
+    require("starlette")
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    generator = served.generator
+    metrics = ServerMetrics(generator_stats=generator.stats)
+    counts = RequestCounts()
+
+    def envelope(completion_id: str, created: int, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": created,
+            "model": served.name,
+            "choices": choices,
+        }
+
+    async def completions(request: Request) -> Response:
+        body = await read_request_body(request, max_body_bytes)
+        try:
+            doc = json.loads(body)
+        except (RecursionError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+        req = parse_completion_request(doc, served.name)
+        completion_id = "cmpl-" + secrets.token_hex(12)
+        created = int(time.time())
+        if req.stream:
+            return await stream(req, completion_id, created)
+        futures = _submit_all(generator, req)
+        waits = [asyncio.wrap_future(f) for f in futures]  # cancelling one cancels its request
+        try:
+            results = await run_or_abandon(request.receive, asyncio.gather(*waits))
+        except BaseException:  # one failed, or the client left: the others are not wanted
+            for fut in futures:
+                fut.cancel()
+            raise
+        choices = [
+            {"text": c.text, "index": i, "logprobs": None, "finish_reason": c.finish_reason}
+            for i, c in enumerate(results)
+        ]
+        return json_response({**envelope(completion_id, created, choices), "usage": _usage(results)})
+
+    async def stream(req: CompletionRequest, completion_id: str, created: int) -> Response:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+        def put(item: tuple[int, Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+        def on_token(i: int) -> Callable[[Any], None]:
+            def deliver(tok: Any) -> None:
+                put((i, tok))
+
+            return deliver
+
+        # Submission errors (bad prompt, queue full) are answered as JSON errors, before
+        # any byte of the stream is sent.
+        futures = _submit_all(generator, req, on_token)
+
+        def ended(i: int) -> Callable[[Future[Any]], None]:
+            def mark(_fut: Future[Any]) -> None:
+                put((i, None))
+
+            return mark
+
+        for i, fut in enumerate(futures):
+            # tokens are put before the future settles, on the same thread: the end
+            # marker comes after the request's last token
+            fut.add_done_callback(ended(i))
+
+        def event(data: dict[str, Any]) -> bytes:
+            return b"data: " + json.dumps(data, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+        async def events() -> AsyncIterator[bytes]:
+            sent = [""] * len(futures)
+            finished: list[Any] = []
+            open_ = len(futures)
+            try:
+                while open_:
+                    i, tok = await queue.get()
+                    if tok is not None:
+                        if tok.text:
+                            sent[i] += tok.text
+                            choice = {"text": tok.text, "index": i, "logprobs": None, "finish_reason": None}
+                            yield event(envelope(completion_id, created, [choice]))
+                        continue
+                    open_ -= 1
+                    fut = futures[i]
+                    if fut.cancelled():
+                        continue
+                    exc = fut.exception()
+                    if exc is not None:
+                        _status, body, _headers = error_response(exc, openai=True)
+                        yield event(body)
+                        continue
+                    completion = fut.result()
+                    finished.append(completion)
+                    # what the stream has not carried yet (text held back until the end)
+                    rest = completion.text[len(sent[i]) :] if completion.text.startswith(sent[i]) else ""
+                    choice = {"text": rest, "index": i, "logprobs": None, "finish_reason": completion.finish_reason}
+                    yield event(envelope(completion_id, created, [choice]))
+                if req.include_usage:
+                    yield event({**envelope(completion_id, created, []), "usage": _usage(finished)})
+                yield b"data: [DONE]\n\n"
+            finally:  # the client left (or the response ended): free any row still held
+                for fut in futures:
+                    fut.cancel()
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def list_models(request: Request) -> Response:
+        return json_response(
+            {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "ortbatch"}]}
+        )
+
+    async def live(request: Request) -> Response:
+        return json_response({"live": True})
+
+    async def ready(request: Request) -> Response:
+        if served.ready:
+            return json_response({"ready": True})
+        return json_response({"error": "the server is shutting down"}, 503)
+
+    async def prometheus(request: Request) -> Response:
+        data, ctype = metrics.render()
+        return Response(data, headers={"Content-Type": ctype})
+
+    def route(path: str, handler: Callable[[Request], Awaitable[Response]], method: str) -> Route:
+        async def endpoint(request: Request) -> Response:
+            request.scope["ortbatch.endpoint"] = path
+            try:
+                return await handler(request)
+            except Exception as exc:
+                status, body, headers = error_response(exc, openai=path.startswith("/v1/"))
+                if status >= 500 and not isinstance(exc, (SessionClosedError, InferenceError)):
+                    log.exception("internal error", exc_info=exc)
+                return json_response(body, status, headers)
+
+        return Route(path, endpoint, methods=[method])
+
+    routes = [
+        route("/v1/completions", completions, "POST"),
+        route("/v1/models", list_models, "GET"),
+        route("/v2/health/live", live, "GET"),
+        route("/v2/health/ready", ready, "GET"),
+        route("/metrics", prometheus, "GET"),
+    ]
+
+    async def http_exception(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        message = {404: f"no route {request.url.path!r}", 405: f"method {request.method} not allowed"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        return json_response({"error": {"message": message, "type": "invalid_request_error"}}, exc.status_code)
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        yield
+        if close_model_on_shutdown:
+            await asyncio.to_thread(served.close, True)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception}, lifespan=lifespan)
+    app.state.model = served
+    app.state.metrics = metrics
+    app.state.counts = counts
+    return _Observed(app, metrics, counts)

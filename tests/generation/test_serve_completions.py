@@ -1,0 +1,185 @@
+"""`ortbatch serve` on a generation export: OpenAI /v1/completions over real HTTP, driven by
+the official ``openai`` client (and httpx for the raw protocol): each concurrent caller gets
+exactly its own completion, streamed or whole; bad requests get 400s that name the field;
+a client that leaves mid-stream frees its row."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ortbatch import BatchedGenerator
+
+from .conftest import TinyModel, random_prompts
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from ortbatch.serve import BackgroundServer  # noqa: E402
+from ortbatch.serve.completions import ServedGenerator, is_generation_export  # noqa: E402
+
+NAME = "tiny-gpt2"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gpt2: TinyModel) -> Iterator[BackgroundServer]:
+    served = ServedGenerator(BatchedGenerator(tiny_gpt2.export, max_batch_size=4, max_queue=64), NAME)
+    with BackgroundServer(served) as srv:
+        yield srv
+    assert served.closed  # the app closed the generator on shutdown
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_gpt2: TinyModel) -> dict[tuple[int, ...], tuple[str, int, str, int]]:
+    """What the generator itself answers for each test prompt: text, tokens, finish reason."""
+    out = {}
+    with BatchedGenerator(tiny_gpt2.export, max_batch_size=1) as gen:
+        for prompt, n in zip(random_prompts([3, 8, 5, 12, 2, 9, 6, 4]), [9, 4, 12, 7, 10, 3, 8, 11], strict=True):
+            c = gen.generate(prompt, n)
+            out[tuple(prompt)] = (c.text, c.completion_tokens, c.finish_reason, n)
+    return out
+
+
+def client(server: BackgroundServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_generation_export_is_detected(tiny_gpt2: TinyModel, fake_dir: Path, tmp_path: Path) -> None:
+    assert is_generation_export(tiny_gpt2.export)
+    assert is_generation_export(fake_dir)
+    assert not is_generation_export(tmp_path)
+
+
+def test_concurrent_clients_each_get_their_own_completion(server: BackgroundServer, expected: dict) -> None:
+    api = client(server)
+
+    def ask(prompt: tuple[int, ...]) -> object:
+        return api.completions.create(model=NAME, prompt=list(prompt), max_tokens=expected[prompt][3], temperature=0)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = dict(zip(expected, pool.map(ask, list(expected)), strict=True))
+    for prompt, answer in answers.items():
+        text, tokens, reason, _ = expected[prompt]
+        choice = answer.choices[0]
+        assert (choice.text, choice.finish_reason) == (text, reason), prompt
+        assert answer.usage.prompt_tokens == len(prompt) and answer.usage.completion_tokens == tokens
+        assert answer.model == NAME and answer.object == "text_completion"
+
+
+def test_several_prompts_in_one_request(server: BackgroundServer, expected: dict) -> None:
+    prompts = list(expected)[:3]
+    answer = client(server).completions.create(
+        model=NAME, prompt=[list(p) for p in prompts], max_tokens=4, temperature=0
+    )
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    for prompt, choice in zip(prompts, answer.choices, strict=True):
+        assert expected[prompt][0].startswith(choice.text)  # the same greedy run, cut at 4 tokens
+
+
+def test_stream_carries_the_same_text(server: BackgroundServer, expected: dict) -> None:
+    api = client(server)
+    for prompt, (text, tokens, reason, n) in list(expected.items())[:4]:
+        chunks = list(
+            api.completions.create(
+                model=NAME,
+                prompt=list(prompt),
+                max_tokens=n,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        with_choices = [c for c in chunks if c.choices]
+        assert "".join(c.choices[0].text for c in with_choices) == text
+        assert [c.choices[0].finish_reason for c in with_choices][-1] == reason
+        assert all(c.choices[0].finish_reason is None for c in with_choices[:-1])
+        assert chunks[-1].usage.completion_tokens == tokens and chunks[-1].usage.prompt_tokens == len(prompt)
+
+
+def test_sampling_is_reproducible_with_a_seed(server: BackgroundServer) -> None:
+    api = client(server)
+    texts = {
+        api.completions.create(model=NAME, prompt=[5, 6, 7], max_tokens=8, temperature=0.9, top_p=0.9, seed=11)
+        .choices[0]
+        .text
+        for _ in range(3)
+    }
+    assert len(texts) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"prompt": [5, 6], "n": 2}, 400, "'n' above 1"),
+        ({"prompt": [5, 6], "logprobs": 3}, 400, "'logprobs' is not supported"),
+        ({"prompt": [], "max_tokens": 3}, 400, "'prompt' must be"),
+        ({"prompt": [5, 6], "max_tokens": 0}, 400, "'max_tokens' must be >= 1"),
+        ({"prompt": [5, 6], "temperature": "hot"}, 400, "'temperature' must be a number"),
+        ({"prompt": [5, 99999]}, 400, "vocabulary"),
+        ({"prompt": [5] * 90, "max_tokens": 50}, 400, "context"),
+        ({"prompt": [5, 6], "model": "other"}, 404, "unknown model 'other'"),
+    ],
+)
+def test_bad_requests_name_what_is_wrong(server: BackgroundServer, body: dict, status: int, message: str) -> None:
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]["message"]
+
+
+def test_bad_request_through_the_openai_client(server: BackgroundServer) -> None:
+    with pytest.raises(openai.BadRequestError, match="'n' above 1"):
+        client(server).completions.create(model=NAME, prompt="hello", max_tokens=3, n=2)
+
+
+def test_client_leaving_a_stream_frees_its_row(server: BackgroundServer) -> None:
+    gen = server.model.generator
+    before = gen.stats().cancelled
+    body = {"prompt": [5, 6, 7], "max_tokens": 80, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        s = gen.stats()
+        if s.cancelled > before and s.active_rows == 0 and s.queued == 0:
+            break
+        time.sleep(0.05)
+    s = gen.stats()
+    assert s.cancelled == before + 1 and s.active_rows == 0
+
+
+def test_models_health_and_metrics(server: BackgroundServer) -> None:
+    assert [m.id for m in client(server).models.list().data] == [NAME]
+    assert httpx.get(server.url + "/v2/health/ready").json() == {"ready": True}
+    text = httpx.get(server.url + "/metrics").text
+    assert (
+        "ortbatch_generation_generated_tokens" in text
+        and 'ortbatch_generation_requests_total{outcome="completed"}' in text
+    )
+    assert httpx.post(server.url + "/v2/models/x/infer", json={}).status_code == 404
+
+
+def test_requests_during_shutdown_are_answered(tiny_gpt2: TinyModel) -> None:
+    """Shutting the server down drains: a request in flight still gets its whole answer."""
+    served = ServedGenerator(BatchedGenerator(tiny_gpt2.export, max_batch_size=2), NAME)
+    srv = BackgroundServer(served).start()
+    result: dict = {}
+
+    def ask() -> None:
+        result["r"] = httpx.post(srv.url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 30}, timeout=60)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    time.sleep(0.2)
+    srv.stop()
+    t.join(60)
+    assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] >= 1
+    assert srv.counts.accepted == srv.counts.answered
