@@ -48,8 +48,10 @@ __all__ = [
     "ClientGone",
     "HTTPError",
     "RequestCounts",
+    "assemble_app",
     "create_app",
     "error_response",
+    "handled_route",
     "json_response",
     "read_request_body",
     "run_or_abandon",
@@ -206,22 +208,12 @@ def create_app(
     session is closed with ``drain=True`` (unless ``close_model_on_shutdown=False``).
     """
     require("starlette")  # a clear ImportError naming the extra
-    from contextlib import asynccontextmanager
 
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import Response
-    from starlette.routing import Route
 
     metrics = ServerMetrics(model.session.stats)
     counts = RequestCounts()
-
-    def fail(exc: BaseException, openai: bool = False) -> Response:
-        status, body, headers = error_response(exc, openai)
-        if status >= 500 and not isinstance(exc, (SessionClosedError, InferenceError)):
-            log.error("internal error", exc_info=exc)
-        return json_response(body, status, headers)
 
     def find_model(request: Request) -> ServedModel:
         name = request.path_params["name"]
@@ -332,18 +324,7 @@ def create_app(
         return Response(data, headers={"Content-Type": ctype})
 
     # -- plumbing -----------------------------------------------------------------------
-    def route(path: str, handler: Callable[[Request], Awaitable[Response]], method: str) -> Route:
-        openai = path.startswith("/v1/")
-
-        async def endpoint(request: Request) -> Response:
-            request.scope["ortbatch.endpoint"] = path
-            try:
-                return await handler(request)
-            except Exception as exc:
-                return fail(exc, openai)
-
-        return Route(path, endpoint, methods=[method])
-
+    route = handled_route
     base = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
     routes = [
@@ -363,7 +344,40 @@ def create_app(
         route("/metrics", prometheus, "GET"),
     ]
 
-    async def http_exception(request: Request, exc: Exception) -> Response:
+    return assemble_app(routes, model, metrics, counts, close_model_on_shutdown=close_model_on_shutdown)
+
+
+def handled_route(path: str, handler: Callable[[Any], Awaitable[Any]], method: str) -> Any:
+    """A Starlette ``Route`` whose errors become answers through :func:`error_response`
+    (OpenAI's error shape under ``/v1/``), labelled with ``path`` for the metrics."""
+    from starlette.routing import Route
+
+    openai = path.startswith("/v1/")
+
+    async def endpoint(request: Any) -> Any:
+        request.scope["ortbatch.endpoint"] = path
+        try:
+            return await handler(request)
+        except Exception as exc:
+            status, body, headers = error_response(exc, openai)
+            if status >= 500 and not isinstance(exc, (SessionClosedError, InferenceError)):
+                log.exception("internal error", exc_info=exc)
+            return json_response(body, status, headers)
+
+    return Route(path, endpoint, methods=[method])
+
+
+def assemble_app(
+    routes: list[Any], served: Any, metrics: ServerMetrics, counts: RequestCounts, *, close_model_on_shutdown: bool
+) -> Any:
+    """The Starlette app over ``routes``, wrapped in the metrics/counts middleware: JSON
+    404/405 for unknown routes, and ``served.close(drain=True)`` on lifespan shutdown."""
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+
+    async def http_exception(request: Any, exc: Exception) -> Any:
         assert isinstance(exc, HTTPException)
         message = {404: f"no route {request.url.path!r}", 405: f"method {request.method} not allowed"}.get(
             exc.status_code, str(exc.detail)
@@ -375,10 +389,10 @@ def create_app(
         yield
         if close_model_on_shutdown:
             # close() joins the workers after draining; keep the loop free meanwhile
-            await asyncio.to_thread(model.close, True)
+            await asyncio.to_thread(served.close, True)
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception}, lifespan=lifespan)
-    app.state.model = model
+    app.state.model = served
     app.state.metrics = metrics
     app.state.counts = counts
     return _Observed(app, metrics, counts)

@@ -30,21 +30,22 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._extras import require
-from ..errors import InferenceError, InvalidInputError, SessionClosedError
+from ..errors import InvalidInputError
 from ..manifest import MANIFEST_NAME, Manifest
 from .app import (
     DEFAULT_MAX_BODY_BYTES,
     HTTPError,
     RequestCounts,
-    _Observed,
+    assemble_app,
     error_response,
+    handled_route,
     json_response,
     read_request_body,
     run_or_abandon,
@@ -249,13 +250,9 @@ def create_completions_app(
     is closed with ``drain=True`` (unless ``close_model_on_shutdown=False``).
     """
     require("starlette")
-    from contextlib import asynccontextmanager
 
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import Response, StreamingResponse
-    from starlette.routing import Route
 
     generator = served.generator
     metrics = ServerMetrics(generator_stats=generator.stats)
@@ -383,19 +380,7 @@ def create_completions_app(
         data, ctype = metrics.render()
         return Response(data, headers={"Content-Type": ctype})
 
-    def route(path: str, handler: Callable[[Request], Awaitable[Response]], method: str) -> Route:
-        async def endpoint(request: Request) -> Response:
-            request.scope["ortbatch.endpoint"] = path
-            try:
-                return await handler(request)
-            except Exception as exc:
-                status, body, headers = error_response(exc, openai=path.startswith("/v1/"))
-                if status >= 500 and not isinstance(exc, (SessionClosedError, InferenceError)):
-                    log.exception("internal error", exc_info=exc)
-                return json_response(body, status, headers)
-
-        return Route(path, endpoint, methods=[method])
-
+    route = handled_route
     routes = [
         route("/v1/completions", completions, "POST"),
         route("/v1/models", list_models, "GET"),
@@ -403,22 +388,4 @@ def create_completions_app(
         route("/v2/health/ready", ready, "GET"),
         route("/metrics", prometheus, "GET"),
     ]
-
-    async def http_exception(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        message = {404: f"no route {request.url.path!r}", 405: f"method {request.method} not allowed"}.get(
-            exc.status_code, str(exc.detail)
-        )
-        return json_response({"error": {"message": message, "type": "invalid_request_error"}}, exc.status_code)
-
-    @asynccontextmanager
-    async def lifespan(app: Any) -> Any:
-        yield
-        if close_model_on_shutdown:
-            await asyncio.to_thread(served.close, True)
-
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception}, lifespan=lifespan)
-    app.state.model = served
-    app.state.metrics = metrics
-    app.state.counts = counts
-    return _Observed(app, metrics, counts)
+    return assemble_app(routes, served, metrics, counts, close_model_on_shutdown=close_model_on_shutdown)
