@@ -5,6 +5,7 @@ a client that leaves mid-stream frees its row."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -183,3 +184,66 @@ def test_requests_during_shutdown_are_answered(tiny_gpt2: TinyModel) -> None:
     t.join(60)
     assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] >= 1
     assert srv.counts.accepted == srv.counts.answered
+
+
+def test_stop_string_stream_equals_the_whole_answer(server: BackgroundServer, expected: dict) -> None:
+    """A stop string makes the generator hold text back while it may still match; the
+    stream must still add up to the whole (cut) answer, finishing with 'stop'."""
+    api = client(server)
+    prompt, (text, _, _, n) = next((p, e) for p, e in expected.items() if len(e[0]) >= 6)
+    stop = text[3:5]  # occurs in the greedy text, so the answer is cut before it
+    whole = api.completions.create(model=NAME, prompt=list(prompt), max_tokens=n, temperature=0, stop=[stop])
+    chunks = list(
+        api.completions.create(model=NAME, prompt=list(prompt), max_tokens=n, temperature=0, stop=stop, stream=True)
+    )
+    assert whole.choices[0].finish_reason == "stop" and stop not in whole.choices[0].text
+    assert text.startswith(whole.choices[0].text)
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=6)
+_prompts = (
+    st.text(max_size=12)
+    | st.lists(st.integers(-5, 400), max_size=6)
+    | st.lists(st.text(max_size=5), max_size=3)
+    | st.lists(st.lists(st.integers(-5, 400), max_size=4), max_size=3)
+    | _scalars
+)
+_bodies = st.fixed_dictionaries(
+    {"prompt": _prompts},
+    optional={
+        "max_tokens": st.integers(-3, 12) | _scalars,
+        "temperature": st.floats(-1, 3) | _scalars,
+        "top_p": st.floats(-0.5, 1.5) | _scalars,
+        "top_k": st.integers(-3, 500) | _scalars,
+        "seed": st.integers(-(2**65), 2**65) | _scalars,
+        "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3) | _scalars,
+        "stream": st.booleans() | _scalars,
+        "stream_options": st.fixed_dictionaries({"include_usage": _scalars}) | _scalars,
+        "n": st.integers(-1, 3) | _scalars,
+        "model": st.just(NAME) | st.text(max_size=4),
+        "echo": _scalars,
+        "logprobs": _scalars,
+    },
+)
+
+
+@settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=_bodies)
+def test_fuzzed_requests_never_fail_the_server(server: BackgroundServer, body: dict) -> None:
+    """Whatever the body: a 200 (JSON or a well-formed event stream) or a < 500 JSON error
+    in OpenAI's shape; never a 500, never a hang."""
+    # json.dumps writes NaN/Infinity as Python's json.loads (the server's) reads them
+    r = httpx.post(server.url + "/v1/completions", content=json.dumps(body), timeout=30)
+    assert r.status_code < 500, (body, r.text)
+    if r.status_code != 200:
+        assert isinstance(r.json()["error"]["message"], str)
+    elif r.headers["content-type"].startswith("text/event-stream"):
+        assert r.text.endswith("data: [DONE]\n\n")
+    else:
+        assert r.json()["object"] == "text_completion"
