@@ -530,14 +530,21 @@ class BatchedGenerator:
             return None
         return lambda ids: tok.decode(list(ids), skip_special_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` as the export's tokenizer makes them (special tokens added)."""
+    @property
+    def export_dir(self) -> Path:
+        """The export directory this generator serves."""
+        return self._dir
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` as the export's tokenizer makes them (special tokens added
+        as the tokenizer does, e.g. Llama's BOS, unless ``add_special_tokens=False``, as for
+        text rendered from a chat template, which holds its special tokens already)."""
         tok = self._get_tokenizer()
         if tok is None:
             raise InvalidInputError(
                 f"text prompt given but {self._tokenizer_error}: pass token ids", input_name="prompt"
             )
-        return list(tok.encode(text).ids)
+        return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (special tokens skipped)."""

@@ -4,6 +4,7 @@
 Routes::
 
     POST /v1/completions                 OpenAI Completions API, whole or streamed (SSE)
+    POST /v1/chat/completions            OpenAI Chat Completions, with the export's chat template
     GET  /v1/models
     GET  /v2/health/live | /v2/health/ready
     GET  /metrics                        Prometheus (HTTP and generator counters)
@@ -21,6 +22,12 @@ as OpenAI's; 0 is greedy), ``top_p``, ``top_k`` (an extension), ``stop``, ``seed
 ``stream``, ``stream_options.include_usage``, ``model`` (must name the served model when
 given). ``n``, ``best_of`` above 1, ``echo``, ``logprobs``, ``suffix``, ``logit_bias``
 and non-zero penalties are refused with a 400 rather than silently ignored.
+
+Chat requests take ``messages`` (text content, as a string or text parts), rendered with the
+export's chat template (:class:`~ortbatch.generation.chat.ChatTemplate`) into one prompt;
+``max_completion_tokens`` or ``max_tokens`` (default: the rest of the context); the same
+sampling fields; ``tools``, ``functions``, ``response_format`` and ``logprobs`` are refused.
+An export without a chat template answers chat requests with a 400.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import Any
 
 from .._extras import require
 from ..errors import InvalidInputError
+from ..generation.chat import ChatTemplate
 from ..manifest import MANIFEST_NAME, Manifest
 from .app import (
     DEFAULT_MAX_BODY_BYTES,
@@ -58,6 +66,7 @@ __all__ = [
     "ServedGenerator",
     "create_completions_app",
     "is_generation_export",
+    "parse_chat_request",
     "parse_completion_request",
 ]
 
@@ -84,12 +93,25 @@ def is_generation_export(directory: str | Path) -> bool:
     return any(name.startswith("past_key_values") for name, _, _ in inputs)
 
 
+def _export_template(generator: Any) -> ChatTemplate | None:
+    directory = getattr(generator, "export_dir", None)
+    if directory is None:
+        return None
+    try:
+        return ChatTemplate.from_export(directory)
+    except (ValueError, ImportError) as exc:  # no jinja2, or a template that does not compile
+        log.warning("%s: /v1/chat/completions is off: %s", directory, exc)
+        return None
+
+
 class ServedGenerator:
     """A :class:`~ortbatch.BatchedGenerator` served under ``name``."""
 
-    def __init__(self, generator: Any, name: str) -> None:
+    def __init__(self, generator: Any, name: str, chat_template: ChatTemplate | None = None) -> None:
         self.generator = generator
         self.name = name
+        #: renders /v1/chat/completions messages (default: the export's, when it has one)
+        self.chat_template = chat_template if chat_template is not None else _export_template(generator)
 
     @classmethod
     def load(
@@ -117,7 +139,7 @@ class CompletionRequest:
     """A parsed ``POST /v1/completions`` body."""
 
     prompts: list[str] | list[list[int]]
-    max_tokens: int
+    max_tokens: int | None  # None: up to the model's context
     temperature: float
     top_p: float | None
     top_k: int | None
@@ -145,30 +167,28 @@ def _integer(doc: dict[str, Any], key: str, default: int | None) -> int | None:
     return value
 
 
-def parse_completion_request(doc: Any, model_name: str) -> CompletionRequest:
-    """Validate a ``/v1/completions`` body; raises :class:`InvalidInputError` (400) naming
-    the field, or :class:`HTTPError` 404 for another model's name."""
+def _check_model(doc: Any, model_name: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InvalidInputError("request body must be a JSON object")
     name = doc.get("model")
     if name is not None and name != model_name:
         raise HTTPError(404, f"unknown model {name!r}; this server serves {model_name!r}")
-    prompts = text_or_ids(doc.get("prompt"), "prompt")
+    return doc
+
+
+def _parse_sampling(
+    doc: dict[str, Any], prompts: list[str] | list[list[int]], max_tokens: int | None
+) -> CompletionRequest:
+    """The fields both APIs share; ``max_tokens`` already read (``None``: up to the context)."""
     for key in ("n", "best_of"):
         if _integer(doc, key, 1) != 1:
             raise InvalidInputError(f"'{key}' above 1 is not supported: send the prompt again instead", input_name=key)
-    if doc.get("echo"):
-        raise InvalidInputError("'echo' is not supported", input_name="echo")
-    for key in ("logprobs", "suffix"):
-        if doc.get(key) is not None:
-            raise InvalidInputError(f"'{key}' is not supported", input_name=key)
     if doc.get("logit_bias"):
         raise InvalidInputError("'logit_bias' is not supported", input_name="logit_bias")
     for key in ("presence_penalty", "frequency_penalty"):
         if _number(doc, key, 0.0) != 0.0:
             raise InvalidInputError(f"'{key}' is not supported (only 0)", input_name=key)
-    max_tokens = _integer(doc, "max_tokens", _DEFAULT_MAX_TOKENS)
-    if max_tokens is None or max_tokens < 1:
+    if max_tokens is not None and max_tokens < 1:
         raise InvalidInputError(f"'max_tokens' must be >= 1, got {max_tokens}", input_name="max_tokens")
     temperature = _number(doc, "temperature", 1.0)
     assert temperature is not None
@@ -204,6 +224,62 @@ def parse_completion_request(doc: Any, model_name: str) -> CompletionRequest:
     )
 
 
+def parse_completion_request(doc: Any, model_name: str) -> CompletionRequest:
+    """Validate a ``/v1/completions`` body; raises :class:`InvalidInputError` (400) naming
+    the field, or :class:`HTTPError` 404 for another model's name."""
+    doc = _check_model(doc, model_name)
+    prompts = text_or_ids(doc.get("prompt"), "prompt")
+    if doc.get("echo"):
+        raise InvalidInputError("'echo' is not supported", input_name="echo")
+    for key in ("logprobs", "suffix"):
+        if doc.get(key) is not None:
+            raise InvalidInputError(f"'{key}' is not supported", input_name=key)
+    return _parse_sampling(doc, prompts, _integer(doc, "max_tokens", _DEFAULT_MAX_TOKENS))
+
+
+def _message_text(message: Any, index: int) -> dict[str, Any]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise InvalidInputError(f"messages[{index}] must be an object with a string 'role'", input_name="messages")
+    content = message.get("content")
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidInputError(
+                    f"messages[{index}].content: only text parts are supported, got {part!r}", input_name="messages"
+                )
+            parts.append(part["text"])
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise InvalidInputError(f"messages[{index}].content must be a string or text parts", input_name="messages")
+    return {**message, "content": content}
+
+
+def parse_chat_request(doc: Any, model_name: str, template: ChatTemplate | None, encode: Any) -> CompletionRequest:
+    """Validate a ``/v1/chat/completions`` body and render its messages with the export's
+    chat template into one token-id prompt (``encode(text, add_special_tokens=False)``)."""
+    doc = _check_model(doc, model_name)
+    if template is None:
+        raise InvalidInputError(
+            "this model has no chat template (chat_template in tokenizer_config.json or chat_template.jinja): "
+            "use /v1/completions"
+        )
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInputError("'messages' must be a non-empty list", input_name="messages")
+    if doc.get("logprobs") or doc.get("top_logprobs") is not None:
+        raise InvalidInputError("'logprobs' is not supported", input_name="logprobs")
+    for key in ("tools", "functions", "response_format"):
+        if doc.get(key):
+            raise InvalidInputError(f"'{key}' is not supported", input_name=key)
+    text = template.render([_message_text(m, i) for i, m in enumerate(messages)], add_generation_prompt=True)
+    ids = encode(text, add_special_tokens=False)
+    max_tokens = _integer(doc, "max_completion_tokens", None)
+    if max_tokens is None:
+        max_tokens = _integer(doc, "max_tokens", None)
+    return _parse_sampling(doc, [ids], max_tokens)
+
+
 def _submit_all(
     generator: Any,
     req: CompletionRequest,
@@ -216,7 +292,7 @@ def _submit_all(
             futures.append(
                 generator.submit(
                     prompt,
-                    req.max_tokens,
+                    req.max_tokens if req.max_tokens is not None else _rest_of_context(generator, prompt),
                     temperature=req.temperature,
                     top_k=req.top_k,
                     top_p=req.top_p,
@@ -230,6 +306,11 @@ def _submit_all(
             fut.cancel()
         raise
     return futures
+
+
+def _rest_of_context(generator: Any, prompt: Any) -> int:
+    """Room left after a token-id prompt (at least 1: too long a prompt is refused by submit)."""
+    return max(1, int(generator.layout.max_context_length) - len(prompt))
 
 
 def _usage(completions: Sequence[Any]) -> dict[str, int]:
@@ -258,26 +339,50 @@ def create_completions_app(
     metrics = ServerMetrics(generator_stats=generator.stats)
     counts = RequestCounts()
 
-    def envelope(completion_id: str, created: int, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": completion_id,
-            "object": "text_completion",
-            "created": created,
-            "model": served.name,
-            "choices": choices,
-        }
+    template = served.chat_template
 
-    async def completions(request: Request) -> Response:
+    class _Api:
+        """How one of the two APIs names and shapes its answers."""
+
+        def __init__(self, chat: bool) -> None:
+            self.chat = chat
+            self.prefix = "chatcmpl-" if chat else "cmpl-"
+            self.object = "chat.completion" if chat else "text_completion"
+            self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
+
+        def choice(self, i: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+            if self.chat:
+                return {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+            return {"text": text, "index": i, "logprobs": None, "finish_reason": finish_reason}
+
+        def delta(self, i: int, text: str | None, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
+            if self.chat:
+                delta: dict[str, Any] = {} if text is None else {"content": text}
+                if first:
+                    delta["role"] = "assistant"
+                return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return self.choice(i, text or "", finish_reason)
+
+    async def read_json(request: Request) -> Any:
         body = await read_request_body(request, max_body_bytes)
         try:
-            doc = json.loads(body)
+            return json.loads(body)
         except (RecursionError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
-        req = parse_completion_request(doc, served.name)
-        completion_id = "cmpl-" + secrets.token_hex(12)
-        created = int(time.time())
+
+    async def completions(request: Request) -> Response:
+        req = parse_completion_request(await read_json(request), served.name)
+        return await answer(request, req, _Api(chat=False))
+
+    async def chat_completions(request: Request) -> Response:
+        doc = await read_json(request)
+        req = parse_chat_request(doc, served.name, template, generator.encode)
+        return await answer(request, req, _Api(chat=True))
+
+    async def answer(request: Request, req: CompletionRequest, api: _Api) -> Response:
+        head = {"id": api.prefix + secrets.token_hex(12), "created": int(time.time()), "model": served.name}
         if req.stream:
-            return await stream(req, completion_id, created)
+            return stream(req, api, head)
         futures = _submit_all(generator, req)
         waits = [asyncio.wrap_future(f) for f in futures]  # cancelling one cancels its request
         try:
@@ -286,13 +391,10 @@ def create_completions_app(
             for fut in futures:
                 fut.cancel()
             raise
-        choices = [
-            {"text": c.text, "index": i, "logprobs": None, "finish_reason": c.finish_reason}
-            for i, c in enumerate(results)
-        ]
-        return json_response({**envelope(completion_id, created, choices), "usage": _usage(results)})
+        choices = [api.choice(i, c.text, c.finish_reason) for i, c in enumerate(results)]
+        return json_response({**head, "object": api.object, "choices": choices, "usage": _usage(results)})
 
-    async def stream(req: CompletionRequest, completion_id: str, created: int) -> Response:
+    def stream(req: CompletionRequest, api: _Api, head: dict[str, Any]) -> Response:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
@@ -326,18 +428,23 @@ def create_completions_app(
         def event(data: dict[str, Any]) -> bytes:
             return b"data: " + json.dumps(data, separators=(",", ":")).encode("utf-8") + b"\n\n"
 
+        def chunk(choices: list[dict[str, Any]]) -> bytes:
+            return event({**head, "object": api.chunk_object, "choices": choices})
+
         async def events() -> AsyncIterator[bytes]:
             sent = [""] * len(futures)
             finished: list[Any] = []
             open_ = len(futures)
             try:
+                if api.chat:  # OpenAI's chat streams open each choice with the role
+                    for i in range(len(futures)):
+                        yield chunk([api.delta(i, "", None, first=True)])
                 while open_:
                     i, tok = await queue.get()
                     if tok is not None:
                         if tok.text:
                             sent[i] += tok.text
-                            choice = {"text": tok.text, "index": i, "logprobs": None, "finish_reason": None}
-                            yield event(envelope(completion_id, created, [choice]))
+                            yield chunk([api.delta(i, tok.text, None)])
                         continue
                     open_ -= 1
                     fut = futures[i]
@@ -352,10 +459,11 @@ def create_completions_app(
                     finished.append(completion)
                     # what the stream has not carried yet (text held back until the end)
                     rest = completion.text[len(sent[i]) :] if completion.text.startswith(sent[i]) else ""
-                    choice = {"text": rest, "index": i, "logprobs": None, "finish_reason": completion.finish_reason}
-                    yield event(envelope(completion_id, created, [choice]))
+                    if rest:
+                        yield chunk([api.delta(i, rest, None)])
+                    yield chunk([api.delta(i, None if api.chat else "", completion.finish_reason)])
                 if req.include_usage:
-                    yield event({**envelope(completion_id, created, []), "usage": _usage(finished)})
+                    yield event({**head, "object": api.chunk_object, "choices": [], "usage": _usage(finished)})
                 yield b"data: [DONE]\n\n"
             finally:  # the client left (or the response ended): free any row still held
                 for fut in futures:
@@ -383,6 +491,7 @@ def create_completions_app(
     route = handled_route
     routes = [
         route("/v1/completions", completions, "POST"),
+        route("/v1/chat/completions", chat_completions, "POST"),
         route("/v1/models", list_models, "GET"),
         route("/v2/health/live", live, "GET"),
         route("/v2/health/ready", ready, "GET"),

@@ -1,0 +1,105 @@
+"""Chat templates: turn a list of chat messages into the prompt text a chat model expects.
+
+Hugging Face tokenizers carry a Jinja template (``chat_template`` in
+``tokenizer_config.json``, or ``chat_template.jinja`` beside it) that transformers renders
+in ``apply_chat_template``. :class:`ChatTemplate` renders it the same way without
+transformers: a sandboxed Jinja environment with ``trim_blocks`` and ``lstrip_blocks``,
+the ``loopcontrols`` extension, a ``tojson`` filter, ``raise_exception`` and
+``strftime_now``, and the tokenizer's special tokens (``bos_token``, ``eos_token``, ...) as
+variables. The rendered text already holds the special tokens, so it is tokenized without
+adding any (``BatchedGenerator.encode(text, add_special_tokens=False)``), as transformers
+does. Needs ``jinja2`` (in the ``serve`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .._extras import require
+from ..errors import InvalidInputError
+
+__all__ = ["ChatTemplate"]
+
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+class ChatTemplate:
+    """A chat template and the special tokens it may refer to."""
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
+        jinja2 = require("jinja2", "serve")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise InvalidInputError(f"the chat template refused the messages: {message}", input_name="messages")
+
+        def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **kwargs: Any) -> str:
+            return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, **kwargs)
+
+        def strftime_now(fmt: str) -> str:
+            return datetime.now().strftime(fmt)
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = strftime_now
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"the chat template does not compile: {exc}") from exc
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+
+    @classmethod
+    def from_export(cls, directory: str | Path) -> ChatTemplate | None:
+        """The export's chat template (``chat_template.jinja``, else ``tokenizer_config.json``'s
+        ``chat_template``, the ``default`` one when several are named), or ``None``."""
+        d = Path(directory)
+        config: dict[str, Any] = {}
+        if (d / "tokenizer_config.json").is_file():
+            config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+        source: Any = None
+        if (d / "chat_template.jinja").is_file():
+            source = (d / "chat_template.jinja").read_text(encoding="utf-8")
+        else:
+            source = config.get("chat_template")
+            if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
+                named = {t.get("name"): t.get("template") for t in source if isinstance(t, Mapping)}
+                source = named.get("default")
+        if not isinstance(source, str) or not source.strip():
+            return None
+        specials = {k: text for k in _SPECIAL if (text := _token_text(config.get(k))) is not None}
+        return cls(source, specials)
+
+    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The prompt text for ``messages`` (``[{"role": ..., "content": ...}, ...]``);
+        raises :class:`InvalidInputError` when the template rejects them."""
+        jinja2 = require("jinja2", "serve")
+        try:
+            return str(
+                self._template.render(
+                    messages=list(messages),
+                    add_generation_prompt=add_generation_prompt,
+                    **self.special_tokens,
+                    **extra,
+                )
+            )
+        except InvalidInputError:
+            raise
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
+            message = f"the chat template failed on these messages: {exc}"
+            raise InvalidInputError(message, input_name="messages") from exc

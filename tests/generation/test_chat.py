@@ -1,0 +1,143 @@
+"""Chat templates rendered without transformers, as transformers renders them, and
+/v1/chat/completions over real HTTP with the official openai client."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ortbatch import BatchedGenerator
+from ortbatch.errors import InvalidInputError
+from ortbatch.generation.chat import ChatTemplate
+
+from .conftest import TinyModel
+
+pytest.importorskip("jinja2")
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+LLAMA3_LIKE = (
+    "{{ bos_token }}{% for message in messages %}{% if loop.index0 == 0 and message['role'] == 'system' %}"
+    "{{ '[SYS] ' + message['content'] | trim + ' [/SYS]' }}{% continue %}{% endif %}"
+    "{{ '<' + message['role'] + '>\\n\\n' + message['content'] | trim + eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<assistant>\\n\\n' }}{% endif %}"
+)
+STRICT = (
+    "{% for message in messages %}{% if message['role'] not in ['user', 'assistant'] %}"
+    "{{ raise_exception('roles must be user or assistant') }}{% endif %}"
+    "{{ message['role'] }}: {{ message['content'] | tojson }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+MESSAGES = [
+    {"role": "system", "content": "  You are terse.  "},
+    {"role": "user", "content": "Héllo wörld, 漢字?"},
+    {"role": "assistant", "content": "Hi."},
+    {"role": "user", "content": "Again"},
+]
+
+
+@pytest.mark.parametrize("source", [CHATML, LLAMA3_LIKE], ids=["chatml", "llama3-like"])
+def test_renders_and_tokenizes_as_transformers(tiny_gpt2: TinyModel, source: str) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_gpt2.source)
+    tok.chat_template = source
+    want_text = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    want_ids = tok.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True)
+    template = ChatTemplate(source, {"bos_token": tok.bos_token, "eos_token": tok.eos_token})
+    text = template.render(MESSAGES)
+    assert text == want_text
+    with BatchedGenerator(tiny_gpt2.export, max_batch_size=1) as gen:
+        assert gen.encode(text, add_special_tokens=False) == list(want_ids)
+
+
+def test_template_errors_are_bad_input() -> None:
+    template = ChatTemplate(STRICT)
+    assert template.render(MESSAGES[1:2]) == 'user: "Héllo wörld, 漢字?"\nassistant:'
+    with pytest.raises(InvalidInputError, match="roles must be user or assistant"):
+        template.render(MESSAGES)
+    with pytest.raises(ValueError, match="does not compile"):
+        ChatTemplate("{% for %}")
+
+
+def test_template_comes_from_the_export(tmp_path: Path) -> None:
+    assert ChatTemplate.from_export(tmp_path) is None
+    config = {"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": CHATML}]}
+    config["eos_token"] = {"content": "</s>", "lstrip": False}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    template = ChatTemplate.from_export(tmp_path)
+    assert template is not None and template.source == CHATML and template.special_tokens == {"eos_token": "</s>"}
+    (tmp_path / "chat_template.jinja").write_text(STRICT)  # the file wins, as in transformers
+    template = ChatTemplate.from_export(tmp_path)
+    assert template is not None and template.source == STRICT
+
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+from ortbatch.serve import BackgroundServer  # noqa: E402
+from ortbatch.serve.completions import ServedGenerator  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def chat_export(tiny_gpt2: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("chat") / "export"
+    shutil.copytree(tiny_gpt2.export, out)
+    (out / "chat_template.jinja").write_text(CHATML)
+    return out
+
+
+@pytest.fixture(scope="module")
+def chat_server(chat_export: Path) -> Iterator[BackgroundServer]:
+    with BackgroundServer(ServedGenerator(BatchedGenerator(chat_export, max_batch_size=4), "chat")) as srv:
+        yield srv
+
+
+def test_chat_completion_is_the_rendered_prompt_completed(chat_server: BackgroundServer, chat_export: Path) -> None:
+    api = openai.OpenAI(base_url=chat_server.url + "/v1", api_key="unused", max_retries=0)
+    messages = MESSAGES[1:2]
+    with BatchedGenerator(chat_export, max_batch_size=1) as gen:
+        ids = gen.encode(ChatTemplate(CHATML).render(messages), add_special_tokens=False)
+        want = gen.generate(ids, 10)
+    got = api.chat.completions.create(model="chat", messages=messages, max_tokens=10, temperature=0)
+    assert got.object == "chat.completion"
+    assert got.choices[0].message.role == "assistant"
+    assert (got.choices[0].message.content, got.choices[0].finish_reason) == (want.text, want.finish_reason)
+    assert got.usage.prompt_tokens == len(ids) and got.usage.completion_tokens == want.completion_tokens
+
+    chunks = list(
+        api.chat.completions.create(
+            model="chat", messages=messages, max_completion_tokens=10, temperature=0, stream=True
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == want.finish_reason
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"messages": []}, "'messages' must be a non-empty list"),
+        ({"messages": [{"content": "x"}]}, "string 'role'"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "'tools' is not supported"),
+    ],
+)
+def test_bad_chat_requests(chat_server: BackgroundServer, body: dict, message: str) -> None:
+    r = httpx.post(chat_server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and message in r.json()["error"]["message"]
+
+
+def test_export_without_a_template_says_so(tiny_gpt2: TinyModel) -> None:
+    with BackgroundServer(ServedGenerator(BatchedGenerator(tiny_gpt2.export, max_batch_size=2), "plain")) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
