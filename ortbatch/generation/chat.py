@@ -21,18 +21,11 @@ from typing import Any
 
 from .._extras import require
 from ..errors import InvalidInputError
+from .layout import _token_text
 
 __all__ = ["ChatTemplate"]
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return str(value["content"])
-    return None
 
 
 class ChatTemplate:

@@ -364,9 +364,10 @@ def _first(values: list[int]) -> int | None:
 
 
 def _token_text(value: Any) -> str | None:
+    """A special token's text from tokenizer_config.json: a string or ``{"content": ...}``."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
         return str(value["content"])
     return None
 
