@@ -299,7 +299,7 @@ def layout_from_io(
     if context is None:
         raise ModelContractError(
             f"{where}: config.json does not say the model's context length ({' / '.join(_CONTEXT_KEYS)}); "
-            "give it as max_context_length"
+            "give it as max_context_length (--max-context-length on the command line)"
         )
 
     return GenerationLayout(
