@@ -127,13 +127,28 @@ def rewrite_decoder(
 
 
 def _last_position_logits(model: Any, logits: str) -> bool:
-    """Insert a ``Slice`` of the last position before the ``MatMul`` producing ``logits``."""
+    """Insert a ``Slice`` of the last position before the ``MatMul`` producing ``logits``
+    (directly, or through casts, as in fp16 exports with float32 outputs)."""
     import numpy as np
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    producer = next((n for n in graph.node if logits in n.output), None)
+    producers = {out: n for n in graph.node for out in n.output}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for name in n.input:
+            readers[name] = readers.get(name, 0) + 1
+    producer = producers.get(logits)
     output = next((o for o in graph.output if o.name == logits), None)
+    # An fp16 export that keeps float32 outputs ends in Cast(MatMul(...)): look through
+    # element-wise casts that nothing else reads.
+    while (
+        producer is not None
+        and producer.op_type in ("Cast", "Identity")
+        and readers.get(producer.input[0], 0) == 1
+        and producer.input[0] in producers
+    ):
+        producer = producers[producer.input[0]]
     if producer is None or output is None or producer.op_type != "MatMul" or len(producer.input) != 2:
         log.info("logits are not produced by a MatMul: the LM head keeps running on every position")
         return False

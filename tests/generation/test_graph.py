@@ -170,3 +170,35 @@ def test_unreadable_graph_is_left_to_onnxruntime(tmp_path: Path, caplog: pytest.
     path.write_bytes(b"\x08\x07\x12not a model at all")
     assert rewrite_decoder(path) is None
     assert "graph rewrites skipped" in caplog.text
+
+
+@pytest.mark.parametrize("also_read", [False, True])
+def test_last_position_through_a_cast(tmp_path: Path, also_read: bool) -> None:
+    """fp16 exports with float32 outputs end in Cast(MatMul(hidden, W)): the LM head still
+    gets the last-position slice, unless something else reads the MatMul's output."""
+    w = numpy_helper.from_array(np.random.RandomState(0).randn(D, 7).astype(np.float16), "w")
+    nodes = [
+        helper.make_node("MatMul", ["hidden", "w"], ["scores16"]),
+        helper.make_node("Cast", ["scores16"], ["logits"], to=TensorProto.FLOAT),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 7])]
+    if also_read:
+        nodes.append(helper.make_node("Identity", ["scores16"], ["other"]))
+        outputs.append(helper.make_tensor_value_info("other", TensorProto.FLOAT16, None))
+    inputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT16, ["b", "s", D])]
+    model = helper.make_model(
+        helper.make_graph(nodes, "lm", inputs, outputs, initializer=[w]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    rewritten = rewrite_decoder(path, attention=False)
+    if also_read:
+        assert rewritten is None
+        return
+    assert rewritten is not None and rewritten.rewrites == {LAST_POSITION_LOGITS: 1}
+    hidden = np.random.RandomState(1).randn(2, 5, D).astype(np.float16)
+    got = _run(rewritten.model, {"hidden": hidden})[0]
+    want = _run(str(path), {"hidden": hidden})[0]
+    assert got.shape == (2, 1, 7)
+    np.testing.assert_allclose(got[:, 0], want[:, -1], rtol=1e-3)
