@@ -5,21 +5,27 @@
         out = gen.generate("Once upon a time", max_new_tokens=64)   # Completion
         async for tok in gen.stream("Hello", max_new_tokens=16): ...
 
-Needs numpy and onnxruntime; text prompts also need ``tokenizers`` (the ``serve`` extra).
+Needs numpy and onnxruntime; text prompts also need ``tokenizers``, chat templates
+``jinja2`` (both in the ``serve`` extra), and the load-time graph rewrites ``onnx``.
 """
 
 from __future__ import annotations
 
+from .chat import ChatTemplate
 from .generator import BatchedGenerator, Completion, GenerationStats, StreamToken
+from .graph import RewrittenGraph, rewrite_decoder
 from .layout import GenerationLayout, generation_section
 from .sampling import SamplingParams
 
 __all__ = [
     "BatchedGenerator",
+    "ChatTemplate",
     "Completion",
     "GenerationLayout",
     "GenerationStats",
+    "RewrittenGraph",
     "SamplingParams",
     "StreamToken",
     "generation_section",
+    "rewrite_decoder",
 ]
