@@ -141,3 +141,41 @@ def test_export_without_a_template_says_so(tiny_gpt2: TinyModel) -> None:
     with BackgroundServer(ServedGenerator(BatchedGenerator(tiny_gpt2.export, max_batch_size=2), "plain")) as srv:
         r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=6)
+_content = st.text(max_size=20) | st.lists(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=8) | _scalars}),
+    max_size=3,
+)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant"]) | _scalars, "content": _content | _scalars}
+)
+_chat_bodies = st.fixed_dictionaries(
+    {"messages": st.lists(_message, max_size=4) | _scalars},
+    optional={
+        "max_tokens": st.integers(-2, 10) | _scalars,
+        "max_completion_tokens": st.integers(-2, 10) | _scalars,
+        "temperature": st.floats(-1, 3) | _scalars,
+        "stream": st.booleans() | _scalars,
+        "logprobs": _scalars,
+        "tools": st.just([{"type": "function"}]) | _scalars,
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=_chat_bodies)
+def test_fuzzed_chat_requests_never_fail_the_server(chat_server: BackgroundServer, body: dict) -> None:
+    r = httpx.post(chat_server.url + "/v1/chat/completions", content=json.dumps(body), timeout=60)
+    assert r.status_code < 500, (body, r.text)
+    if r.status_code != 200:
+        assert isinstance(r.json()["error"]["message"], str)
+    elif r.headers["content-type"].startswith("text/event-stream"):
+        assert r.text.endswith("data: [DONE]\n\n")
+    else:
+        assert r.json()["object"] == "chat.completion"
