@@ -198,8 +198,8 @@ def _parse_sampling(
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise InvalidInputError(f"'top_p' must be in (0, 1], got {top_p}", input_name="top_p")
     top_k = _integer(doc, "top_k", None)
-    if top_k is not None and top_k < 0:
-        raise InvalidInputError(f"'top_k' must be >= 0, got {top_k}", input_name="top_k")
+    if top_k is not None and top_k < -1:  # -1 (vLLM's) and 0 mean off
+        raise InvalidInputError(f"'top_k' must be >= 0 (or -1 for off), got {top_k}", input_name="top_k")
     stop = doc.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -216,7 +216,7 @@ def _parse_sampling(
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=None if top_p == 1.0 else top_p,
-        top_k=top_k or None,
+        top_k=top_k if top_k is not None and top_k > 0 else None,
         stop=stop or None,
         seed=_integer(doc, "seed", None),
         stream=stream,

@@ -104,6 +104,16 @@ def test_stream_carries_the_same_text(server: BackgroundServer, expected: dict) 
         assert chunks[-1].usage.completion_tokens == tokens and chunks[-1].usage.prompt_tokens == len(prompt)
 
 
+def test_top_k_off_spellings(server: BackgroundServer) -> None:
+    """top_k -1 (vLLM's spelling) and 0 both mean no top-k: the same seeded sample."""
+    body = {"prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0.9, "seed": 3}
+    texts = {
+        httpx.post(server.url + "/v1/completions", json={**body, **extra}, timeout=30).json()["choices"][0]["text"]
+        for extra in ({}, {"top_k": 0}, {"top_k": -1})
+    }
+    assert len(texts) == 1
+
+
 def test_sampling_is_reproducible_with_a_seed(server: BackgroundServer) -> None:
     api = client(server)
     texts = {
@@ -123,6 +133,7 @@ def test_sampling_is_reproducible_with_a_seed(server: BackgroundServer) -> None:
         ({"prompt": [], "max_tokens": 3}, 400, "'prompt' must be"),
         ({"prompt": [5, 6], "max_tokens": 0}, 400, "'max_tokens' must be >= 1"),
         ({"prompt": [5, 6], "temperature": "hot"}, 400, "'temperature' must be a number"),
+        ({"prompt": [5, 6], "top_k": -2}, 400, "'top_k' must be >= 0 (or -1 for off)"),
         ({"prompt": [5, 99999]}, 400, "vocabulary"),
         ({"prompt": [5] * 90, "max_tokens": 50}, 400, "context"),
         ({"prompt": [5, 6], "model": "other"}, 404, "unknown model 'other'"),
