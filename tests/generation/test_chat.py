@@ -179,3 +179,20 @@ def test_fuzzed_chat_requests_never_fail_the_server(chat_server: BackgroundServe
         assert r.text.endswith("data: [DONE]\n\n")
     else:
         assert r.json()["object"] == "chat.completion"
+
+
+def test_openai_client_example(chat_server: BackgroundServer, chat_export: Path) -> None:
+    """examples/openai_client.py (the docs' client example) against a served export."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "openai_client.py"
+    spec = importlib.util.spec_from_file_location("openai_client_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with BatchedGenerator(chat_export, max_batch_size=1) as gen:
+        want = gen.generate("Once upon a time", 12).text
+        want_chat = gen.generate(gen.encode(ChatTemplate(CHATML).render(MESSAGES[1:2]), add_special_tokens=False), 12)
+    assert example.complete(chat_server.url, "chat", "Once upon a time", 12) == want
+    assert example.stream(chat_server.url, "chat", "Once upon a time", 12)  # sampled (seed 7)
+    assert example.chat(chat_server.url, "chat", MESSAGES[1]["content"], 12) == want_chat.text
