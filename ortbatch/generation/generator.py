@@ -27,6 +27,7 @@ import asyncio
 import atexit
 import dataclasses
 import itertools
+import logging
 import os
 import secrets
 import threading
@@ -60,6 +61,8 @@ from .graph import LAST_POSITION_LOGITS, rewrite_decoder
 from .layout import GenerationLayout, generation_section
 from .sampling import SamplingParams, choose_token
 from .text import TextTracker
+
+log = logging.getLogger("ortbatch")
 
 __all__ = ["BatchedGenerator", "Completion", "GenerationStats", "StreamToken"]
 
@@ -323,7 +326,15 @@ class BatchedGenerator:
         try:
             self._session = ort.InferenceSession(model, sess_options=session_options, providers=wanted)
         except Exception as exc:
-            raise map_ort_error(exc, f"loading {model_path}") from exc
+            if rewritten is None or last_position_logits:  # nothing to fall back to, or required
+                raise map_ort_error(exc, f"loading {model_path}") from exc
+            # A rewrite must never cost a working export: run it as it is.
+            log.warning("%s: the rewritten graph did not load (%s); running the export as it is", model_path, exc)
+            self.graph_rewrites, self.last_position_logits = {}, False
+            try:
+                self._session = ort.InferenceSession(str(model_path), sess_options=session_options, providers=wanted)
+            except Exception as exc2:
+                raise map_ort_error(exc2, f"loading {model_path}") from exc2
         finally:
             if rewritten is not None:
                 rewritten.close()

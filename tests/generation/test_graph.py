@@ -202,3 +202,23 @@ def test_last_position_through_a_cast(tmp_path: Path, also_read: bool) -> None:
     want = _run(str(path), {"hidden": hidden})[0]
     assert got.shape == (2, 1, 7)
     np.testing.assert_allclose(got[:, 0], want[:, -1], rtol=1e-3)
+
+
+def test_generator_runs_the_export_when_the_rewritten_graph_does_not_load(
+    tiny_gpt2: TinyModel, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rewrite must never cost a working export: a rewritten graph ONNX Runtime refuses
+    falls back to the export as it is (unless the rewrite was required)."""
+    import ortbatch.generation.generator as generator_module
+    from ortbatch import BatchedGenerator
+    from ortbatch.errors import OrtBatchError
+    from ortbatch.generation.graph import RewrittenGraph
+
+    broken = RewrittenGraph(b"\x08\x07not a model", {LAST_POSITION_LOGITS: 1, ATTENTION_SCALE: 2})
+    monkeypatch.setattr(generator_module, "rewrite_decoder", lambda *a, **k: broken)
+    with BatchedGenerator(tiny_gpt2.export, max_batch_size=2) as gen:
+        assert gen.graph_rewrites == {} and not gen.last_position_logits
+        assert list(gen.generate([5, 6, 7], 6).token_ids) == tiny_gpt2.reference([5, 6, 7], 6)
+    assert "running the export as it is" in caplog.text
+    with pytest.raises(OrtBatchError):
+        BatchedGenerator(tiny_gpt2.export, last_position_logits=True)
