@@ -12,6 +12,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -144,3 +145,15 @@ def fake_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from .fake_decoder import build
 
     return build(tmp_path_factory.mktemp("gen-fake"))
+
+
+def assert_openai_answer(response: Any, answer_object: str) -> None:
+    """A fuzzed OpenAI-style request got a proper answer: 200 (JSON of ``answer_object``,
+    or a complete event stream) or a < 500 error in OpenAI's shape."""
+    assert response.status_code < 500, response.text
+    if response.status_code != 200:
+        assert isinstance(response.json()["error"]["message"], str)
+    elif response.headers["content-type"].startswith("text/event-stream"):
+        assert response.text.endswith("data: [DONE]\n\n")
+    else:
+        assert response.json()["object"] == answer_object
