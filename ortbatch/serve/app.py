@@ -53,6 +53,7 @@ __all__ = [
     "error_response",
     "handled_route",
     "json_response",
+    "read_openai_body",
     "read_request_body",
     "run_or_abandon",
     "text_or_ids",
@@ -195,6 +196,22 @@ async def read_request_body(request: Any, max_body_bytes: int) -> bytes:
     return out
 
 
+async def read_openai_body(request: Any, max_body_bytes: int, model_name: str) -> dict[str, Any]:
+    """The JSON object body of an OpenAI-style request (400 when it is not one); a
+    ``model`` field naming another model is a 404."""
+    body = await read_request_body(request, max_body_bytes)
+    try:
+        doc = json.loads(body)
+    except (RecursionError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError("request body must be a JSON object")
+    name = doc.get("model")
+    if name is not None and name != model_name:
+        raise HTTPError(404, f"unknown model {name!r}; this server serves {model_name!r}")
+    return doc
+
+
 def create_app(
     model: ServedModel,
     *,
@@ -233,14 +250,6 @@ def create_app(
         return fn(*args)
 
     # -- v2 handlers ------------------------------------------------------------------
-    async def live(request: Request) -> Response:
-        return json_response({"live": True})
-
-    async def ready(request: Request) -> Response:
-        if model.ready:
-            return json_response({"ready": True})
-        return json_response({"error": "the server is shutting down"}, 503)
-
     async def server_metadata(request: Request) -> Response:
         return json_response({"name": "ortbatch", "version": __version__, "extensions": ["binary_tensor_data"]})
 
@@ -278,16 +287,7 @@ def create_app(
 
     # -- OpenAI-compatible --------------------------------------------------------------
     async def embeddings(request: Request) -> Response:
-        body = await read_body(request)
-        try:
-            doc = json.loads(body)
-        except (RecursionError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise InvalidInputError("request body must be a JSON object")
-        name = doc.get("model")
-        if name is not None and name != model.name:
-            raise HTTPError(404, f"unknown model {name!r}; this server serves {model.name!r}")
+        doc = await read_openai_body(request, max_body_bytes, model.name)
         if model.embedding_output is None:
             raise HTTPError(404, f"model {model.name!r} does not serve embeddings: {model.embeddings_disabled_reason}")
         inputs = text_or_ids(doc.get("input"), "input")
@@ -314,22 +314,11 @@ def create_app(
             }
         )
 
-    async def list_models(request: Request) -> Response:
-        return json_response(
-            {"object": "list", "data": [{"id": model.name, "object": "model", "created": 0, "owned_by": "ortbatch"}]}
-        )
-
-    async def prometheus(request: Request) -> Response:
-        data, ctype = metrics.render()
-        return Response(data, headers={"Content-Type": ctype})
-
     # -- plumbing -----------------------------------------------------------------------
     route = handled_route
     base = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
     routes = [
-        route("/v2/health/live", live, "GET"),
-        route("/v2/health/ready", ready, "GET"),
         route("/v2", server_metadata, "GET"),
         route(base, model_metadata, "GET"),
         route(versioned, model_metadata, "GET"),
@@ -340,8 +329,6 @@ def create_app(
         route(base + "/infer", infer, "POST"),
         route(versioned + "/infer", infer, "POST"),
         route("/v1/embeddings", embeddings, "POST"),
-        route("/v1/models", list_models, "GET"),
-        route("/metrics", prometheus, "GET"),
     ]
 
     return assemble_app(routes, model, metrics, counts, close_model_on_shutdown=close_model_on_shutdown)
@@ -370,12 +357,40 @@ def handled_route(path: str, handler: Callable[[Any], Awaitable[Any]], method: s
 def assemble_app(
     routes: list[Any], served: Any, metrics: ServerMetrics, counts: RequestCounts, *, close_model_on_shutdown: bool
 ) -> Any:
-    """The Starlette app over ``routes``, wrapped in the metrics/counts middleware: JSON
-    404/405 for unknown routes, and ``served.close(drain=True)`` on lifespan shutdown."""
+    """The Starlette app over ``routes`` plus the routes every server has (health,
+    ``/v1/models``, ``/metrics``), wrapped in the metrics/counts middleware: JSON 404/405
+    for unknown routes, and ``served.close(drain=True)`` on lifespan shutdown.
+    ``served`` needs ``name``, ``ready`` and ``close``."""
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.responses import Response
+
+    async def live(request: Any) -> Any:
+        return json_response({"live": True})
+
+    async def ready(request: Any) -> Any:
+        if served.ready:
+            return json_response({"ready": True})
+        return json_response({"error": "the server is shutting down"}, 503)
+
+    async def list_models(request: Any) -> Any:
+        return json_response(
+            {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "ortbatch"}]}
+        )
+
+    async def prometheus(request: Any) -> Any:
+        data, ctype = metrics.render()
+        return Response(data, headers={"Content-Type": ctype})
+
+    routes = [
+        handled_route("/v2/health/live", live, "GET"),
+        handled_route("/v2/health/ready", ready, "GET"),
+        *routes,
+        handled_route("/v1/models", list_models, "GET"),
+        handled_route("/metrics", prometheus, "GET"),
+    ]
 
     async def http_exception(request: Any, exc: Exception) -> Any:
         assert isinstance(exc, HTTPException)

@@ -49,13 +49,12 @@ from ..generation.chat import ChatTemplate
 from ..manifest import MANIFEST_NAME, Manifest
 from .app import (
     DEFAULT_MAX_BODY_BYTES,
-    HTTPError,
     RequestCounts,
     assemble_app,
     error_response,
     handled_route,
     json_response,
-    read_request_body,
+    read_openai_body,
     run_or_abandon,
     text_or_ids,
 )
@@ -167,15 +166,6 @@ def _integer(doc: dict[str, Any], key: str, default: int | None) -> int | None:
     return value
 
 
-def _check_model(doc: Any, model_name: str) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise InvalidInputError("request body must be a JSON object")
-    name = doc.get("model")
-    if name is not None and name != model_name:
-        raise HTTPError(404, f"unknown model {name!r}; this server serves {model_name!r}")
-    return doc
-
-
 def _parse_sampling(
     doc: dict[str, Any], prompts: list[str] | list[list[int]], max_tokens: int | None
 ) -> CompletionRequest:
@@ -224,10 +214,10 @@ def _parse_sampling(
     )
 
 
-def parse_completion_request(doc: Any, model_name: str) -> CompletionRequest:
-    """Validate a ``/v1/completions`` body; raises :class:`InvalidInputError` (400) naming
-    the field, or :class:`HTTPError` 404 for another model's name."""
-    doc = _check_model(doc, model_name)
+def parse_completion_request(doc: dict[str, Any]) -> CompletionRequest:
+    """Validate a ``/v1/completions`` body (a JSON object, see
+    :func:`~ortbatch.serve.app.read_openai_body`); raises :class:`InvalidInputError` (400)
+    naming the field."""
     prompts = text_or_ids(doc.get("prompt"), "prompt")
     if doc.get("echo"):
         raise InvalidInputError("'echo' is not supported", input_name="echo")
@@ -255,10 +245,9 @@ def _message_text(message: Any, index: int) -> dict[str, Any]:
     return {**message, "content": content}
 
 
-def parse_chat_request(doc: Any, model_name: str, template: ChatTemplate | None, encode: Any) -> CompletionRequest:
+def parse_chat_request(doc: dict[str, Any], template: ChatTemplate | None, encode: Any) -> CompletionRequest:
     """Validate a ``/v1/chat/completions`` body and render its messages with the export's
     chat template into one token-id prompt (``encode(text, add_special_tokens=False)``)."""
-    doc = _check_model(doc, model_name)
     if template is None:
         raise InvalidInputError(
             "this model has no chat template (chat_template in tokenizer_config.json or chat_template.jinja): "
@@ -363,21 +352,13 @@ def create_completions_app(
                 return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             return self.choice(i, text or "", finish_reason)
 
-    async def read_json(request: Request) -> Any:
-        body = await read_request_body(request, max_body_bytes)
-        try:
-            return json.loads(body)
-        except (RecursionError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
-
     async def completions(request: Request) -> Response:
-        req = parse_completion_request(await read_json(request), served.name)
+        req = parse_completion_request(await read_openai_body(request, max_body_bytes, served.name))
         return await answer(request, req, _Api(chat=False))
 
     async def chat_completions(request: Request) -> Response:
-        doc = await read_json(request)
-        req = parse_chat_request(doc, served.name, template, generator.encode)
-        return await answer(request, req, _Api(chat=True))
+        doc = await read_openai_body(request, max_body_bytes, served.name)
+        return await answer(request, parse_chat_request(doc, template, generator.encode), _Api(chat=True))
 
     async def answer(request: Request, req: CompletionRequest, api: _Api) -> Response:
         head = {"id": api.prefix + secrets.token_hex(12), "created": int(time.time()), "model": served.name}
@@ -471,30 +452,9 @@ def create_completions_app(
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    async def list_models(request: Request) -> Response:
-        return json_response(
-            {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "ortbatch"}]}
-        )
-
-    async def live(request: Request) -> Response:
-        return json_response({"live": True})
-
-    async def ready(request: Request) -> Response:
-        if served.ready:
-            return json_response({"ready": True})
-        return json_response({"error": "the server is shutting down"}, 503)
-
-    async def prometheus(request: Request) -> Response:
-        data, ctype = metrics.render()
-        return Response(data, headers={"Content-Type": ctype})
-
     route = handled_route
     routes = [
         route("/v1/completions", completions, "POST"),
         route("/v1/chat/completions", chat_completions, "POST"),
-        route("/v1/models", list_models, "GET"),
-        route("/v2/health/live", live, "GET"),
-        route("/v2/health/ready", ready, "GET"),
-        route("/metrics", prometheus, "GET"),
     ]
     return assemble_app(routes, served, metrics, counts, close_model_on_shutdown=close_model_on_shutdown)

@@ -131,28 +131,37 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _load_app(directory: str | Path, config: ServeConfig) -> tuple[ServedModel | ServedGenerator, Any]:
-    """The served model and its app: completions for a decoder-with-past export, the
-    Open Inference Protocol (and /v1/embeddings) for anything else."""
-    from .completions import ServedGenerator, create_completions_app, is_generation_export
+def _build_app(served: ServedModel | ServedGenerator, max_body_bytes: int, close_model_on_shutdown: bool = True) -> Any:
+    """The app for what is served: completions for a generator, the Open Inference
+    Protocol (and /v1/embeddings) for a model."""
+    from .completions import ServedGenerator, create_completions_app
 
+    if isinstance(served, ServedGenerator):
+        return create_completions_app(
+            served, max_body_bytes=max_body_bytes, close_model_on_shutdown=close_model_on_shutdown
+        )
+    return create_app(served, max_body_bytes=max_body_bytes, close_model_on_shutdown=close_model_on_shutdown)
+
+
+def _load_app(directory: str | Path, config: ServeConfig) -> tuple[ServedModel | ServedGenerator, Any]:
+    """Load what ``directory`` holds (a generator for a decoder-with-past export, else a
+    model) and build its app."""
+    from .completions import ServedGenerator, is_generation_export
+
+    served: ServedModel | ServedGenerator
     if is_generation_export(directory):
-        generator = ServedGenerator.load(directory, name=config.name, generator_kwargs=config.generator_kwargs())
-        try:
-            return generator, create_completions_app(generator, max_body_bytes=config.max_body_bytes)
-        except BaseException:
-            generator.close(drain=False)
-            raise
-    model = ServedModel.load(
-        directory,
-        name=config.name,
-        session_kwargs=config.session_kwargs(),
-        normalize_embeddings=config.normalize_embeddings,
-    )
+        served = ServedGenerator.load(directory, name=config.name, generator_kwargs=config.generator_kwargs())
+    else:
+        served = ServedModel.load(
+            directory,
+            name=config.name,
+            session_kwargs=config.session_kwargs(),
+            normalize_embeddings=config.normalize_embeddings,
+        )
     try:
-        return model, create_app(model, max_body_bytes=config.max_body_bytes)
+        return served, _build_app(served, config.max_body_bytes)
     except BaseException:
-        model.close(drain=False)
+        served.close(drain=False)
         raise
 
 
@@ -239,12 +248,9 @@ class BackgroundServer:
         *,
         close_model: bool = True,
     ) -> None:
-        from .completions import ServedGenerator, create_completions_app
-
         self.config = config or ServeConfig(port=0, access_log=False, log_level="warning")
         self.model = model
-        make = create_completions_app if isinstance(model, ServedGenerator) else create_app
-        self.app = make(model, max_body_bytes=self.config.max_body_bytes, close_model_on_shutdown=close_model)  # type: ignore[arg-type]
+        self.app = _build_app(model, self.config.max_body_bytes, close_model)
         self._sock = bind_socket(self.config.host, self.config.port, self.config.backlog)
         self.url = _url(self._sock)
         self.port: int = self._sock.getsockname()[1]
