@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -133,11 +134,7 @@ def _last_position_logits(model: Any, logits: str) -> bool:
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    producers = {out: n for n in graph.node for out in n.output}
-    readers: dict[str, int] = {}
-    for n in graph.node:
-        for name in n.input:
-            readers[name] = readers.get(name, 0) + 1
+    producers, readers = _wiring(graph.node, graph.output)
     producer = producers.get(logits)
     output = next((o for o in graph.output if o.name == logits), None)
     # An fp16 export that keeps float32 outputs ends in Cast(MatMul(...)): look through
@@ -178,13 +175,7 @@ def _attention_scale_after_scores(model: Any) -> int:
     into ``Mul(MatMul(a, Transpose(k)), s)``; returns how many were rewritten."""
     graph = model.graph
     nodes = list(graph.node)
-    producer = {out: n for n in nodes for out in n.output}
-    consumers: dict[str, int] = {}
-    for n in nodes:
-        for name in n.input:
-            consumers[name] = consumers.get(name, 0) + 1
-    for out in graph.output:  # a graph output counts as one more reader
-        consumers[out.name] = consumers.get(out.name, 0) + 1
+    producer, consumers = _wiring(nodes, graph.output)
 
     def only_reader(name: str) -> bool:
         return consumers.get(name, 0) == 1
@@ -234,6 +225,19 @@ def _attention_scale_after_scores(model: Any) -> int:
     return len(moved)
 
 
+def _wiring(nodes: Any, outputs: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    """The node producing each value, and how many readers each value has (a graph
+    output counts as one: a value the caller sees must not change shape)."""
+    producers = {out: n for n in nodes for out in n.output}
+    readers: dict[str, int] = {}
+    for n in nodes:
+        for name in n.input:
+            readers[name] = readers.get(name, 0) + 1
+    for out in outputs:
+        readers[out.name] = readers.get(out.name, 0) + 1
+    return producers, readers
+
+
 def _swaps_last_two(node: Any) -> bool:
     if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
         return False
@@ -251,12 +255,12 @@ def _inferred_shapes(model: Any) -> dict[str, list[int | None]]:
     from onnx import helper
 
     graph = model.graph
-    small = [t for t in graph.initializer if _numel(t.dims) <= _SMALL_INITIALIZER]
+    small = [t for t in graph.initializer if math.prod(t.dims) <= _SMALL_INITIALIZER]
     declared = {i.name for i in graph.input}
     large = [
         helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
         for t in graph.initializer
-        if _numel(t.dims) > _SMALL_INITIALIZER and t.name not in declared
+        if math.prod(t.dims) > _SMALL_INITIALIZER and t.name not in declared
     ]
     light_graph = helper.make_graph(
         list(graph.node), graph.name, [*graph.input, *large], list(graph.output), initializer=small
@@ -280,13 +284,6 @@ def _inferred_shapes(model: Any) -> dict[str, list[int | None]]:
             if value is not None:
                 shapes[n.output[0]] = list(value.dims)
     return shapes
-
-
-def _numel(dims: Any) -> int:
-    total = 1
-    for d in dims:
-        total *= int(d)
-    return total
 
 
 def _opset(model: Any) -> int:
