@@ -290,8 +290,6 @@ class BatchedGenerator:
             raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
         self._dir = Path(export_dir)
         self.layout, manifest = self._load_layout(self._dir, max_context_length)
-        if max_context_length is not None:
-            self.layout = dataclasses.replace(self.layout, max_context_length=max_context_length)
         # The manifest's limits (e.g. TensorRT profile shapes) bound what may be run.
         if manifest is not None and manifest.max_sequence_length:
             context = min(self.layout.max_context_length, manifest.max_sequence_length)
@@ -426,6 +424,8 @@ class BatchedGenerator:
     # -- construction helpers ---------------------------------------------------------
     @staticmethod
     def _load_layout(directory: Path, max_context_length: int | None) -> tuple[GenerationLayout, Manifest | None]:
+        """The generation layout (from the manifest, else read from the export), with
+        ``max_context_length`` in place of the export's when given."""
         if not directory.is_dir():
             raise ModelContractError(f"{directory}: not an export directory")
         model = "model.onnx"
@@ -436,6 +436,8 @@ class BatchedGenerator:
             if manifest.generation:
                 section = dict(manifest.generation)
                 section.setdefault("model", model)
+                if max_context_length is not None:
+                    section["max_context_length"] = max_context_length
                 where = f"{directory / MANIFEST_NAME}: generation"
                 return GenerationLayout.from_dict(section, where=where), manifest
         try:
