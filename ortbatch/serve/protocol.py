@@ -29,8 +29,12 @@ __all__ = [
     "DATATYPES",
     "InferRequest",
     "RequestedOutput",
+    "check_tensor_spec",
     "datatype_of",
+    "decode_binary_tensor",
     "decode_bytes_tensor",
+    "decode_values_tensor",
+    "encode_binary_tensor",
     "encode_bytes_tensor",
     "encode_infer_response",
     "ort_type_to_datatype",
@@ -251,6 +255,30 @@ def _json_tensor(data: Any, datatype: str, shape: tuple[int, ...], where: str) -
         raise InvalidInputError(f"{where}: a value is out of range for {datatype}") from None
 
 
+def check_tensor_spec(where: str, datatype: Any, shape: Sequence[Any]) -> tuple[int, ...]:
+    """Check an input's datatype and shape (every transport's requests go through
+    here, so HTTP and gRPC refuse the same things with the same messages)."""
+    if datatype not in DATATYPES:
+        if datatype == "BF16":
+            raise InvalidInputError(f"{where}: BF16 tensors are not supported by this server")
+        raise InvalidInputError(f"{where}: unknown datatype {datatype!r}; expected one of {sorted(DATATYPES)}")
+    if not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in shape):
+        raise InvalidInputError(f"{where}: 'shape' must be a list of non-negative integers, got {list(shape)!r}")
+    return tuple(int(d) for d in shape)
+
+
+def decode_binary_tensor(buf: bytes | memoryview, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """A tensor from its raw bytes (the binary tensor data extension's layout, which is
+    also gRPC's ``raw_input_contents``); an owned, writable, native-order array."""
+    return _binary_tensor(memoryview(buf), datatype, shape, where)
+
+
+def decode_values_tensor(values: list[Any], datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """A non-BYTES tensor from a flat list of Python values (JSON ``data``, gRPC typed
+    ``contents``), with the same type and range checks as JSON data."""
+    return _json_tensor(values, datatype, shape, where)
+
+
 def _binary_tensor(buf: memoryview, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
@@ -320,14 +348,10 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
         if name in inputs:
             raise InvalidInputError(f"{where} is given twice")
         datatype = raw.get("datatype")
-        if datatype not in DATATYPES:
-            if datatype == "BF16":
-                raise InvalidInputError(f"{where}: BF16 tensors are not supported by this server")
-            raise InvalidInputError(f"{where}: unknown datatype {datatype!r}; expected one of {sorted(DATATYPES)}")
         shape = raw.get("shape")
-        if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in shape):
+        if not isinstance(shape, list):
             raise InvalidInputError(f"{where}: 'shape' must be a list of non-negative integers, got {shape!r}")
-        shape_t = tuple(shape)
+        shape_t = check_tensor_spec(where, datatype, shape)
         p = _parameters(raw, where)
         if "shared_memory_region" in p:
             raise InvalidInputError(f"{where}: shared memory is not supported by this server")
@@ -408,7 +432,8 @@ def _json_data(array: np.ndarray) -> list[Any]:
     return flat.tolist()
 
 
-def _binary_data(array: np.ndarray) -> bytes:
+def encode_binary_tensor(array: np.ndarray) -> bytes:
+    """A tensor's raw bytes: little-endian, row-major; BYTES length-prefixed."""
     if array.dtype.kind in "OSU":
         return encode_bytes_tensor(array)
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
@@ -437,7 +462,7 @@ def encode_infer_response(
     for (name, array), as_binary in zip(outputs, binary, strict=True):
         tensor: dict[str, Any] = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
         if as_binary:
-            blob = _binary_data(array)
+            blob = encode_binary_tensor(array)
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

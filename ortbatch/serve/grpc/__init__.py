@@ -1,0 +1,31 @@
+"""gRPC for ``ortbatch serve``: the KServe v2 / Triton ``GRPCInferenceService``
+(``ortbatch serve DIR --grpc-port 8001``), so ``tritonclient.grpc`` works unchanged.
+
+Needs the ``serve`` extra (grpcio, protobuf)::
+
+    from ortbatch.serve import ServedModel
+    from ortbatch.serve.grpc import GrpcServer
+
+    with GrpcServer(ServedModel.load("exports/minilm"), port=8001) as srv:
+        ...  # tritonclient.grpc.InferenceServerClient(srv.address)
+"""
+
+from __future__ import annotations
+
+from ..._extras import require
+
+require("grpc", "serve")
+require("google.protobuf", "serve")
+
+from .codec import decode_infer_request, encode_infer_response  # noqa: E402
+from .service import GrpcCounts, GrpcServer, InferenceServicer, ModelNotFoundError, status_for  # noqa: E402
+
+__all__ = [
+    "GrpcCounts",
+    "GrpcServer",
+    "InferenceServicer",
+    "ModelNotFoundError",
+    "decode_infer_request",
+    "encode_infer_response",
+    "status_for",
+]

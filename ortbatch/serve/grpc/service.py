@@ -1,0 +1,377 @@
+"""The KServe v2 ``inference.GRPCInferenceService`` over one
+:class:`~ortbatch.serve.model.ServedModel`: ServerLive/Ready, ModelReady,
+ServerMetadata, ModelMetadata, ModelConfig (as Triton answers it), ModelInfer and the
+bidirectional ModelStreamInfer, on a grpcio asyncio server.
+
+Requests go to the model's one BatchedSession, so gRPC callers are batched together
+with HTTP and in-process ones. Errors map to status codes at one place,
+:func:`status_for`, the way Triton maps them: bad input INVALID_ARGUMENT, unknown
+model NOT_FOUND, queue full RESOURCE_EXHAUSTED, deadline DEADLINE_EXCEEDED, shutting
+down UNAVAILABLE, a missing or wrong API key UNAUTHENTICATED; INTERNAL only for a
+fault of the model run or of the server itself. The rest of Triton's service
+(statistics, repository, shared memory, trace, log settings) answers UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ... import __version__
+from ..._extras import require
+from ...errors import (
+    InferenceError,
+    InvalidInputError,
+    OrtBatchError,
+    QueueFullError,
+    RequestTimeoutError,
+    SessionClosedError,
+)
+from ..auth import ApiKey
+from ..model import ServedModel
+from .codec import decode_infer_request, encode_infer_response
+from .schema import SERVICE, message
+
+__all__ = ["GrpcCounts", "GrpcServer", "ModelNotFoundError", "InferenceServicer", "status_for"]
+
+log = logging.getLogger("ortbatch.serve")
+
+#: RPCs that answer without an API key, like HTTP's /v2/health/live and /ready.
+OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})
+
+
+class ModelNotFoundError(OrtBatchError, LookupError):
+    """The request names a model (or version) this server does not serve."""
+
+
+@dataclass
+class GrpcCounts:
+    """ModelInfer/ModelStreamInfer requests received and answered (an answer may be an
+    error status); equal after a graceful stop."""
+
+    accepted: int = 0
+    answered: int = 0
+
+
+def status_for(exc: BaseException) -> tuple[Any, str]:
+    """``(grpc.StatusCode, message)`` for an exception: the one place where errors
+    become gRPC statuses."""
+    grpc = require("grpc", "serve")
+    code = grpc.StatusCode
+    if isinstance(exc, InvalidInputError):
+        return code.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, ModelNotFoundError):
+        return code.NOT_FOUND, str(exc)
+    if isinstance(exc, QueueFullError):
+        return code.RESOURCE_EXHAUSTED, str(exc)
+    if isinstance(exc, RequestTimeoutError):
+        return code.DEADLINE_EXCEEDED, str(exc)
+    if isinstance(exc, SessionClosedError):
+        return code.UNAVAILABLE, str(exc)
+    if isinstance(exc, InferenceError):
+        return code.INTERNAL, str(exc)
+    return code.INTERNAL, f"internal server error: {exc!r}"
+
+
+class InferenceServicer:
+    """The service's handlers (``await servicer.ModelInfer(request, context)``)."""
+
+    def __init__(self, model: ServedModel) -> None:
+        self.model = model
+        self.counts = GrpcCounts()
+
+    def _find(self, name: str, version: str) -> ServedModel:
+        m = self.model
+        if name != m.name:
+            raise ModelNotFoundError(f"unknown model {name!r}; this server serves {m.name!r}")
+        if version and version != m.version:
+            raise ModelNotFoundError(f"unknown version {version!r} of model {name!r}; served: {m.version!r}")
+        return m
+
+    # -- health and metadata ------------------------------------------------------------
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return message("ServerLiveResponse")(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return message("ServerReadyResponse")(ready=self.model.ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        try:
+            ready = self._find(request.name, request.version).ready
+        except ModelNotFoundError:
+            ready = False
+        return message("ModelReadyResponse")(ready=ready)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return message("ServerMetadataResponse")(name="ortbatch", version=__version__, extensions=[])
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        from google.protobuf import json_format
+
+        doc = self._find(request.name, request.version).metadata()
+        return json_format.ParseDict(doc, message("ModelMetadataResponse")(), ignore_unknown_fields=True)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        from google.protobuf import json_format
+
+        doc = self._find(request.name, request.version).triton_config()
+        response = message("ModelConfigResponse")()
+        json_format.ParseDict(doc, response.config, ignore_unknown_fields=True)
+        return response
+
+    # -- inference ----------------------------------------------------------------------
+    async def _infer(self, request: Any) -> Any:
+        m = self._find(request.model_name, request.model_version)
+        req = decode_infer_request(request)
+        outputs = await m.infer(req)
+        return encode_infer_response(m.name, m.version, outputs, req.id)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        self.counts.accepted += 1
+        try:
+            return await self._infer(request)
+        finally:
+            self.counts.answered += 1
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        """Each request of the stream runs as soon as it arrives (so they batch
+        together); each answer, or its error in ``error_message``, is written as it
+        is ready, carrying the request's ``id``. A bad request does not end the stream."""
+        write_lock = asyncio.Lock()
+        tasks: set[asyncio.Task[None]] = set()
+        stream_response = message("ModelStreamInferResponse")
+
+        async def one(request: Any) -> None:
+            try:
+                response = stream_response(infer_response=await self._infer(request))
+            except Exception as exc:
+                _, text = status_for(exc)
+                _log_internal(exc)
+                response = stream_response(
+                    error_message=text,
+                    infer_response=message("ModelInferResponse")(
+                        model_name=request.model_name, model_version=request.model_version, id=request.id
+                    ),
+                )
+            finally:
+                self.counts.answered += 1
+            async with write_lock:
+                await context.write(response)
+
+        try:
+            async for request in requests:
+                self.counts.accepted += 1
+                task = asyncio.ensure_future(one(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def _log_internal(exc: BaseException) -> None:
+    if not isinstance(exc, (OrtBatchError, asyncio.CancelledError)):
+        log.exception("internal error", exc_info=exc)
+
+
+def _handlers(servicer: InferenceServicer, api_key: ApiKey | None) -> Any:
+    grpc = require("grpc", "serve")
+
+    def guard(name: str, fn: Callable[..., Awaitable[Any]], streaming: bool) -> Callable[..., Awaitable[Any]]:
+        async def handler(request: Any, context: Any) -> Any:
+            if api_key is not None and name not in OPEN_METHODS:
+                value = dict(context.invocation_metadata() or ()).get("authorization")
+                if not api_key.allows(value):
+                    what = "missing API key" if value is None else "invalid API key"
+                    await context.abort(
+                        grpc.StatusCode.UNAUTHENTICATED, f"{what}: send the metadata 'authorization: Bearer <key>'"
+                    )
+            try:
+                return await fn(request, context)
+            except Exception as exc:
+                if isinstance(exc, grpc.aio.AbortError):  # the handler already chose its status
+                    raise
+                code, text = status_for(exc)
+                _log_internal(exc)
+                await context.abort(code, text)
+
+        return handler
+
+    unary = {
+        "ServerLive": ("ServerLiveRequest", "ServerLiveResponse"),
+        "ServerReady": ("ServerReadyRequest", "ServerReadyResponse"),
+        "ModelReady": ("ModelReadyRequest", "ModelReadyResponse"),
+        "ServerMetadata": ("ServerMetadataRequest", "ServerMetadataResponse"),
+        "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
+        "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
+        "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
+    }
+    methods = {
+        name: grpc.unary_unary_rpc_method_handler(
+            guard(name, getattr(servicer, name), False),
+            request_deserializer=message(req).FromString,
+            response_serializer=message(resp).SerializeToString,
+        )
+        for name, (req, resp) in unary.items()
+    }
+    methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        guard("ModelStreamInfer", servicer.ModelStreamInfer, True),
+        request_deserializer=message("ModelInferRequest").FromString,
+        response_serializer=message("ModelStreamInferResponse").SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class GrpcServer:
+    """The gRPC service on ``host:port`` (``port=0``: a free one, see :attr:`port`),
+    run by a grpcio asyncio server on its own thread and event loop.
+
+    Args:
+        model: the served model (its session is *not* closed by :meth:`stop`).
+        api_key: when set, every RPC but ServerLive/ServerReady needs the metadata
+            ``authorization: Bearer <api_key>``.
+        ssl_certfile / ssl_keyfile: PEM files for TLS (both or neither).
+        max_message_bytes: largest request or response message (grpcio's default is
+            4 MiB; a bigger request is RESOURCE_EXHAUSTED).
+    """
+
+    def __init__(
+        self,
+        model: ServedModel,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8001,
+        api_key: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        max_message_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        require("grpc", "serve")
+        if (ssl_certfile is None) != (ssl_keyfile is None):
+            raise OrtBatchError("TLS needs both --ssl-certfile and --ssl-keyfile")
+        self.servicer = InferenceServicer(model)
+        self.host = host
+        self.port = port
+        self.tls = ssl_certfile is not None
+        self._api_key = ApiKey(api_key) if api_key is not None else None
+        self._cert = (ssl_certfile, ssl_keyfile)
+        self._max = max_message_bytes
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._stopping: asyncio.Event | None = None
+        self._grace: float | None = None
+        self._finished: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._error: BaseException | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port`` for a client's channel (``[::1]:port`` for IPv6)."""
+        return _address(self.host, self.port)
+
+    @property
+    def counts(self) -> GrpcCounts:
+        return self.servicer.counts
+
+    def _credentials(self) -> Any:
+        grpc = require("grpc", "serve")
+        cert, key = self._cert
+        assert cert is not None and key is not None
+        try:
+            with open(cert, "rb") as fc, open(key, "rb") as fk:
+                pair = (fk.read(), fc.read())
+        except OSError as exc:
+            raise OrtBatchError(f"cannot read the TLS certificate or key: {exc}") from None
+        return grpc.ssl_server_credentials([pair])
+
+    async def _serve(self) -> None:
+        grpc = require("grpc", "serve")
+        options = [
+            ("grpc.max_receive_message_length", self._max),
+            ("grpc.max_send_message_length", self._max),
+            # a port in use must fail, not be shared with another process
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((_handlers(self.servicer, self._api_key),))
+        address = _address(self.host, self.port)
+        try:
+            if self.tls:
+                port = server.add_secure_port(address, self._credentials())
+            else:
+                port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OrtBatchError(f"gRPC cannot listen on {address}: {exc}") from None
+        if not port:
+            raise OrtBatchError(f"gRPC cannot listen on {address} (in use or not an address of this machine)")
+        self.port = port
+        stopping = asyncio.Event()
+        self._stopping = stopping
+        await server.start()
+        self._server = server
+        self._started.set()
+        await stopping.wait()
+        await server.stop(self._grace)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._started.set()
+            loop.close()
+            self._finished.set_result(None)
+
+    def start(self, timeout: float = 30.0) -> GrpcServer:
+        """Bind and start serving; raises what went wrong (a port in use, a bad
+        certificate) instead of leaving a thread that serves nothing."""
+        self._thread = threading.Thread(target=self._run, name="ortbatch-grpc", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout) or self._server is None:
+            self.stop(timeout=5.0)
+            error = self._error
+            if isinstance(error, OrtBatchError):
+                raise error
+            raise OrtBatchError(f"the gRPC server did not start: {error!r}")
+        return self
+
+    def stop_soon(self, grace: float | None = None) -> concurrent.futures.Future[None]:
+        """Stop accepting RPCs and let those in flight finish for up to ``grace``
+        seconds (None: wait for all); the returned future is done once stopped."""
+        self._grace = grace
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None:
+            try:
+                loop.call_soon_threadsafe(stopping.set)
+            except RuntimeError:  # the loop has already closed: nothing left to stop
+                pass
+        elif self._thread is None and not self._finished.done():  # never started
+            self._finished.set_result(None)
+        return self._finished
+
+    def stop(self, grace: float | None = None, timeout: float = 60.0) -> None:
+        """Stop (graceful for ``grace`` seconds) and join the thread."""
+        self.stop_soon(grace)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> GrpcServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(grace=5.0)
