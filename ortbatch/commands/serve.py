@@ -61,6 +61,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="generation exports: most positions a sequence may reach (default: the export's)",
     )
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="also serve the KServe v2 gRPC protocol on this port of --host (Triton's is 8001; 0: a free one)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (gRPC: the same metadata) on every route but the health checks "
+        "(default: $ORTBATCH_API_KEY)",
+    )
+    parser.add_argument("--api-key-file", default=None, help="read the API key from this file's first line")
+    parser.add_argument("--ssl-certfile", default=None, help="PEM certificate: serve HTTPS (and TLS gRPC)")
+    parser.add_argument("--ssl-keyfile", default=None, help="PEM private key of --ssl-certfile")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
 
@@ -69,11 +84,19 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from ..serve.auth import resolve_api_key
     from ..serve.server import ServeConfig, serve
 
     if not Path(args.directory).exists():
         print(f"ortbatch serve: error: {args.directory} does not exist", file=sys.stderr)
         return 2
+    if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+        print("ortbatch serve: error: TLS needs both --ssl-certfile and --ssl-keyfile", file=sys.stderr)
+        return 2
+    for flag, path in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
+        if path is not None and not Path(path).is_file():
+            print(f"ortbatch serve: error: {flag} {path} is not a file", file=sys.stderr)
+            return 2
 
     config = ServeConfig(
         host=args.host,
@@ -93,5 +116,9 @@ def run(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=not args.no_access_log,
         max_context_length=args.max_context_length,
+        grpc_port=args.grpc_port,
+        api_key=resolve_api_key(args.api_key, args.api_key_file),
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
     )
     return serve(args.directory, config)

@@ -255,16 +255,17 @@ def _json_tensor(data: Any, datatype: str, shape: tuple[int, ...], where: str) -
         raise InvalidInputError(f"{where}: a value is out of range for {datatype}") from None
 
 
-def check_tensor_spec(where: str, datatype: Any, shape: Sequence[Any]) -> tuple[int, ...]:
-    """Check an input's datatype and shape (every transport's requests go through
-    here, so HTTP and gRPC refuse the same things with the same messages)."""
+def check_tensor_spec(where: str, datatype: Any, shape: Any) -> tuple[str, tuple[int, ...]]:
+    """Check an input's datatype and shape; returns them typed. Every transport's
+    requests go through here, so HTTP and gRPC refuse the same things with the same
+    messages."""
     if datatype not in DATATYPES:
         if datatype == "BF16":
             raise InvalidInputError(f"{where}: BF16 tensors are not supported by this server")
         raise InvalidInputError(f"{where}: unknown datatype {datatype!r}; expected one of {sorted(DATATYPES)}")
-    if not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in shape):
-        raise InvalidInputError(f"{where}: 'shape' must be a list of non-negative integers, got {list(shape)!r}")
-    return tuple(int(d) for d in shape)
+    if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in shape):
+        raise InvalidInputError(f"{where}: 'shape' must be a list of non-negative integers, got {shape!r}")
+    return str(datatype), tuple(int(d) for d in shape)
 
 
 def decode_binary_tensor(buf: bytes | memoryview, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
@@ -347,11 +348,7 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
         where = f"input {name!r}"
         if name in inputs:
             raise InvalidInputError(f"{where} is given twice")
-        datatype = raw.get("datatype")
-        shape = raw.get("shape")
-        if not isinstance(shape, list):
-            raise InvalidInputError(f"{where}: 'shape' must be a list of non-negative integers, got {shape!r}")
-        shape_t = check_tensor_spec(where, datatype, shape)
+        datatype, shape_t = check_tensor_spec(where, raw.get("datatype"), raw.get("shape"))
         p = _parameters(raw, where)
         if "shared_memory_region" in p:
             raise InvalidInputError(f"{where}: shared memory is not supported by this server")

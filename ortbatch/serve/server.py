@@ -21,11 +21,14 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._extras import require
+from ..errors import OrtBatchError
 from .app import DEFAULT_MAX_BODY_BYTES, RequestCounts, create_app
+from .auth import API_KEY_ENV, ApiKeyMiddleware
 from .model import ServedModel
 
 if TYPE_CHECKING:
     from .completions import ServedGenerator
+    from .grpc import GrpcServer
 
 __all__ = ["BackgroundServer", "ServeConfig", "bind_socket", "serve"]
 
@@ -57,6 +60,13 @@ class ServeConfig:
     backlog: int = 2048
     #: generation exports: most positions a sequence may reach (None: the export's)
     max_context_length: int | None = None
+    #: port of the KServe v2 gRPC service on ``host`` (None: no gRPC; Triton's default is 8001)
+    grpc_port: int | None = None
+    #: bearer key every route but the health checks needs (HTTP and gRPC; None: open)
+    api_key: str | None = None
+    #: PEM certificate and key: HTTPS, and TLS for gRPC
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
 
     def generator_kwargs(self) -> dict[str, Any]:
         """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""
@@ -115,6 +125,8 @@ def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
 
 def _uvicorn_config(app: Any, config: ServeConfig) -> Any:
     uvicorn = require("uvicorn")
+    if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
+        raise OrtBatchError("TLS needs both --ssl-certfile and --ssl-keyfile")
     return uvicorn.Config(
         app,
         lifespan="on",
@@ -123,24 +135,56 @@ def _uvicorn_config(app: Any, config: ServeConfig) -> Any:
         timeout_graceful_shutdown=config.graceful_timeout_s,
         backlog=config.backlog,
         server_header=False,
+        ssl_certfile=config.ssl_certfile,
+        ssl_keyfile=config.ssl_keyfile,
     )
 
 
-def _url(sock: socket.socket) -> str:
+def _url(sock: socket.socket, tls: bool = False) -> str:
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-def _build_app(served: ServedModel | ServedGenerator, max_body_bytes: int, close_model_on_shutdown: bool = True) -> Any:
+def _build_app(
+    served: ServedModel | ServedGenerator,
+    max_body_bytes: int,
+    close_model_on_shutdown: bool = True,
+    api_key: str | None = None,
+) -> Any:
     """The app for what is served: completions for a generator, the Open Inference
-    Protocol (and /v1/embeddings) for a model."""
+    Protocol (and /v1/embeddings) for a model; behind the API-key door when a key is set."""
     from .completions import ServedGenerator, create_completions_app
 
     if isinstance(served, ServedGenerator):
-        return create_completions_app(
+        app = create_completions_app(
             served, max_body_bytes=max_body_bytes, close_model_on_shutdown=close_model_on_shutdown
         )
-    return create_app(served, max_body_bytes=max_body_bytes, close_model_on_shutdown=close_model_on_shutdown)
+    else:
+        app = create_app(served, max_body_bytes=max_body_bytes, close_model_on_shutdown=close_model_on_shutdown)
+    return ApiKeyMiddleware(app, api_key) if api_key is not None else app
+
+
+def _grpc_server(served: ServedModel | ServedGenerator, config: ServeConfig) -> GrpcServer | None:
+    """The started gRPC service when ``config.grpc_port`` is set (None otherwise)."""
+    if config.grpc_port is None:
+        return None
+    if not isinstance(served, ServedModel):
+        raise OrtBatchError(
+            "--grpc-port serves the KServe v2 tensor protocol; a text-generation export is served over "
+            "HTTP /v1/completions only"
+        )
+    from .grpc import GrpcServer
+
+    return GrpcServer(
+        served,
+        host=config.host,
+        port=config.grpc_port,
+        api_key=config.api_key,
+        ssl_certfile=config.ssl_certfile,
+        ssl_keyfile=config.ssl_keyfile,
+        max_message_bytes=config.max_body_bytes,
+    ).start()
 
 
 def _load_app(directory: str | Path, config: ServeConfig) -> tuple[ServedModel | ServedGenerator, Any]:
@@ -159,7 +203,7 @@ def _load_app(directory: str | Path, config: ServeConfig) -> tuple[ServedModel |
             normalize_embeddings=config.normalize_embeddings,
         )
     try:
-        return served, _build_app(served, config.max_body_bytes)
+        return served, _build_app(served, config.max_body_bytes, api_key=config.api_key)
     except BaseException:
         served.close(drain=False)
         raise
@@ -173,14 +217,29 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
     config = config or ServeConfig()
     uvicorn = require("uvicorn")
     if not is_loopback(config.host):
-        log.warning("ortbatch serve: binding %s, reachable from other machines", config.host)
+        if config.api_key is None:
+            print(
+                f"ortbatch serve: warning: binding {config.host}, reachable from other machines, without an API "
+                "key: anyone who can reach it can use the model (set --api-key, --api-key-file or "
+                f"{API_KEY_ENV})",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            log.warning("ortbatch serve: binding %s, reachable from other machines", config.host)
     served, app = _load_app(directory, config)
     try:
         sock = bind_socket(config.host, config.port, config.backlog)
     except BaseException:
         served.close(drain=False)
         raise
-    server = uvicorn.Server(_uvicorn_config(app, config))
+    try:
+        server = uvicorn.Server(_uvicorn_config(app, config))
+        grpc_server = _grpc_server(served, config)
+    except BaseException:
+        sock.close()
+        served.close(drain=False)
+        raise
     received: list[int] = []
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
@@ -189,6 +248,8 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
         # before uvicorn installs its own handlers must still stop it.
         received.append(sig)
         server.should_exit = True
+        if grpc_server is not None:
+            grpc_server.stop_soon(config.graceful_timeout_s)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     if isinstance(served, ServedModel):
@@ -197,8 +258,11 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
         what = f"{text}, {emb}"
     else:
         what = "text generation: /v1/completions"
+    if grpc_server is not None:
+        tls = " (TLS)" if grpc_server.tls else ""
+        what += f"; gRPC{tls} on {grpc_server.address}"
     print(
-        f"ortbatch serve: model {served.name!r} ({what}); listening on {_url(sock)}",
+        f"ortbatch serve: model {served.name!r} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}",
         file=sys.stderr,
         flush=True,
     )
@@ -208,15 +272,27 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
         sock.close()
+        if grpc_server is not None:
+            # its in-flight requests finish before the session closes
+            grpc_server.stop(config.graceful_timeout_s)
         if not served.closed:
             served.close(drain=True)
     counts: RequestCounts = app.state.counts
+    rpc = f"; gRPC accepted={grpc_server.counts.accepted} answered={grpc_server.counts.answered}" if grpc_server else ""
     print(
-        f"ortbatch serve: stopped; requests accepted={counts.accepted} answered={counts.answered}",
+        f"ortbatch serve: stopped; requests accepted={counts.accepted} answered={counts.answered}{rpc}",
         file=sys.stderr,
         flush=True,
     )
     if not server.started:
+        return 1
+    if grpc_server is not None and grpc_server.counts.answered < grpc_server.counts.accepted:
+        print(
+            f"ortbatch serve: {grpc_server.counts.accepted - grpc_server.counts.answered} gRPC request(s) were "
+            f"cancelled unanswered (--graceful-timeout-s {config.graceful_timeout_s} exceeded)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     if counts.answered < counts.accepted:
         # only a graceful-shutdown timeout cancels requests: say so in the exit code
@@ -250,12 +326,14 @@ class BackgroundServer:
     ) -> None:
         self.config = config or ServeConfig(port=0, access_log=False, log_level="warning")
         self.model = model
-        self.app = _build_app(model, self.config.max_body_bytes, close_model)
+        self.app = _build_app(model, self.config.max_body_bytes, close_model, api_key=self.config.api_key)
         self._sock = bind_socket(self.config.host, self.config.port, self.config.backlog)
-        self.url = _url(self._sock)
+        self.url = _url(self._sock, self.config.ssl_certfile is not None)
         self.port: int = self._sock.getsockname()[1]
         uvicorn = require("uvicorn")
         self._server = uvicorn.Server(_uvicorn_config(self.app, self.config))
+        #: the gRPC service, started by start() when ``config.grpc_port`` is set
+        self.grpc: GrpcServer | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ortbatch-serve", daemon=True)
 
@@ -271,6 +349,11 @@ class BackgroundServer:
             self._error = exc
 
     def start(self, timeout: float = 30.0) -> BackgroundServer:
+        try:
+            self.grpc = _grpc_server(self.model, self.config)
+        except BaseException:
+            self._sock.close()
+            raise
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
@@ -282,6 +365,10 @@ class BackgroundServer:
 
     def stop(self, timeout: float = 60.0) -> None:
         self._server.should_exit = True
+        # gRPC's in-flight requests finish while the HTTP side drains, before the session closes
+        stopped = self.grpc.stop_soon(self.config.graceful_timeout_s) if self.grpc is not None else None
+        if stopped is not None:
+            stopped.result(timeout)
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._sock.close()

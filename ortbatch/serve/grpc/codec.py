@@ -133,16 +133,16 @@ def decode_infer_request(msg: Any) -> InferRequest:
         where = f"input {name!r}"
         if name in inputs:
             raise InvalidInputError(f"{where} is given twice")
-        shape = check_tensor_spec(where, tensor.datatype, list(tensor.shape))
+        datatype, shape = check_tensor_spec(where, tensor.datatype, list(tensor.shape))
         if "shared_memory_region" in parameters(tensor.parameters):
             raise InvalidInputError(f"{where}: shared memory is not supported by this server")
         if raw:
             if tensor.HasField("contents"):
                 raise InvalidInputError(f"{where}: has both contents and raw_input_contents")
-            inputs[name] = decode_binary_tensor(raw[i], tensor.datatype, shape, where)
+            inputs[name] = decode_binary_tensor(raw[i], datatype, shape, where)
         else:
-            inputs[name] = _from_contents(tensor, tensor.datatype, shape, where)
-        datatypes[name] = tensor.datatype
+            inputs[name] = _from_contents(tensor, datatype, shape, where)
+        datatypes[name] = datatype
     return InferRequest(
         inputs=inputs,
         datatypes=datatypes,

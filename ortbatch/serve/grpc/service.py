@@ -35,7 +35,7 @@ from ...errors import (
 from ..auth import ApiKey
 from ..model import ServedModel
 from .codec import decode_infer_request, encode_infer_response
-from .schema import SERVICE, message
+from .schema import PACKAGE, SERVICE, message
 
 __all__ = ["GrpcCounts", "GrpcServer", "ModelNotFoundError", "InferenceServicer", "status_for"]
 
@@ -181,12 +181,41 @@ def _log_internal(exc: BaseException) -> None:
         log.exception("internal error", exc_info=exc)
 
 
+def _parse(name: str, data: bytes) -> Any:
+    """Deserialize here rather than in grpcio, which answers a message that does not
+    parse with INTERNAL: a malformed request is the client's fault."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        return message(name).FromString(data)
+    except DecodeError as exc:
+        raise InvalidInputError(f"the request is not a valid {PACKAGE}.{name} message: {exc}") from None
+
+
+async def _parsed(name: str, frames: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    async for data in frames:
+        yield _parse(name, data)
+
+
+_UNARY = {
+    "ServerLive": ("ServerLiveRequest", "ServerLiveResponse"),
+    "ServerReady": ("ServerReadyRequest", "ServerReadyResponse"),
+    "ModelReady": ("ModelReadyRequest", "ModelReadyResponse"),
+    "ServerMetadata": ("ServerMetadataRequest", "ServerMetadataResponse"),
+    "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
+    "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
+    "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
+}
+
+
 def _handlers(servicer: InferenceServicer, api_key: ApiKey | None) -> Any:
     grpc = require("grpc", "serve")
 
-    def guard(name: str, fn: Callable[..., Awaitable[Any]], streaming: bool) -> Callable[..., Awaitable[Any]]:
-        async def handler(request: Any, context: Any) -> Any:
-            if api_key is not None and name not in OPEN_METHODS:
+    def guard(method: str, request_type: str, streaming: bool) -> Callable[[Any, Any], Awaitable[Any]]:
+        fn = getattr(servicer, method)
+
+        async def handler(data: Any, context: Any) -> Any:
+            if api_key is not None and method not in OPEN_METHODS:
                 value = dict(context.invocation_metadata() or ()).get("authorization")
                 if not api_key.allows(value):
                     what = "missing API key" if value is None else "invalid API key"
@@ -194,6 +223,7 @@ def _handlers(servicer: InferenceServicer, api_key: ApiKey | None) -> Any:
                         grpc.StatusCode.UNAUTHENTICATED, f"{what}: send the metadata 'authorization: Bearer <key>'"
                     )
             try:
+                request = _parsed(request_type, data) if streaming else _parse(request_type, data)
                 return await fn(request, context)
             except Exception as exc:
                 if isinstance(exc, grpc.aio.AbortError):  # the handler already chose its status
@@ -204,26 +234,14 @@ def _handlers(servicer: InferenceServicer, api_key: ApiKey | None) -> Any:
 
         return handler
 
-    unary = {
-        "ServerLive": ("ServerLiveRequest", "ServerLiveResponse"),
-        "ServerReady": ("ServerReadyRequest", "ServerReadyResponse"),
-        "ModelReady": ("ModelReadyRequest", "ModelReadyResponse"),
-        "ServerMetadata": ("ServerMetadataRequest", "ServerMetadataResponse"),
-        "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
-        "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
-        "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
-    }
     methods = {
         name: grpc.unary_unary_rpc_method_handler(
-            guard(name, getattr(servicer, name), False),
-            request_deserializer=message(req).FromString,
-            response_serializer=message(resp).SerializeToString,
+            guard(name, req, False), response_serializer=message(resp).SerializeToString
         )
-        for name, (req, resp) in unary.items()
+        for name, (req, resp) in _UNARY.items()
     }
     methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        guard("ModelStreamInfer", servicer.ModelStreamInfer, True),
-        request_deserializer=message("ModelInferRequest").FromString,
+        guard("ModelStreamInfer", "ModelInferRequest", True),
         response_serializer=message("ModelStreamInferResponse").SerializeToString,
     )
     return grpc.method_handlers_generic_handler(SERVICE, methods)
