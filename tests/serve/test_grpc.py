@@ -364,3 +364,24 @@ def test_fuzzed_bytes_never_internal(both):
         except grpc.RpcError as err:
             assert err.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), err.details()
     assert grpcclient.InferenceServerClient(both.grpc.address).is_server_ready()
+
+
+def test_text_input_over_grpc_equals_http(encoder_dir):
+    """BYTES text is tokenized on the server, as over HTTP, with the same answer."""
+    model = ServedModel.load(encoder_dir, name="tiny", session_kwargs={"max_batch_size": 8})
+    texts = ["hello world", "a b c d"]
+    with BackgroundServer(model, ServeConfig(port=0, grpc_port=0, access_log=False, log_level="warning")) as srv:
+        client = grpcclient.InferenceServerClient(srv.grpc.address)
+        try:
+            text = grpcclient.InferInput("text", [2], "BYTES")
+            text.set_data_from_numpy(np.array(texts, dtype=object))
+            result = client.infer("tiny", [text], outputs=[grpcclient.InferRequestedOutput("last_hidden_state")])
+        finally:
+            client.close()
+        body = {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": texts}],
+            "outputs": [{"name": "last_hidden_state"}],
+        }
+        out = httpx.post(srv.url + "/v2/models/tiny/infer", json=body).json()["outputs"][0]
+    want = np.array(out["data"], np.float32).reshape(out["shape"])
+    np.testing.assert_array_equal(result.as_numpy("last_hidden_state"), want)
