@@ -50,7 +50,7 @@ class Slot:
     out real ``Future`` objects; both kinds are settled through the same calls.
     """
 
-    __slots__ = ("_exc", "_gate", "_lock", "_result", "_state")
+    __slots__ = ("_exc", "_gate", "_lock", "_result", "_state", "on_cancel")
 
     def __init__(self) -> None:
         self._lock = _thread.allocate_lock()  # guards _state transitions
@@ -59,6 +59,8 @@ class Slot:
         self._state = _PENDING
         self._result: Any = None
         self._exc: BaseException | None = None
+        #: called (no lock held) when a pending slot is cancelled
+        self.on_cancel: Callable[[], None] | None = None
 
     def set_running_or_notify_cancel(self) -> bool:
         with self._lock:
@@ -73,10 +75,13 @@ class Slot:
         with self._lock:
             if self._state == _RUNNING or self._state == _FINISHED:
                 return False
-            if self._state == _PENDING:
-                self._state = _CANCELLED
-                self._gate.release()
-            return True
+            if self._state != _PENDING:
+                return True
+            self._state = _CANCELLED
+            self._gate.release()
+        if self.on_cancel is not None:
+            self.on_cancel()
+        return True
 
     def cancelled(self) -> bool:
         return self._state == _CANCELLED
@@ -331,6 +336,9 @@ class Scheduler:
         self._drain = True
         self._busy = 0  # batches taken and not yet finished, inline runs included
         self._idle = 0  # workers waiting in take_batch (put notifies only when there is one)
+        # Set when a queued request's future was cancelled directly: only then may a full
+        # queue hold dead entries worth a scan, so refusing stays O(1) otherwise.
+        self._maybe_cancelled = False
         self.accepted = 0
 
     # -- callers ----------------------------------------------------------------------
@@ -345,16 +353,32 @@ class Scheduler:
                 self._busy += 1
                 self.accepted += 1
                 return True
-            if len(self._pending) >= self.max_queue:
-                self._purge_cancelled()
-                if len(self._pending) >= self.max_queue:
-                    raise QueueFullError(len(self._pending), self.max_queue)
+            if not self._has_room(1):
+                raise QueueFullError(len(self._pending), self.max_queue)
             req.enqueued = self._clock()
+            self._watch(req)
             self._pending.append(req)
             self.accepted += 1
             if self._idle:
                 self._cond.notify()
             return False
+
+    def put_many(self, reqs: list[Request]) -> None:
+        """Queue all of ``reqs`` or none: :class:`QueueFullError` unless there is room for
+        every one of them now (O(1) to refuse)."""
+        with self._cond:
+            if self._closed:
+                raise SessionClosedError("the session is closed; no new requests are accepted")
+            if not self._has_room(len(reqs)):
+                raise QueueFullError(len(self._pending), self.max_queue)
+            now = self._clock()
+            for req in reqs:
+                req.enqueued = now
+                self._watch(req)
+            self._pending.extend(reqs)
+            self.accepted += len(reqs)
+            if self._idle:
+                self._cond.notify()
 
     def cancel(self, req: Request) -> bool:
         """Remove ``req`` if still queued; True if it was (its future is then cancelled)."""
@@ -434,6 +458,31 @@ class Scheduler:
             return dropped
 
     # -- internals (lock held) ------------------------------------------------------------
+    def _has_room(self, n: int) -> bool:
+        """Whether ``n`` more requests fit; scans for cancelled ones only when one of the
+        queued futures was cancelled since the last scan."""
+        if len(self._pending) + n <= self.max_queue:
+            return True
+        if not self._maybe_cancelled:
+            return False
+        self._maybe_cancelled = False
+        self._pending = [r for r in self._pending if not r.future.cancelled()]
+        return len(self._pending) + n <= self.max_queue
+
+    def _watch(self, req: Request) -> None:
+        fut = req.future
+        if isinstance(fut, Slot):
+            fut.on_cancel = self._note_cancelled
+        else:
+            fut.add_done_callback(self._note_if_cancelled)
+
+    def _note_cancelled(self) -> None:
+        self._maybe_cancelled = True  # a plain store: safe without the lock
+
+    def _note_if_cancelled(self, fut: Future[Any]) -> None:
+        if fut.cancelled():
+            self._maybe_cancelled = True
+
     def _wait(self, timeout: float | None) -> None:
         self._idle += 1
         try:
@@ -464,9 +513,6 @@ class Scheduler:
                 keep.append(r)
         if keep is not None:
             self._pending = keep
-
-    def _purge_cancelled(self) -> None:
-        self._pending = [r for r in self._pending if not r.future.cancelled()]
 
 
 def _fail(req: Request, exc: BaseException) -> bool:

@@ -18,6 +18,7 @@ import atexit
 import concurrent.futures
 import glob
 import logging
+import math
 import os
 import threading
 import time
@@ -52,7 +53,7 @@ from .scheduler import BatchPolicy, CostModel, Request, Scheduler, Slot
 from .signature import ModelSignature
 from .stats import Stats, StatsRecorder
 
-__all__ = ["BatchedSession"]
+__all__ = ["BatchedSession", "deadline_seconds"]
 
 log = logging.getLogger("ortbatch")
 
@@ -131,8 +132,7 @@ class BatchedSession:
             _check_positive("workers", workers)
         if max_delay_ms < 0:
             raise ValueError(f"max_delay_ms must be >= 0, got {max_delay_ms}")
-        if timeout_s is not None and timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        timeout_s = deadline_seconds(timeout_s, "timeout_s")
 
         self.manifest = _find_manifest(sess_or_path)
         self.workers = workers if workers is not None else 2
@@ -222,7 +222,10 @@ class BatchedSession:
 
         Same contract as ``InferenceSession.run`` for this one request: returns the
         outputs named in ``output_names`` (all, in model order, when ``None``).
-        ``timeout_s`` overrides the session's deadline for this request.
+        ``timeout_s`` overrides the session's deadline for this request: a positive
+        number of seconds (``math.inf`` or anything beyond ~31 years: no deadline);
+        zero, negative, NaN or a non-number is an :class:`InvalidInputError` before
+        anything is queued, whether or not the session is idle.
         """
         if run_options is not None:
             raise InvalidInputError(
@@ -286,6 +289,34 @@ class BatchedSession:
         fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
         self._sched.put(self._request(input_feed, output_names, timeout_s, fut))
         return fut
+
+    def submit_many(
+        self,
+        input_feeds: Sequence[Mapping[str, Any]],
+        output_names: Sequence[str] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> list[concurrent.futures.Future[list[np.ndarray]]]:
+        """Queue several requests as one unit: all are admitted, or none is.
+
+        Each feed is validated first (an :class:`InvalidInputError` names the first bad
+        one and nothing is queued). More feeds than ``max_queue`` can never fit: an
+        :class:`InvalidInputError` that states the limit. Too little room left now: a
+        :class:`QueueFullError` (retry later). Refusing costs O(1), whatever is queued.
+        Each future settles like one from :meth:`submit`.
+        """
+        feeds = list(input_feeds)
+        if not feeds:
+            return []
+        if len(feeds) > self._sched.max_queue:
+            raise InvalidInputError(
+                f"{len(feeds)} requests at once can never be queued: this session queues at most "
+                f"{self._sched.max_queue} (max_queue); send them in smaller groups"
+            )
+        futures: list[concurrent.futures.Future[list[np.ndarray]]] = [concurrent.futures.Future() for _ in feeds]
+        reqs = [self._request(f, output_names, timeout_s, fut) for f, fut in zip(feeds, futures, strict=True)]
+        self._sched.put_many(reqs)
+        return futures
 
     def stats(self) -> Stats:
         """Counters, batch sizes, padding and timing percentiles so far."""
@@ -351,7 +382,7 @@ class BatchedSession:
                 if n not in self._output_set:
                     raise InvalidInputError(f"unknown output {n!r}; the model's outputs are {self.output_names}")
         item = self.collator.prepare(input_feed)
-        t = self.timeout_s if timeout_s is None else timeout_s
+        t = self.timeout_s if timeout_s is None else deadline_seconds(timeout_s, "timeout_s")
         deadline = time.monotonic() + t if t is not None else None
         return Request(item, item.rows, item.length, names, deadline, future)
 
@@ -463,6 +494,28 @@ def _settle_error(fut: concurrent.futures.Future[Any] | Slot, exc: BaseException
         fut.set_exception(exc)
     except concurrent.futures.InvalidStateError:
         pass
+
+
+# Deadlines past this many seconds (about 31 years) are no deadline at all; waits on
+# locks and futures reject timeouts above threading.TIMEOUT_MAX (~292 years on Linux).
+_NO_DEADLINE_BEYOND_S = 1e9
+
+
+def deadline_seconds(value: Any, name: str) -> float | None:
+    """A deadline in seconds as given by a caller: a positive finite number, or
+    ``None``/``math.inf``/anything beyond ~31 years for none. Anything else (zero,
+    negative, NaN, a bool, a non-number) is an :class:`InvalidInputError`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError(f"{name} must be a number of seconds, got {value!r}", input_name=name)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float: no deadline either
+        return None
+    if math.isnan(seconds) or seconds <= 0:
+        raise InvalidInputError(f"{name} must be > 0 seconds (or None for no deadline), got {value!r}", input_name=name)
+    return None if seconds > _NO_DEADLINE_BEYOND_S else seconds
 
 
 def _check_positive(name: str, value: Any) -> None:
