@@ -76,6 +76,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", default=None, help="read the API key from this file's first line")
     parser.add_argument("--ssl-certfile", default=None, help="PEM certificate: serve HTTPS (and TLS gRPC)")
     parser.add_argument("--ssl-keyfile", default=None, help="PEM private key of --ssl-certfile")
+    limits = parser.add_argument_group("connection limits (docs/serving.md)")
+    limits.add_argument("--header-timeout-s", type=float, default=10.0, help="seconds to send headers (default 10)")
+    limits.add_argument("--body-timeout-s", type=float, default=60.0, help="seconds to send a body (default 60)")
+    limits.add_argument(
+        "--limit-concurrency", type=_positive_int, default=1000, help="connections at once; beyond: 503 (default 1000)"
+    )
+    limits.add_argument(
+        "--max-text-chars",
+        type=_positive_int,
+        default=100_000,
+        help="longest text taken when the export sets no max sequence length; longer: 413 (default 100000)",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
 
@@ -120,5 +132,9 @@ def run(args: argparse.Namespace) -> int:
         api_key=resolve_api_key(args.api_key, args.api_key_file),
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        limit_concurrency=args.limit_concurrency,
+        max_text_chars=args.max_text_chars,
     )
     return serve(args.directory, config)

@@ -26,6 +26,10 @@ from .layout import _token_text
 __all__ = ["ChatTemplate"]
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+#: longest string (or list) a template's ``*`` may build, and the largest ``**`` exponent:
+#: the template comes from the export, so what it can allocate is bounded
+MAX_TEMPLATE_VALUE = 1_000_000
+_MAX_EXPONENT = 64
 
 
 class ChatTemplate:
@@ -44,9 +48,26 @@ class ChatTemplate:
         def strftime_now(fmt: str) -> str:
             return datetime.now().strftime(fmt)
 
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
+        class BoundedSandbox(ImmutableSandboxedEnvironment):
+            """The sandbox, with ``*`` and ``**`` unable to build huge values."""
+
+            intercepted_binops = frozenset({"*", "**"})
+
+            def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+                if operator == "**" and isinstance(right, int) and abs(right) > _MAX_EXPONENT:
+                    raise InvalidInputError(
+                        f"the chat template raised a number to the power {right}", input_name="messages"
+                    )
+                if operator == "*" and isinstance(left, int) and isinstance(right, (str, list, tuple)):
+                    left, right = right, left
+                sized = isinstance(left, (str, list, tuple)) and isinstance(right, int)
+                if operator == "*" and sized and len(left) * right > MAX_TEMPLATE_VALUE:
+                    raise InvalidInputError(
+                        f"the chat template built a value over {MAX_TEMPLATE_VALUE} long", input_name="messages"
+                    )
+                return super().call_binop(context, operator, left, right)
+
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = strftime_now
@@ -93,6 +114,6 @@ class ChatTemplate:
             )
         except InvalidInputError:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, ArithmeticError, RecursionError) as exc:
             message = f"the chat template failed on these messages: {exc}"
             raise InvalidInputError(message, input_name="messages") from exc

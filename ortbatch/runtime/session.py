@@ -174,6 +174,8 @@ class BatchedSession:
         self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
         self._output_set = frozenset(self.output_names)
         self.timeout_s = timeout_s
+        #: most requests that may wait at once (a larger group is refused by submit_many)
+        self.max_queue = max_queue
 
         self._cost = CostModel()
         self._policy = BatchPolicy(

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
+import secrets
 import time
 import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -40,10 +40,11 @@ from ..errors import (
     SessionClosedError,
 )
 from .metrics import ServerMetrics
-from .model import ServedModel
-from .protocol import encode_infer_response, parse_infer_request
+from .model import RequestTooLargeError, ServedModel
+from .protocol import dumps_json, encode_infer_response, loads_json, parse_infer_request
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT_S",
     "DEFAULT_MAX_BODY_BYTES",
     "ClientGone",
     "HTTPError",
@@ -54,6 +55,7 @@ __all__ = [
     "handled_route",
     "json_response",
     "read_openai_body",
+    "offload",
     "read_request_body",
     "run_or_abandon",
     "text_or_ids",
@@ -62,6 +64,8 @@ __all__ = [
 log = logging.getLogger("ortbatch.serve")
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+#: seconds a client has to send a whole request body (a slow sender is answered 408)
+DEFAULT_BODY_TIMEOUT_S = 60.0
 HEADER_LENGTH = "inference-header-content-length"
 # Bodies bigger than this are parsed/encoded off the event loop so one large request
 # does not stall every other connection.
@@ -117,7 +121,28 @@ class RequestCounts:
 
     accepted: int = 0
     answered: int = 0
+    #: requests whose client left before the response was complete (a stream it
+    #: abandoned, a request it stopped waiting for): settled, with nobody to answer
+    abandoned: int = 0
     by_status: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def settled(self) -> int:
+        """Requests that need nothing more from the server (answered or abandoned)."""
+        return self.answered + self.abandoned
+
+
+# OpenAI's error types by status, so clients (and the openai package) classify them
+_OPENAI_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
 
 
 def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -128,6 +153,8 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
         status = 499
     elif isinstance(exc, HTTPError):
         status, headers = exc.status, dict(exc.headers)
+    elif isinstance(exc, RequestTooLargeError):
+        status = 413
     elif isinstance(exc, InvalidInputError):
         status = 400
     elif isinstance(exc, QueueFullError):
@@ -142,39 +169,63 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
         status = 500
     if status == 499:
         return status, {"error": "client disconnected"}, headers
-    message = str(exc) if status != 500 or isinstance(exc, InferenceError) else f"internal server error: {exc!r}"
+    if status < 500 or isinstance(exc, (InferenceError, SessionClosedError, RequestTimeoutError)):
+        message = str(exc)
+    else:  # a fault of the server itself: logged in full, never echoed to the client
+        incident = secrets.token_hex(4)
+        log.error("internal error %s", incident, exc_info=exc)
+        message = f"internal server error (logged as incident {incident})"
     if openai:
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+        kind = _OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        param = getattr(exc, "input_name", None)
+        body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     else:
         body = {"error": message}
     return status, body, headers
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Any:
-    """A compact JSON ``starlette.responses.Response``."""
+    """A compact JSON ``starlette.responses.Response`` (strict JSON: no NaN/Infinity)."""
     from starlette.responses import Response
 
     return Response(
-        json.dumps(body, separators=(",", ":")).encode("utf-8"),
+        dumps_json(body),
         status_code=status,
         media_type="application/json",
         headers=headers,
     )
 
 
-async def read_request_body(request: Any, max_body_bytes: int) -> bytes:
-    """The request body, decompressed (gzip/deflate), at most ``max_body_bytes`` (else 413)."""
+async def read_request_body(
+    request: Any, max_body_bytes: int, timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
+) -> bytes:
+    """The request body, decompressed (gzip/deflate), at most ``max_body_bytes`` (else
+    413), all of it within ``timeout_s`` seconds (else 408: a client sending a byte a
+    second must not hold a connection and its buffer forever)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
             size = int(declared)
         except ValueError:
-            raise HTTPError(400, f"invalid Content-Length {declared!r}") from None
+            raise HTTPError(400, f"invalid Content-Length {declared[:40]!r}") from None
         if size > max_body_bytes:
             raise HTTPError(413, f"request body of {size} bytes exceeds the limit of {max_body_bytes}")
     chunks = bytearray()
-    async for chunk in request.stream():
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            if deadline is None:
+                chunk = await stream.__anext__()
+            else:
+                chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - loop.time(), 0.0))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise HTTPError(
+                408, f"the request body did not arrive within {timeout_s:g} s", {"Connection": "close"}
+            ) from None
         chunks += chunk
         if len(chunks) > max_body_bytes:
             raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
@@ -182,7 +233,7 @@ async def read_request_body(request: Any, max_body_bytes: int) -> bytes:
     if encoding in ("", "identity"):
         return bytes(chunks)
     if encoding not in ("gzip", "deflate"):
-        raise HTTPError(415, f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
+        raise HTTPError(415, f"unsupported Content-Encoding {encoding[:40]!r}; use gzip, deflate or none")
     # bounded decompression: a small compressed body must not inflate past the limit
     d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
@@ -196,20 +247,27 @@ async def read_request_body(request: Any, max_body_bytes: int) -> bytes:
     return out
 
 
-async def read_openai_body(request: Any, max_body_bytes: int, model_name: str) -> dict[str, Any]:
-    """The JSON object body of an OpenAI-style request (400 when it is not one); a
-    ``model`` field naming another model is a 404."""
-    body = await read_request_body(request, max_body_bytes)
-    try:
-        doc = json.loads(body)
-    except (RecursionError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+async def read_openai_body(
+    request: Any, max_body_bytes: int, model_name: str, timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
+) -> dict[str, Any]:
+    """The JSON object body of an OpenAI-style request (400 when it is not one; parsed
+    in a thread when large); a ``model`` field naming another model is a 404."""
+    body = await read_request_body(request, max_body_bytes, timeout_s)
+    doc = await offload(len(body), loads_json, body)
     if not isinstance(doc, dict):
         raise InvalidInputError("request body must be a JSON object")
     name = doc.get("model")
     if name is not None and name != model_name:
-        raise HTTPError(404, f"unknown model {name!r}; this server serves {model_name!r}")
+        raise HTTPError(404, f"unknown model {str(name)[:80]!r}; this server serves {model_name!r}")
     return doc
+
+
+async def offload(size: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, in a thread when ``size`` (bytes to parse or encode) is large, so one
+    big request does not stall every other connection."""
+    if size > _OFFLOAD_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
 def create_app(
@@ -217,6 +275,7 @@ def create_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     close_model_on_shutdown: bool = True,
+    body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
 ) -> Any:
     """Build the Starlette app serving ``model``.
 
@@ -242,12 +301,7 @@ def create_app(
         return model
 
     async def read_body(request: Request) -> bytes:
-        return await read_request_body(request, max_body_bytes)
-
-    async def maybe_offload(size: int, fn: Callable[..., Any], *args: Any) -> Any:
-        if size > _OFFLOAD_BYTES:
-            return await asyncio.to_thread(fn, *args)
-        return fn(*args)
+        return await read_request_body(request, max_body_bytes, body_timeout_s)
 
     # -- v2 handlers ------------------------------------------------------------------
     async def server_metadata(request: Request) -> Response:
@@ -274,31 +328,34 @@ def create_app(
             try:
                 header_length = int(raw_length)
             except ValueError:
-                raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length!r}") from None
-        req = await maybe_offload(len(body), parse_infer_request, body, header_length)
+                raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length[:40]!r}") from None
+        req = await offload(len(body), parse_infer_request, body, header_length)
         outputs = await run_or_abandon(request.receive, m.infer(req))
         binary = [req.wants_binary(name) for name, _ in outputs]
         nbytes = sum(a.nbytes for _, a in outputs)
-        data, ctype, hlen = await maybe_offload(
-            nbytes, encode_infer_response, m.name, m.version, outputs, binary, req.id
-        )
+        data, ctype, hlen = await offload(nbytes, encode_infer_response, m.name, m.version, outputs, binary, req.id)
         headers = {"Inference-Header-Content-Length": str(hlen)} if hlen is not None else None
         return Response(data, media_type=ctype, headers=headers)
 
     # -- OpenAI-compatible --------------------------------------------------------------
     async def embeddings(request: Request) -> Response:
-        doc = await read_openai_body(request, max_body_bytes, model.name)
+        doc = await read_openai_body(request, max_body_bytes, model.name, body_timeout_s)
         if model.embedding_output is None:
             raise HTTPError(404, f"model {model.name!r} does not serve embeddings: {model.embeddings_disabled_reason}")
         inputs = text_or_ids(doc.get("input"), "input")
         fmt = doc.get("encoding_format", "float")
         if fmt not in ("float", "base64"):
-            raise InvalidInputError(f"encoding_format must be 'float' or 'base64', got {fmt!r}")
+            raise InvalidInputError(
+                f"encoding_format must be 'float' or 'base64', got {str(fmt)[:40]!r}", input_name="encoding_format"
+            )
         result = await run_or_abandon(request.receive, model.embed(inputs))
         emb = result.embeddings
         dims = doc.get("dimensions")
         if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != emb.shape[1]):
-            raise InvalidInputError(f"dimensions: this model's embeddings have {emb.shape[1]} dimensions, got {dims!r}")
+            raise InvalidInputError(
+                f"dimensions: this model's embeddings have {emb.shape[1]} dimensions, got {str(dims)[:40]}",
+                input_name="dimensions",
+            )
         data = []
         for i, row in enumerate(emb):
             value: Any = (
@@ -346,9 +403,7 @@ def handled_route(path: str, handler: Callable[[Any], Awaitable[Any]], method: s
         try:
             return await handler(request)
         except Exception as exc:
-            status, body, headers = error_response(exc, openai)
-            if status >= 500 and not isinstance(exc, (SessionClosedError, InferenceError)):
-                log.exception("internal error", exc_info=exc)
+            status, body, headers = error_response(exc, openai)  # logs a fault of the server
             return json_response(body, status, headers)
 
     return Route(path, endpoint, methods=[method])
@@ -413,9 +468,16 @@ def assemble_app(
     return _Observed(app, metrics, counts)
 
 
+# The only HTTP methods that become metric labels; anything a client invents is "other",
+# so no client can grow the number of series.
+_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
+
+
 class _Observed:
-    """ASGI middleware: request counts, metrics by route template, and a last-resort
-    JSON 500 (never a bare connection drop) for errors outside the handlers."""
+    """ASGI middleware: request counts, metrics by route template and known method, and
+    a last-resort JSON 500 (never a bare connection drop) for errors outside the
+    handlers. A client that leaves before its response is complete counts as
+    abandoned (settled), not as a request the server failed to answer."""
 
     def __init__(self, app: Any, metrics: ServerMetrics, counts: RequestCounts) -> None:
         self.app = app
@@ -433,22 +495,38 @@ class _Observed:
         status = 500
         response_started = False
         complete = False
+        gone = False
+
+        async def observed_receive() -> Any:
+            nonlocal gone
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone = True
+            return message
 
         async def observed_send(message: dict[str, Any]) -> None:
-            nonlocal status, response_started, complete
+            nonlocal status, response_started, complete, gone
             if message["type"] == "http.response.start":
                 status = message["status"]
                 response_started = True
-            await send(message)
+            try:
+                await send(message)
+            except OSError:  # ASGI 2.4: sending to a client that left
+                gone = True
+                raise
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 complete = True
 
         try:
-            await self.app(scope, receive, observed_send)
+            await self.app(scope, observed_receive, observed_send)
         except Exception as exc:
-            log.exception("unhandled error", exc_info=exc)
+            if gone or type(exc).__name__ == "ClientDisconnect":
+                gone = True  # a stream whose client left: nothing to answer, nothing to log
+                return
+            incident = secrets.token_hex(4)
+            log.exception("unhandled error, incident %s", incident)
             if not response_started:
-                body = json.dumps({"error": f"internal server error: {exc!r}"}).encode()
+                body = dumps_json({"error": f"internal server error (logged as incident {incident})"})
                 await observed_send(
                     {
                         "type": "http.response.start",
@@ -463,10 +541,13 @@ class _Observed:
         finally:
             self.metrics.in_flight.dec()
             endpoint = scope.get("ortbatch.endpoint", "unmatched")
-            self.metrics.observe(endpoint, scope.get("method", ""), status, started)
+            method = scope.get("method", "")
+            self.metrics.observe(endpoint, method if method in _KNOWN_METHODS else "other", status, started)
             if complete:
                 self.counts.answered += 1
                 self.counts.by_status[status] = self.counts.by_status.get(status, 0) + 1
+            elif gone:
+                self.counts.abandoned += 1
 
 
 def text_or_ids(value: Any, field: str) -> list[str] | list[list[int]]:

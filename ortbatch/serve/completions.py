@@ -33,9 +33,11 @@ An export without a chat template answers chat requests with a 400.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
@@ -48,6 +50,7 @@ from ..errors import InvalidInputError
 from ..generation.chat import ChatTemplate
 from ..manifest import MANIFEST_NAME, Manifest
 from .app import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     RequestCounts,
     assemble_app,
@@ -59,6 +62,7 @@ from .app import (
     text_or_ids,
 )
 from .metrics import ServerMetrics
+from .model import DEFAULT_MAX_TEXT_CHARS, RequestTooLargeError, check_texts
 
 __all__ = [
     "CompletionRequest",
@@ -67,11 +71,19 @@ __all__ = [
     "is_generation_export",
     "parse_chat_request",
     "parse_completion_request",
+    "render_bounded",
 ]
 
 log = logging.getLogger("ortbatch.serve")
 
 _DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# Below this a temperature is greedy decoding: dividing logits by 1e-308 overflows to
+# inf and the probabilities become NaN (vLLM draws the same line).
+_GREEDY_BELOW_TEMPERATURE = 1e-5
+_MAX_INT = 2**31 - 1
+_MAX_SEED = 2**64 - 1
+#: seconds a chat template may take to render one request's messages
+CHAT_RENDER_TIMEOUT_S = 2.0
 
 
 def is_generation_export(directory: str | Path) -> bool:
@@ -148,21 +160,38 @@ class CompletionRequest:
     include_usage: bool
 
 
+def _shown(value: Any) -> str:
+    """A value as an error message may show it: short, and never failing (an integer of
+    thousands of digits has no ``repr`` under Python's digit limit)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {len(str(value)) if value.bit_length() < 13000 else 'thousands of'} digits"
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _number(doc: dict[str, Any], key: str, default: float | None) -> float | None:
     value = doc.get(key, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInputError(f"'{key}' must be a number, got {value!r}", input_name=key)
-    return float(value)
+        raise InvalidInputError(f"'{key}' must be a number, got {_shown(value)}", input_name=key)
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond any float
+        raise InvalidInputError(f"'{key}' is out of range, got {_shown(value)}", input_name=key) from None
 
 
-def _integer(doc: dict[str, Any], key: str, default: int | None) -> int | None:
+def _integer(doc: dict[str, Any], key: str, default: int | None, lo: int = -_MAX_INT, hi: int = _MAX_INT) -> int | None:
     value = doc.get(key, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputError(f"'{key}' must be an integer, got {value!r}", input_name=key)
+        raise InvalidInputError(f"'{key}' must be an integer, got {_shown(value)}", input_name=key)
+    if not lo <= value <= hi:
+        raise InvalidInputError(f"'{key}' must be in [{lo}, {hi}], got {_shown(value)}", input_name=key)
     return value
 
 
@@ -184,20 +213,24 @@ def _parse_sampling(
     assert temperature is not None
     if not 0.0 <= temperature <= 2.0:
         raise InvalidInputError(f"'temperature' must be in [0, 2], got {temperature}", input_name="temperature")
+    if temperature < _GREEDY_BELOW_TEMPERATURE:
+        temperature = 0.0
     top_p = _number(doc, "top_p", None)
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise InvalidInputError(f"'top_p' must be in (0, 1], got {top_p}", input_name="top_p")
-    top_k = _integer(doc, "top_k", None)
+    top_k = _integer(doc, "top_k", None)  # bounded: a huge k must not reach numpy
     if top_k is not None and top_k < -1:  # -1 (vLLM's) and 0 mean off
         raise InvalidInputError(f"'top_k' must be >= 0 (or -1 for off), got {top_k}", input_name="top_k")
     stop = doc.get("stop")
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)):
-        raise InvalidInputError(f"'stop' must be a string or a list of non-empty strings, got {stop!r}")
+        raise InvalidInputError(
+            f"'stop' must be a string or a list of non-empty strings, got {_shown(stop)}", input_name="stop"
+        )
     stream = doc.get("stream", False)
     if not isinstance(stream, bool):
-        raise InvalidInputError(f"'stream' must be true or false, got {stream!r}", input_name="stream")
+        raise InvalidInputError(f"'stream' must be true or false, got {_shown(stream)}", input_name="stream")
     options = doc.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidInputError("'stream_options' must be an object", input_name="stream_options")
@@ -208,17 +241,20 @@ def _parse_sampling(
         top_p=None if top_p == 1.0 else top_p,
         top_k=top_k if top_k is not None and top_k > 0 else None,
         stop=stop or None,
-        seed=_integer(doc, "seed", None),
+        seed=_integer(doc, "seed", None, 0, _MAX_SEED),
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
     )
 
 
-def parse_completion_request(doc: dict[str, Any]) -> CompletionRequest:
+def parse_completion_request(doc: dict[str, Any], max_prompt_chars: int = DEFAULT_MAX_TEXT_CHARS) -> CompletionRequest:
     """Validate a ``/v1/completions`` body (a JSON object, see
     :func:`~ortbatch.serve.app.read_openai_body`); raises :class:`InvalidInputError` (400)
-    naming the field."""
+    naming the field, :class:`~ortbatch.serve.model.RequestTooLargeError` (413) for a text
+    prompt over ``max_prompt_chars`` characters."""
     prompts = text_or_ids(doc.get("prompt"), "prompt")
+    if prompts and isinstance(prompts[0], str):
+        prompts = check_texts(prompts, "prompt", None, max_prompt_chars)
     if doc.get("echo"):
         raise InvalidInputError("'echo' is not supported", input_name="echo")
     for key in ("logprobs", "suffix"):
@@ -242,12 +278,16 @@ def _message_text(message: Any, index: int) -> dict[str, Any]:
         content = "".join(parts)
     if not isinstance(content, str):
         raise InvalidInputError(f"messages[{index}].content must be a string or text parts", input_name="messages")
+    check_texts([content, message["role"]], f"messages[{index}]", None, sys.maxsize)  # lone surrogates
     return {**message, "content": content}
 
 
-def parse_chat_request(doc: dict[str, Any], template: ChatTemplate | None, encode: Any) -> CompletionRequest:
-    """Validate a ``/v1/chat/completions`` body and render its messages with the export's
-    chat template into one token-id prompt (``encode(text, add_special_tokens=False)``)."""
+def parse_chat_request(
+    doc: dict[str, Any], template: ChatTemplate | None
+) -> tuple[list[dict[str, Any]], Callable[[list[int]], CompletionRequest]]:
+    """Validate a ``/v1/chat/completions`` body (every field, before anything is
+    rendered); returns its messages (text content) and the function that makes the
+    request from the token ids of their rendered prompt (see :func:`render_bounded`)."""
     if template is None:
         raise InvalidInputError(
             "this model has no chat template (chat_template in tokenizer_config.json or chat_template.jinja): "
@@ -261,12 +301,49 @@ def parse_chat_request(doc: dict[str, Any], template: ChatTemplate | None, encod
     for key in ("tools", "functions", "response_format"):
         if doc.get(key):
             raise InvalidInputError(f"'{key}' is not supported", input_name=key)
-    text = template.render([_message_text(m, i) for i, m in enumerate(messages)], add_generation_prompt=True)
-    ids = encode(text, add_special_tokens=False)
+    checked = [_message_text(m, i) for i, m in enumerate(messages)]
     max_tokens = _integer(doc, "max_completion_tokens", None)
     if max_tokens is None:
         max_tokens = _integer(doc, "max_tokens", None)
-    return _parse_sampling(doc, [ids], max_tokens)
+    _parse_sampling(doc, [[0]], max_tokens)  # every field checked before any rendering
+
+    def with_prompt(ids: list[int]) -> CompletionRequest:
+        return _parse_sampling(doc, [ids], max_tokens)
+
+    return checked, with_prompt
+
+
+def render_bounded(template: ChatTemplate, messages: list[dict[str, Any]], timeout_s: float, max_chars: int) -> str:
+    """``template.render(messages)`` that gives up (400 naming ``messages``) after
+    ``timeout_s`` seconds or beyond ``max_chars`` characters: the template comes from
+    the export, so a loop it runs must not hold a thread forever. Blocking: call it in a
+    thread. The deadline is checked on every line the compiled template runs."""
+    deadline = time.monotonic() + timeout_s
+
+    def check(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise InvalidInputError(
+                f"the chat template took longer than {timeout_s:g} s to render these messages",
+                input_name="messages",
+            )
+        return check
+
+    def calls(frame: Any, event: str, arg: Any) -> Any:
+        # only the template's own compiled code (jinja names it "<template>") is traced
+        return check(frame, event, arg) if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        text = template.render(messages, add_generation_prompt=True)
+    finally:
+        sys.settrace(previous)
+    if len(text) > max_chars:
+        raise RequestTooLargeError(
+            f"the chat template rendered {len(text)} characters; at most {max_chars} are taken",
+            input_name="messages",
+        )
+    return text
 
 
 def _submit_all(
@@ -313,6 +390,7 @@ def create_completions_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     close_model_on_shutdown: bool = True,
+    body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
 ) -> Any:
     """Build the Starlette app serving ``served`` (routes in the module docs).
 
@@ -352,13 +430,37 @@ def create_completions_app(
                 return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             return self.choice(i, text or "", finish_reason)
 
+    # a prompt may be as long as the context could ever hold, at a generous 32 characters a token
+    max_chars = max(DEFAULT_MAX_TEXT_CHARS, 32 * int(getattr(generator.layout, "max_context_length", 0) or 0))
+
     async def completions(request: Request) -> Response:
-        req = parse_completion_request(await read_openai_body(request, max_body_bytes, served.name))
+        doc = await read_openai_body(request, max_body_bytes, served.name, body_timeout_s)
+        req = parse_completion_request(doc, max_chars)
+        check_count(len(req.prompts))
+        if isinstance(req.prompts[0], str):  # tokenized here, off the event loop ("" is refused by submit)
+            texts: list[Any] = list(req.prompts)
+            ids = await asyncio.to_thread(lambda: [generator.encode(t) if t else t for t in texts])
+            req = dataclasses.replace(req, prompts=ids)
         return await answer(request, req, _Api(chat=False))
 
     async def chat_completions(request: Request) -> Response:
-        doc = await read_openai_body(request, max_body_bytes, served.name)
-        return await answer(request, parse_chat_request(doc, template, generator.encode), _Api(chat=True))
+        doc = await read_openai_body(request, max_body_bytes, served.name, body_timeout_s)
+        messages, with_prompt = parse_chat_request(doc, template)
+        assert template is not None  # parse_chat_request refuses a model without one
+
+        def prompt_ids() -> list[int]:
+            text = render_bounded(template, messages, CHAT_RENDER_TIMEOUT_S, max_chars)
+            return list(generator.encode(text, add_special_tokens=False))
+
+        return await answer(request, with_prompt(await asyncio.to_thread(prompt_ids)), _Api(chat=True))
+
+    def check_count(count: int) -> None:
+        limit = getattr(generator, "max_queue", None)
+        if isinstance(limit, int) and count > limit:
+            raise RequestTooLargeError(
+                f"'prompt' has {count} prompts; this server queues at most {limit} at once (--max-queue)",
+                input_name="prompt",
+            )
 
     async def answer(request: Request, req: CompletionRequest, api: _Api) -> Response:
         head = {"id": api.prefix + secrets.token_hex(12), "created": int(time.time()), "model": served.name}

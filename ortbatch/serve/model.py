@@ -18,11 +18,19 @@ from typing import Any
 import numpy as np
 
 from .._extras import require
-from ..errors import InvalidInputError, RequestTimeoutError
+from ..errors import InferenceError, InvalidInputError, RequestTimeoutError
 from ..manifest import MANIFEST_NAME, Manifest
 from .protocol import DATATYPES, InferRequest, ort_type_to_datatype
 
-__all__ = ["EmbeddingResult", "ServedModel", "TensorMetadata"]
+__all__ = [
+    "DEFAULT_MAX_TEXT_CHARS",
+    "EmbeddingResult",
+    "NonFiniteOutputError",
+    "RequestTooLargeError",
+    "ServedModel",
+    "TensorMetadata",
+    "check_texts",
+]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -34,6 +42,61 @@ EMBEDDING_TASKS = frozenset({"feature-extraction", "sentence-similarity", "sente
 # Already-pooled outputs, preferred over pooling token embeddings ourselves.
 _POOLED_OUTPUTS = ("sentence_embedding", "sentence_embeddings", "embeddings")
 _TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
+#: Longest text (in characters) taken when the export has no sequence-length limit to
+#: truncate at: a longer one is refused (413) before any of it is tokenized.
+DEFAULT_MAX_TEXT_CHARS = 100_000
+# With a token limit, a text is cut to this many characters per token it may keep before
+# tokenizing (a token rarely spans more than a few), so a 60 MB text costs what its kept
+# head costs; never cut below _MIN_CUT_CHARS.
+_CHARS_PER_TOKEN = 32
+_MIN_CUT_CHARS = 8192
+# Texts with fewer characters in all are tokenized on the event loop (a thread hop costs
+# more than that); larger batches go to a thread (the tokenizers library releases the GIL).
+_INLINE_TOKENIZE_CHARS = 4096
+
+
+class RequestTooLargeError(InvalidInputError):
+    """The request can never be served as sent (a text over the character limit, more
+    texts than the queue holds): answered 413 with the limit."""
+
+
+class NonFiniteOutputError(InferenceError):
+    """The model produced NaN or Inf for a request whose inputs were finite: a damaged
+    or numerically unstable export. Never answered as a 200."""
+
+
+def check_texts(texts: Sequence[str], field: str, cut_at: int | None, max_chars: int) -> list[str]:
+    """Texts ready to tokenize: each cut to ``cut_at`` characters when the model truncates
+    anyway (``None``: it does not, and a text over ``max_chars`` is a
+    :class:`RequestTooLargeError`); a text that is not valid Unicode (a lone surrogate
+    such as ``"\ud800"``) is an :class:`InvalidInputError` naming ``field``."""
+    out = []
+    for i, text in enumerate(texts):
+        if cut_at is not None:
+            text = text[:cut_at]
+        elif len(text) > max_chars:
+            raise RequestTooLargeError(
+                f"{field}[{i}] has {len(text)} characters; this server takes at most {max_chars} per text",
+                input_name=field,
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInputError(
+                f"{field}[{i}] is not valid Unicode (it holds a lone surrogate)", input_name=field
+            ) from None
+        out.append(text)
+    return out
+
+
+def check_finite_outputs(outputs: Sequence[tuple[str, np.ndarray]]) -> None:
+    """Raise :class:`NonFiniteOutputError` if any floating-point output holds NaN or Inf."""
+    for name, array in outputs:
+        if array.dtype.kind in "fc" and array.size and not np.isfinite(array).all():
+            raise NonFiniteOutputError(
+                f"the model produced non-finite values (NaN or Inf) in output {name!r}; the export may be "
+                "damaged (check it with `ortbatch validate`)"
+            )
 
 
 @dataclass(frozen=True)
@@ -64,6 +127,13 @@ def _metadata(node: Any) -> TensorMetadata:
 class ServedModel:
     """A BatchedSession behind the Open Inference Protocol.
 
+    Text is bounded before it is tokenized: with the export's ``max_sequence_length``
+    each text is cut to ``max_sequence_length * 32`` characters (at least 8192) first,
+    so truncation costs only the kept part; without one, a text over ``max_text_chars``
+    is refused (413). More texts in one request than the session's ``max_queue`` can
+    never be admitted (413); the texts of a request are queued as one unit. Large
+    batches of text are tokenized in a thread, never on the event loop.
+
     Args:
         session: the :class:`~ortbatch.BatchedSession` every request goes through.
         name: the model name in URLs (``/v2/models/{name}``).
@@ -91,8 +161,12 @@ class ServedModel:
         tokenizer: Any = None,
         normalize_embeddings: bool = True,
         id_limits: dict[str, int] | None = None,
+        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
     ) -> None:
         self.session = session
+        #: longest text taken when the export sets no sequence length to truncate at
+        self.max_text_chars = max_text_chars
+        self._cut_at: int | None = None
         self.name = name
         self.version = version
         self.manifest = manifest if manifest is not None else getattr(session, "manifest", None)
@@ -121,6 +195,7 @@ class ServedModel:
         name: str | None = None,
         session_kwargs: dict[str, Any] | None = None,
         normalize_embeddings: bool = True,
+        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
     ) -> ServedModel:
         """Build the BatchedSession for an export directory (or a bare ``.onnx`` file)
         and load its tokenizer when ``tokenizer.json`` sits next to the model."""
@@ -142,6 +217,7 @@ class ServedModel:
                 tokenizer=tokenizer,
                 normalize_embeddings=normalize_embeddings,
                 id_limits=_config_id_limits(base / "config.json"),
+                max_text_chars=max_text_chars,
             )
         except BaseException:
             session.close(drain=False)
@@ -163,6 +239,7 @@ class ServedModel:
         max_len = self.manifest.max_sequence_length if self.manifest is not None else None
         if max_len:
             tokenizer.enable_truncation(max_length=max_len)
+            self._cut_at = max(max_len * _CHARS_PER_TOKEN, _MIN_CUT_CHARS)
         self.tokenizer = tokenizer
         self.id_limits["input_ids"] = tokenizer.get_vocab_size(with_added_tokens=True)
         self.text_input = TEXT_INPUT if TEXT_INPUT not in self._input_types else "text_input"
@@ -269,7 +346,9 @@ class ServedModel:
                 raise RequestTimeoutError(
                     f"the request's timeout of {req.timeout_s * 1e3:g} ms passed before it finished"
                 ) from None
-        return list(zip(names, outs, strict=True))
+        pairs = list(zip(names, outs, strict=True))
+        check_finite_outputs(pairs)
+        return pairs
 
     def _tensor_feed(self, req: InferRequest) -> dict[str, np.ndarray]:
         missing = [n for n in self._input_types if n not in req.inputs]
@@ -306,11 +385,33 @@ class ServedModel:
 
     # -- text ------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> list[dict[str, np.ndarray]]:
-        """One feed (1 row each) per text, in the model's input dtypes."""
+        """One feed (1 row each) per text, in the model's input dtypes (blocking; texts
+        as they are, see :meth:`tokenize_async` for the bounded, non-blocking form)."""
         if self.tokenizer is None:
             raise InvalidInputError(f"this model takes no text: {self.text_disabled_reason}")
         encodings = self.tokenizer.encode_batch(list(texts))
         return [self._feed_from_ids(e.ids, e.attention_mask, e.type_ids) for e in encodings]
+
+    async def tokenize_async(self, texts: Sequence[str], field: str) -> list[dict[str, np.ndarray]]:
+        """:meth:`tokenize` for a request's ``field``: the count and each text bounded
+        first (see the class docs), and a large batch tokenized in a thread."""
+        if self.tokenizer is None:
+            raise InvalidInputError(f"this model takes no text: {self.text_disabled_reason}")
+        self.check_count(len(texts), field)
+        bounded = check_texts(texts, field, self._cut_at, self.max_text_chars)
+        if sum(map(len, bounded)) <= _INLINE_TOKENIZE_CHARS:
+            return self.tokenize(bounded)
+        return await asyncio.to_thread(self.tokenize, bounded)
+
+    def check_count(self, count: int, field: str) -> None:
+        """Refuse (413) a request of more items than the session can ever queue at once."""
+        limit = getattr(self.session, "max_queue", None)
+        if isinstance(limit, int) and count > limit:
+            raise RequestTooLargeError(
+                f"{field} has {count} items; this server queues at most {limit} at once (--max-queue): "
+                "send them in smaller requests",
+                input_name=field,
+            )
 
     def _feed_from_ids(
         self, ids: Sequence[int], mask: Sequence[int] | None = None, type_ids: Sequence[int] | None = None
@@ -332,14 +433,21 @@ class ServedModel:
     async def _run_texts(self, texts: Sequence[str], names: list[str]) -> list[np.ndarray]:
         if not texts:
             raise InvalidInputError(f"input {self.text_input!r} has no texts")
-        feeds = self.tokenize(texts)
+        feeds = await self.tokenize_async(texts, f"input {self.text_input!r}")
         results = await self._gather(feeds, names)
         return [_stack_ragged([r[i] for r in results]) for i in range(len(names))]
 
     async def _gather(self, feeds: list[dict[str, np.ndarray]], names: list[str]) -> list[list[np.ndarray]]:
-        """Submit every feed as its own request. At the first error the rest are
-        cancelled (dropped from the queue if not yet running) and the error is raised."""
-        tasks = [asyncio.ensure_future(self.session.run_async(names, f)) for f in feeds]
+        """Run every feed as its own request, admitted as one unit (``submit_many``: all
+        queued, or a 429 for all). At the first error the rest are cancelled (dropped
+        before they run) and the error is raised."""
+        self.check_count(len(feeds), "the request")
+        submit_many = getattr(self.session, "submit_many", None)
+        tasks: list[asyncio.Future[list[np.ndarray]]]
+        if len(feeds) > 1 and submit_many is not None:
+            tasks = [asyncio.wrap_future(f) for f in submit_many(feeds, names)]
+        else:  # one feed (its deadline handled by run_async), or a duck-typed session
+            tasks = [asyncio.ensure_future(self.session.run_async(names, f)) for f in feeds]
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         except asyncio.CancelledError:
@@ -348,9 +456,9 @@ class ServedModel:
             raise
         for t in pending:
             t.cancel()
-        errors = [t.exception() for t in tasks if t in done and t.exception() is not None]
-        if errors:
-            raise errors[0]
+        for t in tasks:
+            if t in done and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
         return [t.result() for t in tasks]
 
     async def embed(self, inputs: Sequence[str] | Sequence[Sequence[int]]) -> EmbeddingResult:
@@ -361,8 +469,9 @@ class ServedModel:
         if not inputs:
             raise InvalidInputError("'input' must not be empty")
         if all(isinstance(x, str) for x in inputs):
-            feeds = self.tokenize(inputs)  # type: ignore[arg-type]
+            feeds = await self.tokenize_async(inputs, "input")  # type: ignore[arg-type]
         else:
+            self.check_count(len(inputs), "input")
             feeds = [self._feed_from_ids(list(ids)) for ids in inputs]  # type: ignore[arg-type]
             for feed in feeds:
                 self._check_ids(feed)
@@ -376,6 +485,7 @@ class ServedModel:
             tokens += int(mask.sum())
             rows.append(_pool(out, mask))
         emb = np.concatenate(rows, axis=0).astype(np.float32, copy=False)
+        check_finite_outputs([(self.embedding_output, emb)])
         if self.normalize_embeddings:
             norms = np.linalg.norm(emb, axis=1, keepdims=True)
             emb = emb / np.maximum(norms, 1e-12)

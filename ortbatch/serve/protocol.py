@@ -27,16 +27,20 @@ from ..errors import InvalidInputError
 
 __all__ = [
     "DATATYPES",
+    "MAX_DIMS",
     "InferRequest",
     "RequestedOutput",
     "check_tensor_spec",
+    "check_finite",
     "datatype_of",
     "decode_binary_tensor",
     "decode_bytes_tensor",
     "decode_values_tensor",
     "encode_binary_tensor",
+    "dumps_json",
     "encode_bytes_tensor",
     "encode_infer_response",
+    "loads_json",
     "ort_type_to_datatype",
     "parse_infer_request",
 ]
@@ -80,8 +84,25 @@ _ORT_TYPES = {
 # JSON parameters are free-form; these are the ones this server acts on.
 _INPUT_KEYS = frozenset({"name", "shape", "datatype", "parameters", "data"})
 _MAX_JSON_DEPTH = 64
+#: most dimensions a tensor may have (numpy's own limit)
+MAX_DIMS = 64
 # numpy needs every dim (and the element count) to fit an intp; no real tensor comes near.
 _MAX_DIM = 2**31 - 1
+_MAX_ELEMENTS = 2**40
+
+
+# a year in microseconds: longer is no deadline anyone means
+_MAX_TIMEOUT_US = 365 * 24 * 3600 * 10**6
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr`` cut to ``limit`` characters: an error message must not echo a huge value
+    (nor fail on an integer with more digits than Python prints)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"a {type(value).__name__} holding an integer with thousands of digits"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def ort_type_to_datatype(ort_type: str) -> str:
@@ -174,13 +195,26 @@ def decode_bytes_tensor(buf: bytes | memoryview, count: int, where: str = "tenso
 # -- requests ------------------------------------------------------------------------
 
 
-def _json_loads(data: bytes | memoryview, what: str) -> Any:
+def _refuse_constant(name: str) -> Any:
+    raise InvalidInputError(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
+
+
+def loads_json(data: bytes | memoryview | str, what: str = "request body") -> Any:
+    """Parse strict JSON (no ``NaN``/``Infinity``); every failure, including integers
+    with more digits than Python converts, is an :class:`InvalidInputError` naming ``what``."""
     try:
-        return json.loads(bytes(data))
+        return json.loads(data if isinstance(data, (bytes, str)) else bytes(data), parse_constant=_refuse_constant)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidInputError(f"{what} is nested too deeply") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
         raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
+
+
+def dumps_json(doc: Any) -> bytes:
+    """Compact JSON bytes; a non-finite float raises ValueError (never a bare ``NaN``)."""
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 def _is_int(value: Any) -> bool:
@@ -196,29 +230,38 @@ def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
-def _flatten(data: Any, where: str) -> list[Any]:
-    """Row-major flattening of (possibly nested) JSON lists, without recursion."""
+def _flatten(data: Any, shape: tuple[int, ...], where: str) -> list[Any]:
+    """Row-major flattening of JSON ``data``: either flat, or nested exactly as ``shape``
+    (``[[1, 2], [3, 4, 5]]`` is not a tensor of any shape). Without recursion."""
     if not isinstance(data, list):
         raise InvalidInputError(f"{where}: 'data' must be a list, got {type(data).__name__}")
     if not any(isinstance(x, list) for x in data):
         return data
     out: list[Any] = []
-    stack = [iter(data)]
+    # (list, depth): every list at depth d must hold shape[d] items, lists above the last dim
+    stack: list[tuple[list[Any], int]] = [(data, 0)]
     while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                if len(stack) >= _MAX_JSON_DEPTH:
-                    raise InvalidInputError(f"{where}: 'data' is nested too deeply")
-                stack.append(iter(item))
-                break
-            out.append(item)
+        items, depth = stack.pop()
+        if depth >= len(shape) or len(items) != shape[depth]:
+            want = f"{shape[depth]} items" if depth < len(shape) else "a number, not a list"
+            raise InvalidInputError(
+                f"{where}: nested 'data' does not match shape {list(shape)}: a list at depth {depth} has "
+                f"{len(items)} items, expected {want}"
+            )
+        inner = depth + 1 < len(shape)
+        if inner:
+            if not all(isinstance(x, list) for x in items):
+                raise InvalidInputError(f"{where}: nested 'data' does not match shape {list(shape)} at depth {depth}")
+            stack.extend((x, depth + 1) for x in reversed(items))
         else:
-            stack.pop()
+            if any(isinstance(x, list) for x in items):
+                raise InvalidInputError(f"{where}: nested 'data' is deeper than shape {list(shape)}")
+            out.extend(items)
     return out
 
 
 def _json_tensor(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
-    flat = _flatten(data, where)
+    flat = _flatten(data, shape, where)
     count = math.prod(shape)
     if len(flat) != count:
         raise InvalidInputError(f"{where}: shape {list(shape)} needs {count} elements but 'data' has {len(flat)}")
@@ -229,7 +272,10 @@ def _json_tensor(data: Any, datatype: str, shape: tuple[int, ...], where: str) -
                 raise InvalidInputError(
                     f"{where}: BYTES elements in JSON must be strings, element {i} is {type(item).__name__}"
                 )
-            out[i] = item.encode("utf-8")
+            try:
+                out[i] = item.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate such as "\ud800"
+                raise InvalidInputError(f"{where}: element {i} is not valid Unicode (a lone surrogate)") from None
         return out.reshape(shape)
     dtype = DATATYPES[datatype]
     if datatype == "BOOL":
@@ -244,27 +290,49 @@ def _json_tensor(data: Any, datatype: str, shape: tuple[int, ...], where: str) -
         if flat and (min(flat) < info.min or max(flat) > info.max):
             raise InvalidInputError(f"{where}: a value is out of range for {datatype} [{info.min}, {info.max}]")
         return np.array(flat, dtype=dtype).reshape(shape)
-    # floats: JSON numbers (ints are fine); NaN/Infinity arrive as floats from Python's json
+    # floats: JSON numbers (ints are fine; NaN/Infinity were refused with the JSON)
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in flat):
         bad = next(x for x in flat if not isinstance(x, (int, float)) or isinstance(x, bool))
         raise InvalidInputError(f"{where}: {datatype} data must be numbers, got {bad!r}")
     try:
         with np.errstate(over="ignore"):
-            return np.array(flat, dtype=dtype).reshape(shape)
+            array = np.array(flat, dtype=dtype).reshape(shape)
     except OverflowError:
         raise InvalidInputError(f"{where}: a value is out of range for {datatype}") from None
+    # a finite JSON number beyond the type's range (1e39 as FP32) would silently become inf
+    check_finite(array, where)
+    return array
+
+
+def check_finite(array: np.ndarray, where: str) -> None:
+    """Refuse a floating-point input holding NaN or +-Inf (or a value that overflowed
+    its type): the model's answer to it would be meaningless or non-finite."""
+    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        info = np.finfo(array.dtype)
+        raise InvalidInputError(
+            f"{where}: values must be finite numbers within the range of {datatype_of(array)} "
+            f"(about +-{float(info.max):.4g}); got NaN, Infinity or an overflowing value"
+        )
 
 
 def check_tensor_spec(where: str, datatype: Any, shape: Any) -> tuple[str, tuple[int, ...]]:
     """Check an input's datatype and shape; returns them typed. Every transport's
     requests go through here, so HTTP and gRPC refuse the same things with the same
     messages."""
+    if not isinstance(datatype, str):
+        raise InvalidInputError(f"{where}: 'datatype' must be a string, got {_short(datatype)}")
     if datatype not in DATATYPES:
         if datatype == "BF16":
             raise InvalidInputError(f"{where}: BF16 tensors are not supported by this server")
-        raise InvalidInputError(f"{where}: unknown datatype {datatype!r}; expected one of {sorted(DATATYPES)}")
+        raise InvalidInputError(f"{where}: unknown datatype {_short(datatype)}; expected one of {sorted(DATATYPES)}")
     if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in shape):
-        raise InvalidInputError(f"{where}: 'shape' must be a list of non-negative integers, got {shape!r}")
+        raise InvalidInputError(
+            f"{where}: 'shape' must be a list of non-negative integers (each at most {_MAX_DIM}), got {_short(shape)}"
+        )
+    if len(shape) > MAX_DIMS:
+        raise InvalidInputError(f"{where}: 'shape' has {len(shape)} dimensions; at most {MAX_DIMS} are supported")
+    if math.prod(max(d, 1) for d in shape) > _MAX_ELEMENTS:
+        raise InvalidInputError(f"{where}: 'shape' {_short(shape)} has more elements than any request can carry")
     return str(datatype), tuple(int(d) for d in shape)
 
 
@@ -293,6 +361,7 @@ def _binary_tensor(buf: memoryview, datatype: str, shape: tuple[int, ...], where
     array = np.frombuffer(buf, dtype=dtype.newbyteorder("<")).reshape(shape)
     if datatype == "BOOL" and array.size and array.view(np.uint8).max() > 1:
         raise InvalidInputError(f"{where}: BOOL binary data must be bytes 0 or 1")
+    check_finite(array, where)
     # frombuffer views the request body (read-only); a native-order copy is owned and writable
     return array.astype(dtype, copy=True)
 
@@ -314,7 +383,7 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
                 f"Inference-Header-Content-Length is {header_length} but the body has {len(view)} bytes"
             )
         header, binary = view[:header_length], view[header_length:]
-    doc = _json_loads(header, "request body")
+    doc = loads_json(header, "request body")
     if not isinstance(doc, dict):
         raise InvalidInputError(f"request body must be a JSON object, got {type(doc).__name__}")
 
@@ -329,8 +398,11 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
     if "timeout" in params:
         # Triton's request timeout parameter is in microseconds.
         timeout = params["timeout"]
-        if not _is_int(timeout) or timeout < 0:
-            raise InvalidInputError(f"parameter 'timeout' must be a non-negative integer (us), got {timeout!r}")
+        if not _is_int(timeout) or not 0 <= timeout <= _MAX_TIMEOUT_US:
+            raise InvalidInputError(
+                f"parameter 'timeout' must be an integer number of microseconds in [0, {_MAX_TIMEOUT_US}], "
+                f"got {_short(timeout)}"
+            )
         timeout_s = timeout / 1e6 if timeout else None
 
     raw_inputs = doc.get("inputs")
@@ -466,7 +538,7 @@ def encode_infer_response(
             tensor["data"] = _json_data(array)
         tensors.append(tensor)
     doc["outputs"] = tensors
-    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    header = dumps_json(doc)
     if not blobs:
         return header, "application/json", None
     return b"".join([header, *blobs]), "application/octet-stream", len(header)

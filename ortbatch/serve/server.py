@@ -3,7 +3,13 @@
 
 Shutdown on SIGTERM or SIGINT is graceful: uvicorn stops accepting connections,
 every request already received is answered (the BatchedSession keeps running until
-then), and only then is the session closed with ``drain=True``. ``serve`` returns 0.
+then), and only then is the session closed with ``drain=True``. ``serve`` returns 0
+(requests whose clients left, such as abandoned streams, count as settled).
+
+Connections are bounded (:class:`ServeConfig`): request headers must arrive within
+``header_timeout_s``, a body within ``body_timeout_s`` (else 408), an idle keep-alive
+connection is closed after ``keep_alive_s``, and beyond ``limit_concurrency``
+connections or requests at once uvicorn answers 503.
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._extras import require
 from ..errors import OrtBatchError
-from .app import DEFAULT_MAX_BODY_BYTES, RequestCounts, create_app
+from .app import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestCounts, create_app
 from .auth import API_KEY_ENV, ApiKeyMiddleware
-from .model import ServedModel
+from .model import DEFAULT_MAX_TEXT_CHARS, ServedModel
 
 if TYPE_CHECKING:
     from .completions import ServedGenerator
@@ -67,6 +73,17 @@ class ServeConfig:
     #: PEM certificate and key: HTTPS, and TLS for gRPC
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    #: longest text taken when the export sets no sequence length to truncate at
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    #: seconds a client has to send a request's headers (slow senders are disconnected)
+    header_timeout_s: float = 10.0
+    #: seconds a client has to send a whole request body (else 408)
+    body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
+    #: seconds an idle keep-alive connection is kept open
+    keep_alive_s: int = 5
+    #: most connections (and requests) at once; beyond it uvicorn answers 503. Keep it
+    #: below the process's file-descriptor limit (``ulimit -n``).
+    limit_concurrency: int | None = 1000
 
     def generator_kwargs(self) -> dict[str, Any]:
         """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""
@@ -126,6 +143,49 @@ def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
+def _header_timeout_protocol(timeout_s: float) -> type[Any]:
+    """uvicorn's h11 protocol, closing a connection whose request headers have not all
+    arrived ``timeout_s`` seconds after its first byte (or after it opened): uvicorn
+    itself waits for headers forever, so a client sending a byte a second would hold its
+    connection (and a file descriptor) as long as it likes."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is h11.IDLE:  # a request's headers still incomplete
+                self._arm()
+            else:
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expire(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutProtocol
+
+
 def _uvicorn_config(app: Any, config: ServeConfig) -> Any:
     uvicorn = require("uvicorn")
     if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
@@ -140,6 +200,9 @@ def _uvicorn_config(app: Any, config: ServeConfig) -> Any:
         server_header=False,
         ssl_certfile=config.ssl_certfile,
         ssl_keyfile=config.ssl_keyfile,
+        http=_header_timeout_protocol(config.header_timeout_s),
+        timeout_keep_alive=config.keep_alive_s,
+        limit_concurrency=config.limit_concurrency,
     )
 
 
@@ -149,23 +212,21 @@ def _url(sock: socket.socket, tls: bool = False) -> str:
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-def _build_app(
-    served: ServedModel | ServedGenerator,
-    max_body_bytes: int,
-    close_model_on_shutdown: bool = True,
-    api_key: str | None = None,
-) -> Any:
+def _build_app(served: ServedModel | ServedGenerator, config: ServeConfig, close_model_on_shutdown: bool = True) -> Any:
     """The app for what is served: completions for a generator, the Open Inference
     Protocol (and /v1/embeddings) for a model; behind the API-key door when a key is set."""
     from .completions import ServedGenerator, create_completions_app
 
+    kw: dict[str, Any] = {
+        "max_body_bytes": config.max_body_bytes,
+        "body_timeout_s": config.body_timeout_s,
+        "close_model_on_shutdown": close_model_on_shutdown,
+    }
     if isinstance(served, ServedGenerator):
-        app = create_completions_app(
-            served, max_body_bytes=max_body_bytes, close_model_on_shutdown=close_model_on_shutdown
-        )
+        app = create_completions_app(served, **kw)
     else:
-        app = create_app(served, max_body_bytes=max_body_bytes, close_model_on_shutdown=close_model_on_shutdown)
-    return ApiKeyMiddleware(app, api_key) if api_key is not None else app
+        app = create_app(served, **kw)
+    return ApiKeyMiddleware(app, config.api_key) if config.api_key is not None else app
 
 
 def _grpc_server(served: ServedModel | ServedGenerator, config: ServeConfig) -> GrpcServer | None:
@@ -204,9 +265,10 @@ def _load_app(directory: str | Path, config: ServeConfig) -> tuple[ServedModel |
             name=config.name,
             session_kwargs=config.session_kwargs(),
             normalize_embeddings=config.normalize_embeddings,
+            max_text_chars=config.max_text_chars,
         )
     try:
-        return served, _build_app(served, config.max_body_bytes, api_key=config.api_key)
+        return served, _build_app(served, config)
     except BaseException:
         served.close(drain=False)
         raise
@@ -283,7 +345,8 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
     counts: RequestCounts = app.state.counts
     rpc = f"; gRPC accepted={grpc_server.counts.accepted} answered={grpc_server.counts.answered}" if grpc_server else ""
     print(
-        f"ortbatch serve: stopped; requests accepted={counts.accepted} answered={counts.answered}{rpc}",
+        f"ortbatch serve: stopped; requests accepted={counts.accepted} answered={counts.answered} "
+        f"abandoned by their clients={counts.abandoned}{rpc}",
         file=sys.stderr,
         flush=True,
     )
@@ -297,10 +360,10 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
             flush=True,
         )
         return 1
-    if counts.answered < counts.accepted:
+    if counts.settled < counts.accepted:
         # only a graceful-shutdown timeout cancels requests: say so in the exit code
         print(
-            f"ortbatch serve: {counts.accepted - counts.answered} request(s) were cancelled unanswered "
+            f"ortbatch serve: {counts.accepted - counts.settled} request(s) were cancelled unanswered "
             f"(--graceful-timeout-s {config.graceful_timeout_s} exceeded)",
             file=sys.stderr,
             flush=True,
@@ -329,7 +392,7 @@ class BackgroundServer:
     ) -> None:
         self.config = config or ServeConfig(port=0, access_log=False, log_level="warning")
         self.model = model
-        self.app = _build_app(model, self.config.max_body_bytes, close_model, api_key=self.config.api_key)
+        self.app = _build_app(model, self.config, close_model)
         self._sock = bind_socket(self.config.host, self.config.port, self.config.backlog)
         self.url = _url(self._sock, self.config.ssl_certfile is not None)
         self.port: int = self._sock.getsockname()[1]

@@ -549,9 +549,15 @@ def test_every_ortbatch_error_has_a_deliberate_status():
     assert error_response(ClientGone())[0] == 499
     status, body, _ = error_response(InvalidInputError("bad x"), openai=True)
     assert status == 400 and body["error"]["message"] == "bad x"
-    # an unexpected exception is a 500 that names it, never a bare traceback
-    status, body, _ = error_response(KeyError("k"))
-    assert status == 500 and "KeyError" in body["error"]
+    # an unexpected exception is a 500 whose body names an incident in the log, never
+    # the exception itself (its repr may carry paths, values, internals)
+    status, body, _ = error_response(KeyError("secret-path"))
+    assert status == 500 and "incident" in body["error"]
+    assert "KeyError" not in body["error"] and "secret-path" not in body["error"]
+    # OpenAI's error types follow the status: the openai client maps them to its classes
+    assert error_response(QueueFullError(1, 1), openai=True)[1]["error"]["type"] == "rate_limit_exceeded"
+    assert error_response(InvalidInputError("x", input_name="top_p"), openai=True)[1]["error"]["param"] == "top_p"
+    assert error_response(errors.InferenceError("x"), openai=True)[1]["error"]["type"] == "server_error"
 
 
 def test_id_ranges_come_from_config_json(tmp_path):
