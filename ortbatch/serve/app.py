@@ -50,6 +50,7 @@ __all__ = [
     "HTTPError",
     "RequestCounts",
     "assemble_app",
+    "disconnected",
     "create_app",
     "error_response",
     "handled_route",
@@ -87,7 +88,7 @@ class ClientGone(Exception):
     status nginx uses for it; nobody receives it)."""
 
 
-async def _disconnected(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:
+async def disconnected(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:
     """Return once the client has gone (the body must already be read)."""
     while True:
         message = await receive()
@@ -100,7 +101,7 @@ async def run_or_abandon(receive: Callable[[], Awaitable[MutableMapping[str, Any
     its still-queued requests from the batch queue (no compute for a caller who left),
     and raise :class:`ClientGone`."""
     work = asyncio.ensure_future(coro)
-    watch = asyncio.ensure_future(_disconnected(receive))
+    watch = asyncio.ensure_future(disconnected(receive))
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:

@@ -54,6 +54,7 @@ from .app import (
     DEFAULT_MAX_BODY_BYTES,
     RequestCounts,
     assemble_app,
+    disconnected,
     error_response,
     handled_route,
     json_response,
@@ -465,7 +466,7 @@ def create_completions_app(
     async def answer(request: Request, req: CompletionRequest, api: _Api) -> Response:
         head = {"id": api.prefix + secrets.token_hex(12), "created": int(time.time()), "model": served.name}
         if req.stream:
-            return stream(req, api, head)
+            return stream(request, req, api, head)
         futures = _submit_all(generator, req)
         waits = [asyncio.wrap_future(f) for f in futures]  # cancelling one cancels its request
         try:
@@ -477,9 +478,10 @@ def create_completions_app(
         choices = [api.choice(i, c.text, c.finish_reason) for i, c in enumerate(results)]
         return json_response({**head, "object": api.object, "choices": choices, "usage": _usage(results)})
 
-    def stream(req: CompletionRequest, api: _Api, head: dict[str, Any]) -> Response:
+    def stream(request: Request, req: CompletionRequest, api: _Api, head: dict[str, Any]) -> Response:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        gone = -1  # queue item index: the client disconnected
 
         def put(item: tuple[int, Any]) -> None:
             try:
@@ -518,12 +520,22 @@ def create_completions_app(
             sent = [""] * len(futures)
             finished: list[Any] = []
             open_ = len(futures)
+
+            async def watch() -> None:
+                # A client that leaves while no token is due would otherwise be noticed
+                # only at the next send: its rows would stay held and the request unsettled.
+                await disconnected(request.receive)
+                queue.put_nowait((gone, None))
+
+            watcher = asyncio.ensure_future(watch())
             try:
                 if api.chat:  # OpenAI's chat streams open each choice with the role
                     for i in range(len(futures)):
                         yield chunk([api.delta(i, "", None, first=True)])
                 while open_:
                     i, tok = await queue.get()
+                    if i == gone:
+                        return
                     if tok is not None:
                         if tok.text:
                             sent[i] += tok.text
@@ -549,6 +561,7 @@ def create_completions_app(
                     yield event({**head, "object": api.chunk_object, "choices": [], "usage": _usage(finished)})
                 yield b"data: [DONE]\n\n"
             finally:  # the client left (or the response ended): free any row still held
+                watcher.cancel()
                 for fut in futures:
                     fut.cancel()
 

@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+from scripted import ScriptedSession, ScriptedTokenSession
 
 from ortbatch.errors import InvalidInputError, QueueFullError, SessionClosedError
 from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel
@@ -293,33 +294,6 @@ def test_body_limits_are_413(encoder_server):
 # -- error mapping with a scripted session ---------------------------------------------
 
 
-class ScriptedSession:
-    """Duck-typed session whose run_async does what the test says."""
-
-    def __init__(self, behaviour):
-        self.behaviour = behaviour
-        self.closed = False
-        self.max_batch_size = 4
-        self.manifest = None
-
-    def get_inputs(self):
-        return [SimpleNamespace(name="x", type="tensor(float)", shape=["batch", 3])]
-
-    def get_outputs(self):
-        return [SimpleNamespace(name="y", type="tensor(float)", shape=["batch", 3])]
-
-    async def run_async(self, names, feed):
-        return await self.behaviour(feed)
-
-    def stats(self):
-        return SimpleNamespace(
-            queued=0, padding_fraction=0.0, requests=0, batches=0, errors={}, rows_histogram={}, rows=0
-        )
-
-    def close(self, drain=True):
-        self.closed = True
-
-
 async def _queue_full(feed):
     raise QueueFullError(1024, 1024)
 
@@ -467,17 +441,6 @@ def test_a_client_that_leaves_is_not_computed_for():
         assert cancelled.wait(10)
         metrics = httpx.get(srv.url + "/metrics").text
         assert 'endpoint="/v2/models/{name}/infer",method="POST",status="499"} 1.0' in metrics
-
-
-class ScriptedTokenSession(ScriptedSession):
-    def get_inputs(self):
-        return [
-            SimpleNamespace(name=n, type="tensor(int64)", shape=["batch", "sequence"])
-            for n in ("input_ids", "attention_mask")
-        ]
-
-    def get_outputs(self):
-        return [SimpleNamespace(name="pooled", type="tensor(float)", shape=["batch", 4])]
 
 
 def test_one_text_refused_fails_the_request_and_drops_its_siblings(encoder_dir):

@@ -77,6 +77,10 @@ def test_bytes_codec_matches_tritonclient():
     assert utils.deserialize_bytes_tensor(ours).tolist() == arr.reshape(-1).tolist()
 
 
+DATA1 = b' "data": [1]}]}'
+NINES = b"9" * 5000  # past Python's 4300-digit int conversion limit
+
+
 @pytest.mark.parametrize(
     ("body", "header_length", "message"),
     [
@@ -100,13 +104,21 @@ def test_bytes_codec_matches_tritonclient():
         (b'{"inputs": [{"name": "x", "datatype": [], "shape": [1], "data": [1]}]}', None, "'datatype' must be"),
         (b'{"inputs": [{"name": "x", "datatype": {}, "shape": [1], "data": [1]}]}', None, "'datatype' must be"),
         (b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}', None, "surrogate"),
-        (b'{"inputs": [{"name": "x", "datatype": "INT8", "shape": [' + b"1," * 64 + b'1], "data": [1]}]}', None, "65 dim"),
+        (
+            b'{"inputs": [{"name": "x", "datatype": "INT8", "shape": [' + b"1," * 64 + b'1], "data": [1]}]}',
+            None,
+            "65 dim",
+        ),
         (
             b'{"inputs": [{"name": "x", "datatype": "INT8", "shape": [0, 2147483647, 2147483647], "data": []}]}',
             None,
             "more elements",
         ),
-        (b'{"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [' + b"9" * 5000 + b"]}]}", None, "JSON"),
+        (
+            b'{"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [' + b"9" * 5000 + b"]}]}",
+            None,
+            "JSON",
+        ),
         (
             b'{"parameters": {"timeout": ' + b"9" * 1000 + b'}, "inputs": [{"name": "x", "datatype": "INT8", '
             b'"shape": [1], "data": [1]}]}',
@@ -186,7 +198,7 @@ def test_binary_size_mismatches_are_rejected():
             ]
         }
     ).encode()
-    with pytest.raises(InvalidInputError, match="need at least|more elements than"):
+    with pytest.raises(InvalidInputError, match=r"need at least|more elements than"):
         parse_infer_request(header + b"\0\0\0\0", len(header))
 
 

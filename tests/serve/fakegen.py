@@ -1,0 +1,75 @@
+"""A duck-typed BatchedGenerator for server tests that need no decoder export: every
+character of a text prompt is one token, and each request generates ``max_tokens``
+tokens ``"ab"[i % 2]``. With ``hold=True`` each request emits its first token and then
+waits until it is cancelled (a stream whose client is expected to leave)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
+
+class FakeGenerator:
+    def __init__(self, *, hold: bool = False, max_queue: int = 64, context: int = 4096) -> None:
+        self.hold = hold
+        self.max_queue = max_queue
+        self.layout = SimpleNamespace(max_context_length=context)
+        self.export_dir = None
+        self.closed = False
+        self.submitted: list[Any] = []
+        self.cancelled = threading.Semaphore(0)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        text.encode("utf-8")  # as the real tokenizer: a lone surrogate fails here
+        return [ord(c) % 50 for c in text]
+
+    def submit(self, prompt: Any, max_new_tokens: int, *, on_token: Any = None, **sampling: Any) -> Future[Any]:
+        if isinstance(prompt, str) or not prompt:
+            raise AssertionError(f"the server passes token ids, got {prompt!r}")
+        if len(prompt) + max_new_tokens > self.layout.max_context_length:
+            from ortbatch.errors import InvalidInputError
+
+            raise InvalidInputError("prompt + max_new_tokens exceeds the context", input_name="prompt")
+        fut: Future[Any] = Future()
+        self.submitted.append((list(prompt), max_new_tokens, sampling))
+        threading.Thread(target=self._run, args=(fut, len(prompt), max_new_tokens, on_token), daemon=True).start()
+        return fut
+
+    def _run(self, fut: Future[Any], n_prompt: int, n: int, on_token: Any) -> None:
+        text = ""
+        for i in range(n):
+            piece = "ab"[i % 2]
+            text += piece
+            if on_token is not None:
+                on_token(SimpleNamespace(text=piece))
+            if self.hold:
+                while not fut.cancelled():
+                    threading.Event().wait(0.01)
+                self.cancelled.release()
+                return
+        if fut.set_running_or_notify_cancel():
+            fut.set_result(
+                SimpleNamespace(text=text, finish_reason="length", prompt_tokens=n_prompt, completion_tokens=n)
+            )
+
+    def stats(self) -> Any:
+        return SimpleNamespace(
+            queued=0,
+            active_rows=0,
+            cache_padding_fraction=0.0,
+            submitted=len(self.submitted),
+            completed=0,
+            failed=0,
+            cancelled=0,
+            timed_out=0,
+            rejected=0,
+            prompt_tokens=0,
+            generated_tokens=0,
+            decode_steps=0,
+            mean_decode_rows=0.0,
+        )
+
+    def close(self, drain: bool = True) -> None:
+        self.closed = True
