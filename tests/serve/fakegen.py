@@ -26,11 +26,15 @@ class FakeGenerator:
         return [ord(c) % 50 for c in text]
 
     def submit(self, prompt: Any, max_new_tokens: int, *, on_token: Any = None, **sampling: Any) -> Future[Any]:
-        if isinstance(prompt, str) or not prompt:
-            raise AssertionError(f"the server passes token ids, got {prompt!r}")
-        if len(prompt) + max_new_tokens > self.layout.max_context_length:
-            from ortbatch.errors import InvalidInputError
+        from ortbatch.errors import InvalidInputError
 
+        if not len(prompt):  # as the real one: "" and [] are refused by submit
+            raise InvalidInputError("prompt is empty", input_name="prompt")
+        if isinstance(prompt, str):
+            raise AssertionError(f"the server tokenizes text prompts itself, got {prompt!r}")
+        if any(not 0 <= t < 50 for t in prompt):
+            raise InvalidInputError("a token id is outside the vocabulary", input_name="prompt")
+        if len(prompt) + max_new_tokens > self.layout.max_context_length:
             raise InvalidInputError("prompt + max_new_tokens exceeds the context", input_name="prompt")
         fut: Future[Any] = Future()
         self.submitted.append((list(prompt), max_new_tokens, sampling))
