@@ -424,3 +424,7 @@ def _read_io_ort(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
         [(i.name, _ORT_TYPES.get(i.type, i.type), list(i.shape)) for i in sess.get_inputs()],
         [(o.name, _ORT_TYPES.get(o.type, o.type), list(o.shape)) for o in sess.get_outputs()],
     )
+
+
+#: public name of the export reader other packages use (ortbatch.serve)
+read_io = _read_io

@@ -1,7 +1,15 @@
 """``ortbatch serve``: an Open Inference Protocol (KServe v2) HTTP server over one
 :class:`~ortbatch.BatchedSession`, so many HTTP clients are batched together; for a
-text-generation export, an OpenAI-compatible ``/v1/completions`` over one
-:class:`~ortbatch.BatchedGenerator` (:mod:`ortbatch.serve.completions`).
+text-generation export, OpenAI-compatible ``/v1/completions`` and chat over one
+:class:`~ortbatch.BatchedGenerator`.
+
+The rooms: :mod:`~ortbatch.serve.http` (the plumbing every app shares: error mapping,
+route wrapper, body readers, disconnects, middleware, app assembly),
+:mod:`~ortbatch.serve.kserve` and :mod:`~ortbatch.serve.openai_api` (the protocols' routes),
+:mod:`~ortbatch.serve.app` (the app for what is served), :mod:`~ortbatch.serve.model` and
+:mod:`~ortbatch.serve.served_generator` (what is served), :mod:`~ortbatch.serve.protocol`
+(the v2 wire format), :mod:`~ortbatch.serve.metrics`, :mod:`~ortbatch.serve.server`
+(running it).
 
 Needs the ``serve`` extra (starlette, uvicorn, prometheus-client, tokenizers)::
 
@@ -16,24 +24,30 @@ Importing this package is light; starlette/uvicorn are imported when an app is b
 
 from __future__ import annotations
 
-from .app import DEFAULT_MAX_BODY_BYTES, RequestCounts, create_app, error_response
-from .completions import ServedGenerator, create_completions_app, is_generation_export
-from .model import EmbeddingResult, ServedModel, TensorMetadata
+from .app import build_app, create_app, create_completions_app
+from .http import DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts, assemble_app, error_response
+from .model import EmbeddingResult, NonFiniteOutputError, RequestTooLargeError, ServedModel, TensorMetadata
 from .protocol import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
+from .served_generator import ServedGenerator, is_generation_export
 from .server import BackgroundServer, ServeConfig, bind_socket, serve
 
 __all__ = [
-    "BackgroundServer",
     "DEFAULT_MAX_BODY_BYTES",
+    "BackgroundServer",
+    "BodyLimits",
     "EmbeddingResult",
     "InferRequest",
+    "NonFiniteOutputError",
     "RequestCounts",
+    "RequestTooLargeError",
     "RequestedOutput",
     "ServeConfig",
     "ServedGenerator",
     "ServedModel",
     "TensorMetadata",
+    "assemble_app",
     "bind_socket",
+    "build_app",
     "create_app",
     "create_completions_app",
     "encode_infer_response",

@@ -1,573 +1,65 @@
-"""The HTTP face: an ASGI (Starlette) app speaking the Open Inference Protocol
-(KServe v2) plus an OpenAI-compatible ``/v1/embeddings``, over one ServedModel.
+"""The one app factory: a Starlette app from the routes of what is served.
 
-Routes::
-
-    GET  /v2/health/live | /v2/health/ready | /v2
-    GET  /v2/models/{name}[/versions/{version}]            model metadata
-    GET  /v2/models/{name}[/versions/{version}]/ready
-    GET  /v2/models/{name}[/versions/{version}]/config     Triton-style config
-    POST /v2/models/{name}[/versions/{version}]/infer      JSON or binary tensors
-    POST /v1/embeddings        GET /v1/models              OpenAI-compatible
-    GET  /metrics                                          Prometheus
-
-Errors map at one boundary, :func:`error_response`: bad input 400 with the
-InvalidInputError text, unknown model 404, body too large 413, queue full 429 with
-Retry-After, deadline 504, closed 503. The v2 routes answer ``{"error": "..."}`` (the
-protocol's form); the /v1 routes answer OpenAI's ``{"error": {"message": ...}}`` so
-OpenAI clients show the message. Only a fault of the server itself is a 500.
+:func:`routes_for` says which protocols a served thing speaks (a :class:`ServedModel`: the
+Open Inference Protocol and, for an embedding export, ``/v1/embeddings``; a
+:class:`ServedGenerator`: OpenAI completions and chat), :func:`metrics_for` which
+runtime counters it exports, and :func:`build_app` puts them together with
+:func:`~ortbatch.serve.http.assemble_app`. A server of several models, or another ingress,
+assembles the same routes its own way.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import logging
-import secrets
-import time
-import zlib
-from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from .. import __version__
 from .._extras import require
-from ..errors import (
-    InferenceError,
-    InvalidInputError,
-    QueueFullError,
-    RequestTimeoutError,
-    SessionClosedError,
-)
+from .http import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits, assemble_app
+from .kserve import kserve_routes
 from .metrics import ServerMetrics
-from .model import RequestTooLargeError, ServedModel
-from .protocol import dumps_json, encode_infer_response, loads_json, parse_infer_request
+from .model import ServedModel
+from .openai_api import completion_routes, embedding_routes
+from .served_generator import ServedGenerator
 
-__all__ = [
-    "DEFAULT_BODY_TIMEOUT_S",
-    "DEFAULT_MAX_BODY_BYTES",
-    "ClientGone",
-    "HTTPError",
-    "RequestCounts",
-    "assemble_app",
-    "disconnected",
-    "create_app",
-    "error_response",
-    "handled_route",
-    "json_response",
-    "read_openai_body",
-    "offload",
-    "read_request_body",
-    "run_or_abandon",
-    "text_or_ids",
-]
-
-log = logging.getLogger("ortbatch.serve")
-
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-#: seconds a client has to send a whole request body (a slow sender is answered 408)
-DEFAULT_BODY_TIMEOUT_S = 60.0
-HEADER_LENGTH = "inference-header-content-length"
-# Bodies bigger than this are parsed/encoded off the event loop so one large request
-# does not stall every other connection.
-_OFFLOAD_BYTES = 1 << 20
-_RETRY_AFTER_S = "1"
+__all__ = ["build_app", "create_app", "create_completions_app", "metrics_for", "routes_for"]
 
 
-class HTTPError(Exception):
-    """An error answered with ``status`` (and optional headers)."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
-
-
-class ClientGone(Exception):
-    """The client disconnected before its response was ready (answered as 499, the
-    status nginx uses for it; nobody receives it)."""
+def routes_for(served: ServedModel | ServedGenerator, body: BodyLimits) -> list[Any]:
+    """The protocol routes serving ``served`` (without health, ``/v1/models`` and
+    ``/metrics``, which :func:`~ortbatch.serve.http.assemble_app` adds)."""
+    if isinstance(served, ServedGenerator):
+        return completion_routes(served, body)
+    return [*kserve_routes(served, body), *embedding_routes(served, body)]
 
 
-async def disconnected(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:
-    """Return once the client has gone (the body must already be read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
+def metrics_for(served: ServedModel | ServedGenerator) -> ServerMetrics:
+    """A registry with the HTTP instruments and ``served``'s runtime counters."""
+    if isinstance(served, ServedGenerator):
+        return ServerMetrics(generator_stats=served.generator.stats)
+    return ServerMetrics(served.session.stats)
 
 
-async def run_or_abandon(receive: Callable[[], Awaitable[MutableMapping[str, Any]]], coro: Awaitable[Any]) -> Any:
-    """Await ``coro`` unless the client disconnects first: then cancel it, which drops
-    its still-queued requests from the batch queue (no compute for a caller who left),
-    and raise :class:`ClientGone`."""
-    work = asyncio.ensure_future(coro)
-    watch = asyncio.ensure_future(disconnected(receive))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        work.cancel()
-        watch.cancel()
-        raise
-    if work.done():
-        watch.cancel()
-        return work.result()
-    work.cancel()
-    raise ClientGone("the client disconnected before the response was ready")
-
-
-@dataclass
-class RequestCounts:
-    """HTTP requests that reached the app (``accepted``) and that got a complete
-    response (``answered``); after a graceful shutdown the two are equal."""
-
-    accepted: int = 0
-    answered: int = 0
-    #: requests whose client left before the response was complete (a stream it
-    #: abandoned, a request it stopped waiting for): settled, with nobody to answer
-    abandoned: int = 0
-    by_status: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def settled(self) -> int:
-        """Requests that need nothing more from the server (answered or abandoned)."""
-        return self.answered + self.abandoned
-
-
-# OpenAI's error types by status, so clients (and the openai package) classify them
-_OPENAI_ERROR_TYPES = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_exceeded",
-    503: "service_unavailable",
-    504: "timeout_error",
-}
-
-
-def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """Map an exception to ``(status, body, headers)``: the one place where errors
-    become HTTP answers."""
-    headers: dict[str, str] = {}
-    if isinstance(exc, ClientGone) or type(exc).__name__ == "ClientDisconnect":
-        status = 499
-    elif isinstance(exc, HTTPError):
-        status, headers = exc.status, dict(exc.headers)
-    elif isinstance(exc, RequestTooLargeError):
-        status = 413
-    elif isinstance(exc, InvalidInputError):
-        status = 400
-    elif isinstance(exc, QueueFullError):
-        status, headers = 429, {"Retry-After": _RETRY_AFTER_S}
-    elif isinstance(exc, RequestTimeoutError):
-        status = 504
-    elif isinstance(exc, SessionClosedError):
-        status = 503
-    elif isinstance(exc, InferenceError):
-        status = 500
-    else:
-        status = 500
-    if status == 499:
-        return status, {"error": "client disconnected"}, headers
-    if status < 500 or isinstance(exc, (InferenceError, SessionClosedError, RequestTimeoutError)):
-        message = str(exc)
-    else:  # a fault of the server itself: logged in full, never echoed to the client
-        incident = secrets.token_hex(4)
-        log.error("internal error %s", incident, exc_info=exc)
-        message = f"internal server error (logged as incident {incident})"
-    if openai:
-        kind = _OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-        param = getattr(exc, "input_name", None)
-        body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    else:
-        body = {"error": message}
-    return status, body, headers
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Any:
-    """A compact JSON ``starlette.responses.Response`` (strict JSON: no NaN/Infinity)."""
-    from starlette.responses import Response
-
-    return Response(
-        dumps_json(body),
-        status_code=status,
-        media_type="application/json",
-        headers=headers,
-    )
-
-
-async def read_request_body(
-    request: Any, max_body_bytes: int, timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
-) -> bytes:
-    """The request body, decompressed (gzip/deflate), at most ``max_body_bytes`` (else
-    413), all of it within ``timeout_s`` seconds (else 408: a client sending a byte a
-    second must not hold a connection and its buffer forever)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise HTTPError(400, f"invalid Content-Length {declared[:40]!r}") from None
-        if size > max_body_bytes:
-            raise HTTPError(413, f"request body of {size} bytes exceeds the limit of {max_body_bytes}")
-    chunks = bytearray()
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout_s is None else loop.time() + timeout_s
-    stream = request.stream().__aiter__()
-    while True:
-        try:
-            if deadline is None:
-                chunk = await stream.__anext__()
-            else:
-                chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - loop.time(), 0.0))
-        except StopAsyncIteration:
-            break
-        except asyncio.TimeoutError:
-            raise HTTPError(
-                408, f"the request body did not arrive within {timeout_s:g} s", {"Connection": "close"}
-            ) from None
-        chunks += chunk
-        if len(chunks) > max_body_bytes:
-            raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        return bytes(chunks)
-    if encoding not in ("gzip", "deflate"):
-        raise HTTPError(415, f"unsupported Content-Encoding {encoding[:40]!r}; use gzip, deflate or none")
-    # bounded decompression: a small compressed body must not inflate past the limit
-    d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    try:
-        out = d.decompress(bytes(chunks), max_body_bytes + 1)
-    except zlib.error as exc:
-        raise HTTPError(400, f"body is not valid {encoding} data: {exc}") from None
-    if len(out) > max_body_bytes or d.unconsumed_tail:
-        raise HTTPError(413, f"decompressed request body exceeds the limit of {max_body_bytes} bytes")
-    if not d.eof:
-        raise HTTPError(400, f"body is truncated {encoding} data")
-    return out
-
-
-async def read_openai_body(
-    request: Any, max_body_bytes: int, model_name: str, timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
-) -> dict[str, Any]:
-    """The JSON object body of an OpenAI-style request (400 when it is not one; parsed
-    in a thread when large); a ``model`` field naming another model is a 404."""
-    body = await read_request_body(request, max_body_bytes, timeout_s)
-    doc = await offload(len(body), loads_json, body)
-    if not isinstance(doc, dict):
-        raise InvalidInputError("request body must be a JSON object")
-    name = doc.get("model")
-    if name is not None and name != model_name:
-        raise HTTPError(404, f"unknown model {str(name)[:80]!r}; this server serves {model_name!r}")
-    return doc
-
-
-async def offload(size: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, in a thread when ``size`` (bytes to parse or encode) is large, so one
-    big request does not stall every other connection."""
-    if size > _OFFLOAD_BYTES:
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)
+def build_app(
+    served: ServedModel | ServedGenerator, body: BodyLimits | None = None, *, close_on_shutdown: bool = True
+) -> Any:
+    """The Starlette app serving ``served``: its routes, the common ones, the metrics
+    and counts (``app.state.counts``, ``app.state.metrics``); ``served`` is closed with
+    ``drain=True`` on lifespan shutdown unless ``close_on_shutdown`` is false."""
+    require("starlette")  # a clear ImportError naming the extra
+    routes = routes_for(served, body or BodyLimits())
+    return assemble_app(routes, served, metrics_for(served), close_on_shutdown=close_on_shutdown)
 
 
 def create_app(
-    model: ServedModel,
+    served: ServedModel | ServedGenerator,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     close_model_on_shutdown: bool = True,
     body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
 ) -> Any:
-    """Build the Starlette app serving ``model``.
-
-    ``app.state.counts`` is a :class:`RequestCounts`; ``app.state.metrics`` the
-    :class:`~ortbatch.serve.metrics.ServerMetrics`. On lifespan shutdown the model's
-    session is closed with ``drain=True`` (unless ``close_model_on_shutdown=False``).
-    """
-    require("starlette")  # a clear ImportError naming the extra
-
-    from starlette.requests import Request
-    from starlette.responses import Response
-
-    metrics = ServerMetrics(model.session.stats)
-    counts = RequestCounts()
-
-    def find_model(request: Request) -> ServedModel:
-        name = request.path_params["name"]
-        version = request.path_params.get("version")
-        if name != model.name:
-            raise HTTPError(404, f"unknown model {name!r}; this server serves {model.name!r}")
-        if version is not None and version != model.version:
-            raise HTTPError(404, f"unknown version {version!r} of model {name!r}; served: {model.version!r}")
-        return model
-
-    async def read_body(request: Request) -> bytes:
-        return await read_request_body(request, max_body_bytes, body_timeout_s)
-
-    # -- v2 handlers ------------------------------------------------------------------
-    async def server_metadata(request: Request) -> Response:
-        return json_response({"name": "ortbatch", "version": __version__, "extensions": ["binary_tensor_data"]})
-
-    async def model_metadata(request: Request) -> Response:
-        return json_response(find_model(request).metadata())
-
-    async def model_config(request: Request) -> Response:
-        return json_response(find_model(request).triton_config())
-
-    async def model_ready(request: Request) -> Response:
-        m = find_model(request)
-        if m.ready:
-            return json_response({"name": m.name, "ready": True})
-        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
-
-    async def infer(request: Request) -> Response:
-        m = find_model(request)
-        body = await read_body(request)
-        raw_length = request.headers.get(HEADER_LENGTH)
-        header_length = None
-        if raw_length is not None:
-            try:
-                header_length = int(raw_length)
-            except ValueError:
-                raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length[:40]!r}") from None
-        req = await offload(len(body), parse_infer_request, body, header_length)
-        outputs = await run_or_abandon(request.receive, m.infer(req))
-        binary = [req.wants_binary(name) for name, _ in outputs]
-        nbytes = sum(a.nbytes for _, a in outputs)
-        data, ctype, hlen = await offload(nbytes, encode_infer_response, m.name, m.version, outputs, binary, req.id)
-        headers = {"Inference-Header-Content-Length": str(hlen)} if hlen is not None else None
-        return Response(data, media_type=ctype, headers=headers)
-
-    # -- OpenAI-compatible --------------------------------------------------------------
-    async def embeddings(request: Request) -> Response:
-        doc = await read_openai_body(request, max_body_bytes, model.name, body_timeout_s)
-        if model.embedding_output is None:
-            raise HTTPError(404, f"model {model.name!r} does not serve embeddings: {model.embeddings_disabled_reason}")
-        inputs = text_or_ids(doc.get("input"), "input")
-        fmt = doc.get("encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            raise InvalidInputError(
-                f"encoding_format must be 'float' or 'base64', got {str(fmt)[:40]!r}", input_name="encoding_format"
-            )
-        result = await run_or_abandon(request.receive, model.embed(inputs))
-        emb = result.embeddings
-        dims = doc.get("dimensions")
-        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != emb.shape[1]):
-            raise InvalidInputError(
-                f"dimensions: this model's embeddings have {emb.shape[1]} dimensions, got {str(dims)[:40]}",
-                input_name="dimensions",
-            )
-        data = []
-        for i, row in enumerate(emb):
-            value: Any = (
-                base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else row.tolist()
-            )
-            data.append({"object": "embedding", "index": i, "embedding": value})
-        return json_response(
-            {
-                "object": "list",
-                "data": data,
-                "model": model.name,
-                "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
-            }
-        )
-
-    # -- plumbing -----------------------------------------------------------------------
-    route = handled_route
-    base = "/v2/models/{name}"
-    versioned = "/v2/models/{name}/versions/{version}"
-    routes = [
-        route("/v2", server_metadata, "GET"),
-        route(base, model_metadata, "GET"),
-        route(versioned, model_metadata, "GET"),
-        route(base + "/config", model_config, "GET"),
-        route(versioned + "/config", model_config, "GET"),
-        route(base + "/ready", model_ready, "GET"),
-        route(versioned + "/ready", model_ready, "GET"),
-        route(base + "/infer", infer, "POST"),
-        route(versioned + "/infer", infer, "POST"),
-        route("/v1/embeddings", embeddings, "POST"),
-    ]
-
-    return assemble_app(routes, model, metrics, counts, close_model_on_shutdown=close_model_on_shutdown)
+    """:func:`build_app` with the body limits spelled out: KServe v2 and ``/v1/embeddings``
+    for a :class:`ServedModel`, ``/v1/completions`` and chat for a :class:`ServedGenerator`."""
+    return build_app(served, BodyLimits(max_body_bytes, body_timeout_s), close_on_shutdown=close_model_on_shutdown)
 
 
-def handled_route(path: str, handler: Callable[[Any], Awaitable[Any]], method: str) -> Any:
-    """A Starlette ``Route`` whose errors become answers through :func:`error_response`
-    (OpenAI's error shape under ``/v1/``), labelled with ``path`` for the metrics."""
-    from starlette.routing import Route
-
-    openai = path.startswith("/v1/")
-
-    async def endpoint(request: Any) -> Any:
-        request.scope["ortbatch.endpoint"] = path
-        try:
-            return await handler(request)
-        except Exception as exc:
-            status, body, headers = error_response(exc, openai)  # logs a fault of the server
-            return json_response(body, status, headers)
-
-    return Route(path, endpoint, methods=[method])
-
-
-def assemble_app(
-    routes: list[Any], served: Any, metrics: ServerMetrics, counts: RequestCounts, *, close_model_on_shutdown: bool
-) -> Any:
-    """The Starlette app over ``routes`` plus the routes every server has (health,
-    ``/v1/models``, ``/metrics``), wrapped in the metrics/counts middleware: JSON 404/405
-    for unknown routes, and ``served.close(drain=True)`` on lifespan shutdown.
-    ``served`` needs ``name``, ``ready`` and ``close``."""
-    from contextlib import asynccontextmanager
-
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
-    from starlette.responses import Response
-
-    async def live(request: Any) -> Any:
-        return json_response({"live": True})
-
-    async def ready(request: Any) -> Any:
-        if served.ready:
-            return json_response({"ready": True})
-        return json_response({"error": "the server is shutting down"}, 503)
-
-    async def list_models(request: Any) -> Any:
-        return json_response(
-            {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "ortbatch"}]}
-        )
-
-    async def prometheus(request: Any) -> Any:
-        data, ctype = metrics.render()
-        return Response(data, headers={"Content-Type": ctype})
-
-    routes = [
-        handled_route("/v2/health/live", live, "GET"),
-        handled_route("/v2/health/ready", ready, "GET"),
-        *routes,
-        handled_route("/v1/models", list_models, "GET"),
-        handled_route("/metrics", prometheus, "GET"),
-    ]
-
-    async def http_exception(request: Any, exc: Exception) -> Any:
-        assert isinstance(exc, HTTPException)
-        message = {404: f"no route {request.url.path!r}", 405: f"method {request.method} not allowed"}.get(
-            exc.status_code, str(exc.detail)
-        )
-        return json_response({"error": message}, exc.status_code, dict(exc.headers or {}))
-
-    @asynccontextmanager
-    async def lifespan(app: Any) -> Any:
-        yield
-        if close_model_on_shutdown:
-            # close() joins the workers after draining; keep the loop free meanwhile
-            await asyncio.to_thread(served.close, True)
-
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception}, lifespan=lifespan)
-    app.state.model = served
-    app.state.metrics = metrics
-    app.state.counts = counts
-    return _Observed(app, metrics, counts)
-
-
-# The only HTTP methods that become metric labels; anything a client invents is "other",
-# so no client can grow the number of series.
-_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
-
-
-class _Observed:
-    """ASGI middleware: request counts, metrics by route template and known method, and
-    a last-resort JSON 500 (never a bare connection drop) for errors outside the
-    handlers. A client that leaves before its response is complete counts as
-    abandoned (settled), not as a request the server failed to answer."""
-
-    def __init__(self, app: Any, metrics: ServerMetrics, counts: RequestCounts) -> None:
-        self.app = app
-        self.state = app.state
-        self.metrics = metrics
-        self.counts = counts
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        self.counts.accepted += 1
-        self.metrics.in_flight.inc()
-        status = 500
-        response_started = False
-        complete = False
-        gone = False
-
-        async def observed_receive() -> Any:
-            nonlocal gone
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                gone = True
-            return message
-
-        async def observed_send(message: dict[str, Any]) -> None:
-            nonlocal status, response_started, complete, gone
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                response_started = True
-            try:
-                await send(message)
-            except OSError:  # ASGI 2.4: sending to a client that left
-                gone = True
-                raise
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                complete = True
-
-        try:
-            await self.app(scope, observed_receive, observed_send)
-        except Exception as exc:
-            if gone or type(exc).__name__ == "ClientDisconnect":
-                gone = True  # a stream whose client left: nothing to answer, nothing to log
-                return
-            incident = secrets.token_hex(4)
-            log.exception("unhandled error, incident %s", incident)
-            if not response_started:
-                body = dumps_json({"error": f"internal server error (logged as incident {incident})"})
-                await observed_send(
-                    {
-                        "type": "http.response.start",
-                        "status": 500,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await observed_send({"type": "http.response.body", "body": body})
-        finally:
-            self.metrics.in_flight.dec()
-            endpoint = scope.get("ortbatch.endpoint", "unmatched")
-            method = scope.get("method", "")
-            self.metrics.observe(endpoint, method if method in _KNOWN_METHODS else "other", status, started)
-            if complete:
-                self.counts.answered += 1
-                self.counts.by_status[status] = self.counts.by_status.get(status, 0) + 1
-            elif gone:
-                self.counts.abandoned += 1
-
-
-def text_or_ids(value: Any, field: str) -> list[str] | list[list[int]]:
-    """An OpenAI-style text input (``input`` of /v1/embeddings, ``prompt`` of
-    /v1/completions): a string, a list of strings, a list of token ids, or a list of
-    such lists; always returned as a list."""
-
-    def is_ids(x: Any) -> bool:
-        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value:
-        if all(isinstance(x, str) for x in value):
-            return value
-        if is_ids(value):
-            return [value]
-        if all(is_ids(x) for x in value):
-            return value
-    raise InvalidInputError(
-        f"'{field}' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists"
-    )
+#: the name this factory had for generation exports; the same function
+create_completions_app = create_app

@@ -24,16 +24,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._extras import require
 from ..errors import OrtBatchError
-from .app import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestCounts, create_app
+from .app import build_app
 from .auth import API_KEY_ENV, ApiKeyMiddleware
+from .http import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts
 from .model import DEFAULT_MAX_TEXT_CHARS, ServedModel
+from .served_generator import ServedGenerator, is_generation_export
 
 if TYPE_CHECKING:
-    from .completions import ServedGenerator
     from .grpc import GrpcServer
 
 __all__ = ["BackgroundServer", "ServeConfig", "bind_socket", "serve"]
@@ -213,19 +214,10 @@ def _url(sock: socket.socket, tls: bool = False) -> str:
 
 
 def _build_app(served: ServedModel | ServedGenerator, config: ServeConfig, close_model_on_shutdown: bool = True) -> Any:
-    """The app for what is served: completions for a generator, the Open Inference
-    Protocol (and /v1/embeddings) for a model; behind the API-key door when a key is set."""
-    from .completions import ServedGenerator, create_completions_app
-
-    kw: dict[str, Any] = {
-        "max_body_bytes": config.max_body_bytes,
-        "body_timeout_s": config.body_timeout_s,
-        "close_model_on_shutdown": close_model_on_shutdown,
-    }
-    if isinstance(served, ServedGenerator):
-        app = create_completions_app(served, **kw)
-    else:
-        app = create_app(served, **kw)
+    """The app for what is served (:func:`~ortbatch.serve.app.build_app`), behind the
+    API-key door when a key is set."""
+    body = BodyLimits(config.max_body_bytes, config.body_timeout_s)
+    app = build_app(served, body, close_on_shutdown=close_model_on_shutdown)
     return ApiKeyMiddleware(app, config.api_key) if config.api_key is not None else app
 
 
@@ -254,8 +246,6 @@ def _grpc_server(served: ServedModel | ServedGenerator, config: ServeConfig) -> 
 def _load_app(directory: str | Path, config: ServeConfig) -> tuple[ServedModel | ServedGenerator, Any]:
     """Load what ``directory`` holds (a generator for a decoder-with-past export, else a
     model) and build its app."""
-    from .completions import ServedGenerator, is_generation_export
-
     served: ServedModel | ServedGenerator
     if is_generation_export(directory):
         served = ServedGenerator.load(directory, name=config.name, generator_kwargs=config.generator_kwargs())
@@ -373,7 +363,7 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
 
 
 class BackgroundServer:
-    """Serve a :class:`ServedModel` (or a :class:`~ortbatch.serve.completions.ServedGenerator`)
+    """Serve a :class:`ServedModel` (or a :class:`~ortbatch.serve.served_generator.ServedGenerator`)
     from a background thread on a loopback port.
 
         with BackgroundServer(ServedModel.load("exports/minilm")) as srv:

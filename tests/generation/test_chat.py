@@ -82,8 +82,7 @@ def test_template_comes_from_the_export(tmp_path: Path) -> None:
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
-from ortbatch.serve import BackgroundServer  # noqa: E402
-from ortbatch.serve.completions import ServedGenerator  # noqa: E402
+from ortbatch.serve import BackgroundServer, ServedGenerator  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from ortbatch.serve import BackgroundServer  # noqa: E402
-from ortbatch.serve.completions import ServedGenerator, is_generation_export  # noqa: E402
+from ortbatch.serve import BackgroundServer, ServedGenerator, is_generation_export  # noqa: E402
 
 NAME = "tiny-gpt2"
 

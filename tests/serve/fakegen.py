@@ -59,19 +59,12 @@ class FakeGenerator:
             )
 
     def stats(self) -> Any:
+        counters = ("queued", "active_rows", "completed", "failed", "cancelled", "timed_out", "rejected")
+        totals = ("prompt_tokens", "generated_tokens", "decode_steps")
         return SimpleNamespace(
-            queued=0,
-            active_rows=0,
-            cache_padding_fraction=0.0,
+            **dict.fromkeys(counters + totals, 0),
             submitted=len(self.submitted),
-            completed=0,
-            failed=0,
-            cancelled=0,
-            timed_out=0,
-            rejected=0,
-            prompt_tokens=0,
-            generated_tokens=0,
-            decode_steps=0,
+            cache_padding_fraction=0.0,
             mean_decode_rows=0.0,
         )
 

@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_script_server(source: str, directory: Path, *args: str) -> tuple[subprocess.Popen, str, Path]:
+    """Run the Python ``source`` (a script that ends in ``ortbatch.serve.server.serve``) in a
+    subprocess; returns it, its URL once it prints ``listening on URL``, and its log."""
+    script = directory / "server_script.py"
+    script.write_text(source)
+    log = directory / "server_script.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, str(script), *args], stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not (m := re.search(r"listening on (http://\S+)", log.read_text())):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(log.read_text())
+        time.sleep(0.05)
+    return proc, m.group(1), log
 
 
 class ScriptedSession:

@@ -482,7 +482,7 @@ def test_every_ortbatch_error_has_a_deliberate_status():
     import inspect
 
     from ortbatch import errors
-    from ortbatch.serve.app import ClientGone, HTTPError, error_response
+    from ortbatch.serve.http import ClientGone, HTTPError, error_response
 
     expected = {
         "InvalidInputError": 400,

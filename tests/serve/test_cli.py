@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from scripted import start_script_server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -196,19 +197,8 @@ def test_sigterm_drains_in_flight_requests(tmp_path, work_s, grace_s, code):
     import signal
     import threading
 
-    script = tmp_path / "slow_server.py"
-    script.write_text(SLOW_SERVER)
-    log = tmp_path / "slow.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(work_s), str(grace_s)], stdout=fh, stderr=subprocess.STDOUT, cwd=REPO
-        )
+    proc, url, log = start_script_server(SLOW_SERVER, tmp_path, str(work_s), str(grace_s))
     try:
-        deadline = time.monotonic() + 60
-        while not re.search(r"listening on (http://\S+)", log.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        url = re.search(r"listening on (http://\S+)", log.read_text()).group(1)
         result = {}
 
         def call():

@@ -237,8 +237,7 @@ def fake_server():
     from fakegen import FakeGenerator
 
     from ortbatch.generation.chat import ChatTemplate
-    from ortbatch.serve import BackgroundServer, ServeConfig
-    from ortbatch.serve.completions import ServedGenerator
+    from ortbatch.serve import BackgroundServer, ServeConfig, ServedGenerator
 
     template = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
     served = ServedGenerator(FakeGenerator(context=256), "fake", chat_template=template)

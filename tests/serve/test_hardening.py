@@ -9,8 +9,6 @@ import logging
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,11 +17,11 @@ import httpx
 import numpy as np
 import pytest
 from fakegen import FakeGenerator
-from scripted import ScriptedSession, ScriptedTokenSession
+from scripted import ScriptedSession, ScriptedTokenSession, start_script_server
 
 from ortbatch.generation.chat import ChatTemplate
-from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel
-from ortbatch.serve.completions import ServedGenerator, render_bounded
+from ortbatch.serve import BackgroundServer, ServeConfig, ServedGenerator, ServedModel
+from ortbatch.serve.openai_api import render_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
@@ -267,9 +265,9 @@ TEMPLATES = {
 
 @pytest.mark.parametrize("case", TEMPLATES, ids=list(TEMPLATES))
 def test_a_hostile_chat_template_is_bounded(monkeypatch, caplog, case):
-    from ortbatch.serve import completions
+    from ortbatch.serve import openai_api
 
-    monkeypatch.setattr(completions, "CHAT_RENDER_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(openai_api, "CHAT_RENDER_TIMEOUT_S", 0.3)
     source, message = TEMPLATES[case]
     served = ServedGenerator(FakeGenerator(), "fake", chat_template=ChatTemplate(source))
     with caplog.at_level(logging.WARNING), BackgroundServer(served, quiet()) as srv:
@@ -358,29 +356,18 @@ HOLDING_SERVER = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from fakegen import FakeGenerator
-from ortbatch.serve import completions, server
+from ortbatch.serve import server
 
-completions.is_generation_export = lambda d: True
-completions.ServedGenerator.load = classmethod(lambda cls, d, **kw: cls(FakeGenerator(hold=True), "fake"))
+server.is_generation_export = lambda d: True
+server.ServedGenerator.load = classmethod(lambda cls, d, **kw: cls(FakeGenerator(hold=True), "fake"))
 cfg = server.ServeConfig(port=0, access_log=False, log_level="warning", graceful_timeout_s=20)
 sys.exit(server.serve(".", cfg))
 """
 
 
 def test_sigterm_after_abandoned_streams_exits_0(tmp_path):
-    script = tmp_path / "holding_server.py"
-    script.write_text(HOLDING_SERVER)
-    log = tmp_path / "serve.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(Path(__file__).parent)], stdout=fh, stderr=subprocess.STDOUT, cwd=REPO
-        )
+    proc, url, log = start_script_server(HOLDING_SERVER, tmp_path, str(Path(__file__).parent))
     try:
-        deadline = time.monotonic() + 60
-        while not re.search(r"listening on (http://\S+)", log.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        url = re.search(r"listening on (http://\S+)", log.read_text()).group(1)
         body = {"prompt": [1, 2, 3], "max_tokens": 50, "stream": True}
         for _ in range(3):
             with httpx.Client(timeout=30) as c, c.stream("POST", url + "/v1/completions", json=body) as r:

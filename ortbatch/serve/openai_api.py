@@ -1,81 +1,69 @@
-"""OpenAI-compatible text completions over a :class:`~ortbatch.BatchedGenerator`: what
-``ortbatch serve`` runs for a ``text-generation-with-past`` export.
+"""The OpenAI-compatible routes: ``/v1/embeddings`` over a :class:`ServedModel`, and
+``/v1/completions`` and ``/v1/chat/completions`` over a :class:`ServedGenerator`.
 
-Routes::
-
-    POST /v1/completions                 OpenAI Completions API, whole or streamed (SSE)
-    POST /v1/chat/completions            OpenAI Chat Completions, with the export's chat template
-    GET  /v1/models
-    GET  /v2/health/live | /v2/health/ready
-    GET  /metrics                        Prometheus (HTTP and generator counters)
-
-Every HTTP request's prompts join the one generator, so concurrent clients share decode
-steps (continuous batching). A client that disconnects, before its answer or in the
-middle of a stream, cancels its requests, and their rows are freed at the next step.
-Errors are answered in OpenAI's form (``{"error": {"message": ...}}``) with the statuses
-of :func:`~ortbatch.serve.app.error_response`: a bad request 400, queue full 429,
-deadline 504, shutting down 503.
+Completions: every HTTP request's prompts join the one generator, so concurrent clients
+share decode steps (continuous batching). A client that disconnects, before its answer or
+in the middle of a stream, cancels its requests, and their rows are freed at the next step.
+Errors are answered in OpenAI's form (``{"error": {"message": ...}}``) with the statuses of
+:func:`~ortbatch.serve.http.error_response`: a bad request 400, too large 413, queue full
+429, deadline 504, shutting down 503.
 
 Request fields: ``prompt`` (a string, a list of strings, a list of token ids, or a list
 of such lists), ``max_tokens`` (default 16, as OpenAI's), ``temperature`` (default 1.0,
-as OpenAI's; 0 is greedy), ``top_p``, ``top_k`` (an extension), ``stop``, ``seed``,
-``stream``, ``stream_options.include_usage``, ``model`` (must name the served model when
-given). ``n``, ``best_of`` above 1, ``echo``, ``logprobs``, ``suffix``, ``logit_bias``
-and non-zero penalties are refused with a 400 rather than silently ignored.
+as OpenAI's; 0, or below 1e-5, is greedy), ``top_p``, ``top_k`` (an extension), ``stop``,
+``seed``, ``stream``, ``stream_options.include_usage``, ``model`` (must name the served
+model when given). ``n``, ``best_of`` above 1, ``echo``, ``logprobs``, ``suffix``,
+``logit_bias`` and non-zero penalties are refused with a 400 rather than silently ignored.
 
 Chat requests take ``messages`` (text content, as a string or text parts), rendered with the
-export's chat template (:class:`~ortbatch.generation.chat.ChatTemplate`) into one prompt;
-``max_completion_tokens`` or ``max_tokens`` (default: the rest of the context); the same
-sampling fields; ``tools``, ``functions``, ``response_format`` and ``logprobs`` are refused.
-An export without a chat template answers chat requests with a 400.
+export's chat template (:class:`~ortbatch.generation.chat.ChatTemplate`) into one prompt, in
+a thread, bounded in time and size (:func:`render_bounded`); ``max_completion_tokens`` or
+``max_tokens`` (default: the rest of the context); the same sampling fields; ``tools``,
+``functions``, ``response_format`` and ``logprobs`` are refused. An export without a chat
+template answers chat requests with a 400.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
-import logging
 import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .._extras import require
 from ..errors import InvalidInputError
 from ..generation.chat import ChatTemplate
-from ..manifest import MANIFEST_NAME, Manifest
-from .app import (
-    DEFAULT_BODY_TIMEOUT_S,
-    DEFAULT_MAX_BODY_BYTES,
-    RequestCounts,
-    assemble_app,
+from .http import (
+    BodyLimits,
+    HTTPError,
     disconnected,
     error_response,
     handled_route,
     json_response,
-    read_openai_body,
+    offload,
     run_or_abandon,
-    text_or_ids,
 )
-from .metrics import ServerMetrics
-from .model import DEFAULT_MAX_TEXT_CHARS, RequestTooLargeError, check_texts
+from .model import DEFAULT_MAX_TEXT_CHARS, RequestTooLargeError, ServedModel, check_texts
+from .protocol import loads_json
+from .served_generator import ServedGenerator
 
 __all__ = [
+    "CHAT_RENDER_TIMEOUT_S",
     "CompletionRequest",
-    "ServedGenerator",
-    "create_completions_app",
-    "is_generation_export",
+    "completion_routes",
+    "embedding_routes",
     "parse_chat_request",
     "parse_completion_request",
+    "read_openai_body",
     "render_bounded",
+    "text_or_ids",
 ]
-
-log = logging.getLogger("ortbatch.serve")
 
 _DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Below this a temperature is greedy decoding: dividing logits by 1e-308 overflows to
@@ -87,63 +75,80 @@ _MAX_SEED = 2**64 - 1
 CHAT_RENDER_TIMEOUT_S = 2.0
 
 
-def is_generation_export(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a decoder-with-past export (served as completions)."""
-    path = Path(directory)
-    if not path.is_dir():
-        return False
-    if (path / MANIFEST_NAME).is_file():
-        manifest = Manifest.load(path)
-        if manifest.generation:
-            return True
-        return any(name.startswith("past_key_values") for name in manifest.inputs)
-    if not (path / "model.onnx").is_file():
-        return False
-    from ..generation.layout import _read_io
-
-    inputs, _ = _read_io(path / "model.onnx")
-    return any(name.startswith("past_key_values") for name, _, _ in inputs)
+async def read_openai_body(request: Any, body: BodyLimits, model_name: str) -> dict[str, Any]:
+    """The JSON object body of an OpenAI-style request (400 when it is not one; parsed
+    in a thread when large); a ``model`` field naming another model is a 404."""
+    data = await body.read(request)
+    doc = await offload(len(data), loads_json, data)
+    if not isinstance(doc, dict):
+        raise InvalidInputError("request body must be a JSON object")
+    name = doc.get("model")
+    if name is not None and name != model_name:
+        raise HTTPError(404, f"unknown model {str(name)[:80]!r}; this server serves {model_name!r}")
+    return doc
 
 
-def _export_template(generator: Any) -> ChatTemplate | None:
-    directory = getattr(generator, "export_dir", None)
-    if directory is None:
-        return None
-    try:
-        return ChatTemplate.from_export(directory)
-    except (ValueError, ImportError) as exc:  # no jinja2, or a template that does not compile
-        log.warning("%s: /v1/chat/completions is off: %s", directory, exc)
-        return None
+def text_or_ids(value: Any, field: str) -> list[str] | list[list[int]]:
+    """An OpenAI-style text input (``input`` of /v1/embeddings, ``prompt`` of
+    /v1/completions): a string, a list of strings, a list of token ids, or a list of
+    such lists; always returned as a list."""
+
+    def is_ids(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(x, str) for x in value):
+            return value
+        if is_ids(value):
+            return [value]
+        if all(is_ids(x) for x in value):
+            return value
+    raise InvalidInputError(
+        f"'{field}' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists"
+    )
 
 
-class ServedGenerator:
-    """A :class:`~ortbatch.BatchedGenerator` served under ``name``."""
+def embedding_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
+    """``POST /v1/embeddings`` over ``model`` (for :func:`~ortbatch.serve.http.assemble_app`)."""
+    from starlette.requests import Request
+    from starlette.responses import Response
 
-    def __init__(self, generator: Any, name: str, chat_template: ChatTemplate | None = None) -> None:
-        self.generator = generator
-        self.name = name
-        #: renders /v1/chat/completions messages (default: the export's, when it has one)
-        self.chat_template = chat_template if chat_template is not None else _export_template(generator)
+    async def embeddings(request: Request) -> Response:
+        doc = await read_openai_body(request, body, model.name)
+        if model.embedding_output is None:
+            raise HTTPError(404, f"model {model.name!r} does not serve embeddings: {model.embeddings_disabled_reason}")
+        inputs = text_or_ids(doc.get("input"), "input")
+        fmt = doc.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise InvalidInputError(
+                f"encoding_format must be 'float' or 'base64', got {str(fmt)[:40]!r}", input_name="encoding_format"
+            )
+        result = await run_or_abandon(request.receive, model.embed(inputs))
+        emb = result.embeddings
+        dims = doc.get("dimensions")
+        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != emb.shape[1]):
+            raise InvalidInputError(
+                f"dimensions: this model's embeddings have {emb.shape[1]} dimensions, got {str(dims)[:40]}",
+                input_name="dimensions",
+            )
+        data = []
+        for i, row in enumerate(emb):
+            value: Any = (
+                base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else row.tolist()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        return json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": model.name,
+                "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
+            }
+        )
 
-    @classmethod
-    def load(
-        cls, directory: str | Path, *, name: str | None = None, generator_kwargs: dict[str, Any] | None = None
-    ) -> ServedGenerator:
-        from ..generation import BatchedGenerator
-
-        path = Path(directory)
-        return cls(BatchedGenerator(path, **(generator_kwargs or {})), name or path.resolve().name)
-
-    @property
-    def ready(self) -> bool:
-        return not self.generator.closed
-
-    @property
-    def closed(self) -> bool:
-        return bool(self.generator.closed)
-
-    def close(self, drain: bool = True) -> None:
-        self.generator.close(drain=drain)
+    return [handled_route("/v1/embeddings", embeddings, "POST")]
 
 
 @dataclass(frozen=True)
@@ -386,30 +391,16 @@ def _usage(completions: Sequence[Any]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
 
-def create_completions_app(
-    served: ServedGenerator,
-    *,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    close_model_on_shutdown: bool = True,
-    body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
-) -> Any:
-    """Build the Starlette app serving ``served`` (routes in the module docs).
-
-    ``app.state.counts`` is a :class:`RequestCounts`; on lifespan shutdown the generator
-    is closed with ``drain=True`` (unless ``close_model_on_shutdown=False``).
-    """
-    require("starlette")
-
+def completion_routes(served: ServedGenerator, body: BodyLimits) -> list[Any]:
+    """``POST /v1/completions`` and ``/v1/chat/completions`` over ``served`` (for
+    :func:`~ortbatch.serve.http.assemble_app`)."""
     from starlette.requests import Request
     from starlette.responses import Response, StreamingResponse
 
     generator = served.generator
-    metrics = ServerMetrics(generator_stats=generator.stats)
-    counts = RequestCounts()
-
     template = served.chat_template
 
-    class _Api:
+    class _AnswerShape:
         """How one of the two APIs names and shapes its answers."""
 
         def __init__(self, chat: bool) -> None:
@@ -435,17 +426,17 @@ def create_completions_app(
     max_chars = max(DEFAULT_MAX_TEXT_CHARS, 32 * int(getattr(generator.layout, "max_context_length", 0) or 0))
 
     async def completions(request: Request) -> Response:
-        doc = await read_openai_body(request, max_body_bytes, served.name, body_timeout_s)
+        doc = await read_openai_body(request, body, served.name)
         req = parse_completion_request(doc, max_chars)
         check_count(len(req.prompts))
         if isinstance(req.prompts[0], str):  # tokenized here, off the event loop ("" is refused by submit)
             texts: list[Any] = list(req.prompts)
             ids = await asyncio.to_thread(lambda: [generator.encode(t) if t else t for t in texts])
             req = dataclasses.replace(req, prompts=ids)
-        return await answer(request, req, _Api(chat=False))
+        return await answer(request, req, _AnswerShape(chat=False))
 
     async def chat_completions(request: Request) -> Response:
-        doc = await read_openai_body(request, max_body_bytes, served.name, body_timeout_s)
+        doc = await read_openai_body(request, body, served.name)
         messages, with_prompt = parse_chat_request(doc, template)
         assert template is not None  # parse_chat_request refuses a model without one
 
@@ -453,7 +444,7 @@ def create_completions_app(
             text = render_bounded(template, messages, CHAT_RENDER_TIMEOUT_S, max_chars)
             return list(generator.encode(text, add_special_tokens=False))
 
-        return await answer(request, with_prompt(await asyncio.to_thread(prompt_ids)), _Api(chat=True))
+        return await answer(request, with_prompt(await asyncio.to_thread(prompt_ids)), _AnswerShape(chat=True))
 
     def check_count(count: int) -> None:
         limit = getattr(generator, "max_queue", None)
@@ -463,7 +454,7 @@ def create_completions_app(
                 input_name="prompt",
             )
 
-    async def answer(request: Request, req: CompletionRequest, api: _Api) -> Response:
+    async def answer(request: Request, req: CompletionRequest, api: _AnswerShape) -> Response:
         head = {"id": api.prefix + secrets.token_hex(12), "created": int(time.time()), "model": served.name}
         if req.stream:
             return stream(request, req, api, head)
@@ -478,7 +469,7 @@ def create_completions_app(
         choices = [api.choice(i, c.text, c.finish_reason) for i, c in enumerate(results)]
         return json_response({**head, "object": api.object, "choices": choices, "usage": _usage(results)})
 
-    def stream(request: Request, req: CompletionRequest, api: _Api, head: dict[str, Any]) -> Response:
+    def stream(request: Request, req: CompletionRequest, api: _AnswerShape, head: dict[str, Any]) -> Response:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         gone = -1  # queue item index: the client disconnected
@@ -567,9 +558,7 @@ def create_completions_app(
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    route = handled_route
-    routes = [
-        route("/v1/completions", completions, "POST"),
-        route("/v1/chat/completions", chat_completions, "POST"),
+    return [
+        handled_route("/v1/completions", completions, "POST"),
+        handled_route("/v1/chat/completions", chat_completions, "POST"),
     ]
-    return assemble_app(routes, served, metrics, counts, close_model_on_shutdown=close_model_on_shutdown)

@@ -1,0 +1,419 @@
+"""The HTTP plumbing every ortbatch app shares: the error mapping (:func:`error_response`,
+the one place where exceptions become statuses), the route wrapper, body readers with
+their size and time limits, disconnect handling, the middleware that counts and measures
+requests, and :func:`assemble_app`, which builds a Starlette app from the routes of
+what is served. The protocol apps (:mod:`~ortbatch.serve.kserve`,
+:mod:`~ortbatch.serve.openai_api`) only contribute routes.
+
+Errors: bad input 400 with the InvalidInputError text, unknown model 404, body too large
+413, queue full 429 with Retry-After, deadline 504, closed 503. Routes under ``/v2`` answer
+``{"error": "..."}`` (the protocol's form); routes under ``/v1`` answer OpenAI's
+``{"error": {"message": ...}}`` so OpenAI clients show the message. Only a fault of the
+server itself is a 500, and its body names a logged incident, never the exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import zlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import (
+    InferenceError,
+    InvalidInputError,
+    QueueFullError,
+    RequestTimeoutError,
+    SessionClosedError,
+)
+from .metrics import ServerMetrics
+from .model import RequestTooLargeError
+from .protocol import dumps_json
+
+__all__ = [
+    "DEFAULT_BODY_TIMEOUT_S",
+    "DEFAULT_MAX_BODY_BYTES",
+    "BodyLimits",
+    "ClientGone",
+    "HTTPError",
+    "RequestCounts",
+    "RequestObserver",
+    "assemble_app",
+    "disconnected",
+    "error_response",
+    "handled_route",
+    "json_response",
+    "offload",
+    "read_request_body",
+    "run_or_abandon",
+]
+
+log = logging.getLogger("ortbatch.serve")
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+#: seconds a client has to send a whole request body (a slow sender is answered 408)
+DEFAULT_BODY_TIMEOUT_S = 60.0
+# Bodies bigger than this are parsed/encoded off the event loop so one large request
+# does not stall every other connection.
+_OFFLOAD_BYTES = 1 << 20
+_RETRY_AFTER_S = "1"
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """How much of a request body a route reads, and how long it waits for it."""
+
+    max_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: the whole body must arrive within this (``None``: no limit)
+    timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
+
+    async def read(self, request: Any) -> bytes:
+        """:func:`read_request_body` under these limits."""
+        return await read_request_body(request, self.max_bytes, self.timeout_s)
+
+
+class HTTPError(Exception):
+    """An error answered with ``status`` (and optional headers)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response was ready (answered as 499, the
+    status nginx uses for it; nobody receives it)."""
+
+
+async def disconnected(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:
+    """Return once the client has gone (the body must already be read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_or_abandon(receive: Callable[[], Awaitable[MutableMapping[str, Any]]], coro: Awaitable[Any]) -> Any:
+    """Await ``coro`` unless the client disconnects first: then cancel it, which drops
+    its still-queued requests from the batch queue (no compute for a caller who left),
+    and raise :class:`ClientGone`."""
+    work = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(disconnected(receive))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        watch.cancel()
+        raise
+    if work.done():
+        watch.cancel()
+        return work.result()
+    work.cancel()
+    raise ClientGone("the client disconnected before the response was ready")
+
+
+@dataclass
+class RequestCounts:
+    """HTTP requests that reached the app (``accepted``) and that got a complete
+    response (``answered``); after a graceful shutdown the two are equal."""
+
+    accepted: int = 0
+    answered: int = 0
+    #: requests whose client left before the response was complete (a stream it
+    #: abandoned, a request it stopped waiting for): settled, with nobody to answer
+    abandoned: int = 0
+    by_status: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def settled(self) -> int:
+        """Requests that need nothing more from the server (answered or abandoned)."""
+        return self.answered + self.abandoned
+
+
+# OpenAI's error types by status, so clients (and the openai package) classify them
+_OPENAI_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Map an exception to ``(status, body, headers)``: the one place where errors
+    become HTTP answers."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, ClientGone) or type(exc).__name__ == "ClientDisconnect":
+        status = 499
+    elif isinstance(exc, HTTPError):
+        status, headers = exc.status, dict(exc.headers)
+    elif isinstance(exc, RequestTooLargeError):
+        status = 413
+    elif isinstance(exc, InvalidInputError):
+        status = 400
+    elif isinstance(exc, QueueFullError):
+        status, headers = 429, {"Retry-After": _RETRY_AFTER_S}
+    elif isinstance(exc, RequestTimeoutError):
+        status = 504
+    elif isinstance(exc, SessionClosedError):
+        status = 503
+    elif isinstance(exc, InferenceError):
+        status = 500
+    else:
+        status = 500
+    if status == 499:
+        return status, {"error": "client disconnected"}, headers
+    if status < 500 or isinstance(exc, (InferenceError, SessionClosedError, RequestTimeoutError)):
+        message = str(exc)
+    else:  # a fault of the server itself: logged in full, never echoed to the client
+        incident = secrets.token_hex(4)
+        log.error("internal error %s", incident, exc_info=exc)
+        message = f"internal server error (logged as incident {incident})"
+    if openai:
+        kind = _OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        param = getattr(exc, "input_name", None)
+        body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    else:
+        body = {"error": message}
+    return status, body, headers
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Any:
+    """A compact JSON ``starlette.responses.Response`` (strict JSON: no NaN/Infinity)."""
+    from starlette.responses import Response
+
+    return Response(
+        dumps_json(body),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+async def read_request_body(
+    request: Any, max_body_bytes: int, timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
+) -> bytes:
+    """The request body, decompressed (gzip/deflate), at most ``max_body_bytes`` (else
+    413), all of it within ``timeout_s`` seconds (else 408: a client sending a byte a
+    second must not hold a connection and its buffer forever)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise HTTPError(400, f"invalid Content-Length {declared[:40]!r}") from None
+        if size > max_body_bytes:
+            raise HTTPError(413, f"request body of {size} bytes exceeds the limit of {max_body_bytes}")
+    chunks = bytearray()
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            if deadline is None:
+                chunk = await stream.__anext__()
+            else:
+                chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - loop.time(), 0.0))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise HTTPError(
+                408, f"the request body did not arrive within {timeout_s:g} s", {"Connection": "close"}
+            ) from None
+        chunks += chunk
+        if len(chunks) > max_body_bytes:
+            raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return bytes(chunks)
+    if encoding not in ("gzip", "deflate"):
+        raise HTTPError(415, f"unsupported Content-Encoding {encoding[:40]!r}; use gzip, deflate or none")
+    # bounded decompression: a small compressed body must not inflate past the limit
+    d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        out = d.decompress(bytes(chunks), max_body_bytes + 1)
+    except zlib.error as exc:
+        raise HTTPError(400, f"body is not valid {encoding} data: {exc}") from None
+    if len(out) > max_body_bytes or d.unconsumed_tail:
+        raise HTTPError(413, f"decompressed request body exceeds the limit of {max_body_bytes} bytes")
+    if not d.eof:
+        raise HTTPError(400, f"body is truncated {encoding} data")
+    return out
+
+
+async def offload(size: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, in a thread when ``size`` (bytes to parse or encode) is large, so one
+    big request does not stall every other connection."""
+    if size > _OFFLOAD_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
+def handled_route(path: str, handler: Callable[[Any], Awaitable[Any]], method: str) -> Any:
+    """A Starlette ``Route`` whose errors become answers through :func:`error_response`
+    (OpenAI's error shape under ``/v1/``), labelled with ``path`` for the metrics."""
+    from starlette.routing import Route
+
+    openai = path.startswith("/v1/")
+
+    async def endpoint(request: Any) -> Any:
+        request.scope["ortbatch.endpoint"] = path
+        try:
+            return await handler(request)
+        except Exception as exc:
+            status, body, headers = error_response(exc, openai)  # logs a fault of the server
+            return json_response(body, status, headers)
+
+    return Route(path, endpoint, methods=[method])
+
+
+def assemble_app(routes: list[Any], served: Any, metrics: ServerMetrics, *, close_on_shutdown: bool = True) -> Any:
+    """The Starlette app over ``routes`` (from :func:`handled_route`) plus the routes
+    every server has (health, ``/v1/models``, ``/metrics``), wrapped in
+    :class:`RequestObserver`: JSON 404/405 for unknown routes, and
+    ``served.close(drain=True)`` on lifespan shutdown (unless ``close_on_shutdown`` is
+    false). ``served`` needs ``name``, ``ready`` and ``close``.
+
+    ``app.state.counts`` is the :class:`RequestCounts`, ``app.state.metrics`` ``metrics``."""
+    counts = RequestCounts()
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import Response
+
+    async def live(request: Any) -> Any:
+        return json_response({"live": True})
+
+    async def ready(request: Any) -> Any:
+        if served.ready:
+            return json_response({"ready": True})
+        return json_response({"error": "the server is shutting down"}, 503)
+
+    async def list_models(request: Any) -> Any:
+        return json_response(
+            {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "ortbatch"}]}
+        )
+
+    async def prometheus(request: Any) -> Any:
+        data, ctype = metrics.render()
+        return Response(data, headers={"Content-Type": ctype})
+
+    routes = [
+        handled_route("/v2/health/live", live, "GET"),
+        handled_route("/v2/health/ready", ready, "GET"),
+        *routes,
+        handled_route("/v1/models", list_models, "GET"),
+        handled_route("/metrics", prometheus, "GET"),
+    ]
+
+    async def http_exception(request: Any, exc: Exception) -> Any:
+        assert isinstance(exc, HTTPException)
+        message = {404: f"no route {request.url.path!r}", 405: f"method {request.method} not allowed"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        return json_response({"error": message}, exc.status_code, dict(exc.headers or {}))
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        yield
+        if close_on_shutdown:
+            # close() joins the workers after draining; keep the loop free meanwhile
+            await asyncio.to_thread(served.close, True)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception}, lifespan=lifespan)
+    app.state.model = served
+    app.state.metrics = metrics
+    app.state.counts = counts
+    return RequestObserver(app, metrics, counts)
+
+
+# The only HTTP methods that become metric labels; anything a client invents is "other",
+# so no client can grow the number of series.
+_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
+
+
+class RequestObserver:
+    """ASGI middleware: request counts, metrics by route template and known method, and
+    a last-resort JSON 500 (never a bare connection drop) for errors outside the
+    handlers. A client that leaves before its response is complete counts as
+    abandoned (settled), not as a request the server failed to answer."""
+
+    def __init__(self, app: Any, metrics: ServerMetrics, counts: RequestCounts) -> None:
+        self.app = app
+        self.state = app.state
+        self.metrics = metrics
+        self.counts = counts
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        self.counts.accepted += 1
+        self.metrics.in_flight.inc()
+        status = 500
+        response_started = False
+        complete = False
+        gone = False
+
+        async def observed_receive() -> Any:
+            nonlocal gone
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone = True
+            return message
+
+        async def observed_send(message: dict[str, Any]) -> None:
+            nonlocal status, response_started, complete, gone
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_started = True
+            try:
+                await send(message)
+            except OSError:  # ASGI 2.4: sending to a client that left
+                gone = True
+                raise
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete = True
+
+        try:
+            await self.app(scope, observed_receive, observed_send)
+        except Exception as exc:
+            if gone or type(exc).__name__ == "ClientDisconnect":
+                gone = True  # a stream whose client left: nothing to answer, nothing to log
+                return
+            incident = secrets.token_hex(4)
+            log.exception("unhandled error, incident %s", incident)
+            if not response_started:
+                body = dumps_json({"error": f"internal server error (logged as incident {incident})"})
+                await observed_send(
+                    {
+                        "type": "http.response.start",
+                        "status": 500,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await observed_send({"type": "http.response.body", "body": body})
+        finally:
+            self.metrics.in_flight.dec()
+            endpoint = scope.get("ortbatch.endpoint", "unmatched")
+            method = scope.get("method", "")
+            self.metrics.observe(endpoint, method if method in _KNOWN_METHODS else "other", status, started)
+            if complete:
+                self.counts.answered += 1
+                self.counts.by_status[status] = self.counts.by_status.get(status, 0) + 1
+            elif gone:
+                self.counts.abandoned += 1

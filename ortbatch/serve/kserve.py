@@ -1,0 +1,88 @@
+"""The Open Inference Protocol (KServe v2) routes over one :class:`ServedModel`::
+
+    GET  /v2                                               server metadata
+    GET  /v2/models/{name}[/versions/{version}]            model metadata
+    GET  /v2/models/{name}[/versions/{version}]/ready
+    GET  /v2/models/{name}[/versions/{version}]/config     Triton-style config
+    POST /v2/models/{name}[/versions/{version}]/infer      JSON or binary tensors
+
+The wire format is :mod:`~ortbatch.serve.protocol`; errors, bodies and the app itself
+come from :mod:`~ortbatch.serve.http`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import __version__
+from .http import BodyLimits, HTTPError, handled_route, json_response, offload, run_or_abandon
+from .model import ServedModel
+from .protocol import encode_infer_response, parse_infer_request
+
+__all__ = ["HEADER_LENGTH", "kserve_routes"]
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
+    """The v2 routes serving ``model`` (for :func:`~ortbatch.serve.http.assemble_app`)."""
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    def find_model(request: Request) -> ServedModel:
+        name = request.path_params["name"]
+        version = request.path_params.get("version")
+        if name != model.name:
+            raise HTTPError(404, f"unknown model {name!r}; this server serves {model.name!r}")
+        if version is not None and version != model.version:
+            raise HTTPError(404, f"unknown version {version!r} of model {name!r}; served: {model.version!r}")
+        return model
+
+    # -- v2 handlers ------------------------------------------------------------------
+    async def server_metadata(request: Request) -> Response:
+        return json_response({"name": "ortbatch", "version": __version__, "extensions": ["binary_tensor_data"]})
+
+    async def model_metadata(request: Request) -> Response:
+        return json_response(find_model(request).metadata())
+
+    async def model_config(request: Request) -> Response:
+        return json_response(find_model(request).triton_config())
+
+    async def model_ready(request: Request) -> Response:
+        m = find_model(request)
+        if m.ready:
+            return json_response({"name": m.name, "ready": True})
+        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
+
+    async def infer(request: Request) -> Response:
+        m = find_model(request)
+        data_in = await body.read(request)
+        raw_length = request.headers.get(HEADER_LENGTH)
+        header_length = None
+        if raw_length is not None:
+            try:
+                header_length = int(raw_length)
+            except ValueError:
+                raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length[:40]!r}") from None
+        req = await offload(len(data_in), parse_infer_request, data_in, header_length)
+        outputs = await run_or_abandon(request.receive, m.infer(req))
+        binary = [req.wants_binary(name) for name, _ in outputs]
+        nbytes = sum(a.nbytes for _, a in outputs)
+        data, ctype, hlen = await offload(nbytes, encode_infer_response, m.name, m.version, outputs, binary, req.id)
+        headers = {"Inference-Header-Content-Length": str(hlen)} if hlen is not None else None
+        return Response(data, media_type=ctype, headers=headers)
+
+    route = handled_route
+    base = "/v2/models/{name}"
+    versioned = "/v2/models/{name}/versions/{version}"
+    return [
+        route("/v2", server_metadata, "GET"),
+        route(base, model_metadata, "GET"),
+        route(versioned, model_metadata, "GET"),
+        route(base + "/config", model_config, "GET"),
+        route(versioned + "/config", model_config, "GET"),
+        route(base + "/ready", model_ready, "GET"),
+        route(versioned + "/ready", model_ready, "GET"),
+        route(base + "/infer", infer, "POST"),
+        route(versioned + "/infer", infer, "POST"),
+    ]
