@@ -391,74 +391,90 @@ def _usage(completions: Sequence[Any]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
 
-def completion_routes(served: ServedGenerator, body: BodyLimits) -> list[Any]:
-    """``POST /v1/completions`` and ``/v1/chat/completions`` over ``served`` (for
-    :func:`~ortbatch.serve.http.assemble_app`)."""
-    from starlette.requests import Request
-    from starlette.responses import Response, StreamingResponse
+class _AnswerShape:
+    """How one of the two APIs (completions, chat) names and shapes its answers."""
 
-    generator = served.generator
-    template = served.chat_template
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat = chat
+        self.object = "chat.completion" if chat else "text_completion"
+        self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        self.head = {"id": prefix + secrets.token_hex(12), "created": int(time.time()), "model": model}
 
-    class _AnswerShape:
-        """How one of the two APIs names and shapes its answers."""
+    def choice(self, i: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        if self.chat:
+            return {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+        return {"text": text, "index": i, "logprobs": None, "finish_reason": finish_reason}
 
-        def __init__(self, chat: bool) -> None:
-            self.chat = chat
-            self.prefix = "chatcmpl-" if chat else "cmpl-"
-            self.object = "chat.completion" if chat else "text_completion"
-            self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
+    def delta(self, i: int, text: str | None, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            if first:
+                delta["role"] = "assistant"
+            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return self.choice(i, text or "", finish_reason)
 
-        def choice(self, i: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-            if self.chat:
-                return {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
-            return {"text": text, "index": i, "logprobs": None, "finish_reason": finish_reason}
+    def event(self, data: dict[str, Any]) -> bytes:
+        """One server-sent event."""
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode("utf-8") + b"\n\n"
 
-        def delta(self, i: int, text: str | None, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
-            if self.chat:
-                delta: dict[str, Any] = {} if text is None else {"content": text}
-                if first:
-                    delta["role"] = "assistant"
-                return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return self.choice(i, text or "", finish_reason)
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        """One stream chunk carrying ``choices``."""
+        return self.event({**self.head, "object": self.chunk_object, "choices": choices, **extra})
 
-    # a prompt may be as long as the context could ever hold, at a generous 32 characters a token
-    max_chars = max(DEFAULT_MAX_TEXT_CHARS, 32 * int(getattr(generator.layout, "max_context_length", 0) or 0))
 
-    async def completions(request: Request) -> Response:
-        doc = await read_openai_body(request, body, served.name)
-        req = parse_completion_request(doc, max_chars)
-        check_count(len(req.prompts))
+# queue item index meaning: the client disconnected
+_CLIENT_GONE = -1
+
+
+class _CompletionsEndpoint:
+    """The two completion routes over one served generator."""
+
+    def __init__(self, served: ServedGenerator, body: BodyLimits) -> None:
+        self.served = served
+        self.generator = served.generator
+        self.template = served.chat_template
+        self.body = body
+        # a prompt may be as long as the context could ever hold, at a generous 32 characters a token
+        context = int(getattr(self.generator.layout, "max_context_length", 0) or 0)
+        self.max_chars = max(DEFAULT_MAX_TEXT_CHARS, 32 * context)
+
+    async def completions(self, request: Any) -> Any:
+        doc = await read_openai_body(request, self.body, self.served.name)
+        req = parse_completion_request(doc, self.max_chars)
+        self._check_count(len(req.prompts))
         if isinstance(req.prompts[0], str):  # tokenized here, off the event loop ("" is refused by submit)
             texts: list[Any] = list(req.prompts)
-            ids = await asyncio.to_thread(lambda: [generator.encode(t) if t else t for t in texts])
+            encode = self.generator.encode
+            ids = await asyncio.to_thread(lambda: [encode(t) if t else t for t in texts])
             req = dataclasses.replace(req, prompts=ids)
-        return await answer(request, req, _AnswerShape(chat=False))
+        return await self._answer(request, req, _AnswerShape(False, self.served.name))
 
-    async def chat_completions(request: Request) -> Response:
-        doc = await read_openai_body(request, body, served.name)
-        messages, with_prompt = parse_chat_request(doc, template)
+    async def chat_completions(self, request: Any) -> Any:
+        doc = await read_openai_body(request, self.body, self.served.name)
+        messages, with_prompt = parse_chat_request(doc, self.template)
+        template = self.template
         assert template is not None  # parse_chat_request refuses a model without one
 
         def prompt_ids() -> list[int]:
-            text = render_bounded(template, messages, CHAT_RENDER_TIMEOUT_S, max_chars)
-            return list(generator.encode(text, add_special_tokens=False))
+            text = render_bounded(template, messages, CHAT_RENDER_TIMEOUT_S, self.max_chars)
+            return list(self.generator.encode(text, add_special_tokens=False))
 
-        return await answer(request, with_prompt(await asyncio.to_thread(prompt_ids)), _AnswerShape(chat=True))
+        req = with_prompt(await asyncio.to_thread(prompt_ids))
+        return await self._answer(request, req, _AnswerShape(True, self.served.name))
 
-    def check_count(count: int) -> None:
-        limit = getattr(generator, "max_queue", None)
+    def _check_count(self, count: int) -> None:
+        limit = getattr(self.generator, "max_queue", None)
         if isinstance(limit, int) and count > limit:
             raise RequestTooLargeError(
                 f"'prompt' has {count} prompts; this server queues at most {limit} at once (--max-queue)",
                 input_name="prompt",
             )
 
-    async def answer(request: Request, req: CompletionRequest, api: _AnswerShape) -> Response:
-        head = {"id": api.prefix + secrets.token_hex(12), "created": int(time.time()), "model": served.name}
+    async def _answer(self, request: Any, req: CompletionRequest, api: _AnswerShape) -> Any:
         if req.stream:
-            return stream(request, req, api, head)
-        futures = _submit_all(generator, req)
+            return self._stream(request, req, api)
+        futures = _submit_all(self.generator, req)
         waits = [asyncio.wrap_future(f) for f in futures]  # cancelling one cancels its request
         try:
             results = await run_or_abandon(request.receive, asyncio.gather(*waits))
@@ -467,12 +483,13 @@ def completion_routes(served: ServedGenerator, body: BodyLimits) -> list[Any]:
                 fut.cancel()
             raise
         choices = [api.choice(i, c.text, c.finish_reason) for i, c in enumerate(results)]
-        return json_response({**head, "object": api.object, "choices": choices, "usage": _usage(results)})
+        return json_response({**api.head, "object": api.object, "choices": choices, "usage": _usage(results)})
 
-    def stream(request: Request, req: CompletionRequest, api: _AnswerShape, head: dict[str, Any]) -> Response:
+    def _stream(self, request: Any, req: CompletionRequest, api: _AnswerShape) -> Any:
+        from starlette.responses import StreamingResponse
+
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        gone = -1  # queue item index: the client disconnected
 
         def put(item: tuple[int, Any]) -> None:
             try:
@@ -481,84 +498,82 @@ def completion_routes(served: ServedGenerator, body: BodyLimits) -> list[Any]:
                 pass
 
         def on_token(i: int) -> Callable[[Any], None]:
-            def deliver(tok: Any) -> None:
-                put((i, tok))
-
-            return deliver
+            return lambda tok: put((i, tok))
 
         # Submission errors (bad prompt, queue full) are answered as JSON errors, before
         # any byte of the stream is sent.
-        futures = _submit_all(generator, req, on_token)
+        futures = _submit_all(self.generator, req, on_token)
 
         def ended(i: int) -> Callable[[Future[Any]], None]:
-            def mark(_fut: Future[Any]) -> None:
-                put((i, None))
-
-            return mark
+            return lambda _fut: put((i, None))
 
         for i, fut in enumerate(futures):
             # tokens are put before the future settles, on the same thread: the end
-            # marker comes after the request's last token
+            # marker (token None) comes after the request's last token
             fut.add_done_callback(ended(i))
+        events = _stream_events(request, req, api, futures, queue)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-        def event(data: dict[str, Any]) -> bytes:
-            return b"data: " + json.dumps(data, separators=(",", ":")).encode("utf-8") + b"\n\n"
 
-        def chunk(choices: list[dict[str, Any]]) -> bytes:
-            return event({**head, "object": api.chunk_object, "choices": choices})
+async def _stream_events(
+    request: Any, req: CompletionRequest, api: _AnswerShape, futures: list[Future[Any]], queue: asyncio.Queue[Any]
+) -> AsyncIterator[bytes]:
+    """The server-sent events of a streamed answer, from the ``(index, token)`` items the
+    generator's callbacks put on ``queue`` (token ``None``: that request settled)."""
+    sent = [""] * len(futures)
+    finished: list[Any] = []
+    still_open = len(futures)
 
-        async def events() -> AsyncIterator[bytes]:
-            sent = [""] * len(futures)
-            finished: list[Any] = []
-            open_ = len(futures)
+    async def watch() -> None:
+        # A client that leaves while no token is due would otherwise be noticed only at
+        # the next send: its rows would stay held and the request unsettled.
+        await disconnected(request.receive)
+        queue.put_nowait((_CLIENT_GONE, None))
 
-            async def watch() -> None:
-                # A client that leaves while no token is due would otherwise be noticed
-                # only at the next send: its rows would stay held and the request unsettled.
-                await disconnected(request.receive)
-                queue.put_nowait((gone, None))
+    watcher = asyncio.ensure_future(watch())
+    try:
+        if api.chat:  # OpenAI's chat streams open each choice with the role
+            for i in range(len(futures)):
+                yield api.chunk([api.delta(i, "", None, first=True)])
+        while still_open:
+            i, tok = await queue.get()
+            if i == _CLIENT_GONE:
+                return
+            if tok is not None:
+                if tok.text:
+                    sent[i] += tok.text
+                    yield api.chunk([api.delta(i, tok.text, None)])
+                continue
+            still_open -= 1
+            fut = futures[i]
+            if fut.cancelled():
+                continue
+            exc = fut.exception()
+            if exc is not None:
+                _status, error_body, _headers = error_response(exc, openai=True)
+                yield api.event(error_body)
+                continue
+            completion = fut.result()
+            finished.append(completion)
+            # what the stream has not carried yet (text held back until the end)
+            rest = completion.text[len(sent[i]) :] if completion.text.startswith(sent[i]) else ""
+            if rest:
+                yield api.chunk([api.delta(i, rest, None)])
+            yield api.chunk([api.delta(i, None if api.chat else "", completion.finish_reason)])
+        if req.include_usage:
+            yield api.chunk([], usage=_usage(finished))
+        yield b"data: [DONE]\n\n"
+    finally:  # the client left (or the response ended): free any row still held
+        watcher.cancel()
+        for fut in futures:
+            fut.cancel()
 
-            watcher = asyncio.ensure_future(watch())
-            try:
-                if api.chat:  # OpenAI's chat streams open each choice with the role
-                    for i in range(len(futures)):
-                        yield chunk([api.delta(i, "", None, first=True)])
-                while open_:
-                    i, tok = await queue.get()
-                    if i == gone:
-                        return
-                    if tok is not None:
-                        if tok.text:
-                            sent[i] += tok.text
-                            yield chunk([api.delta(i, tok.text, None)])
-                        continue
-                    open_ -= 1
-                    fut = futures[i]
-                    if fut.cancelled():
-                        continue
-                    exc = fut.exception()
-                    if exc is not None:
-                        _status, body, _headers = error_response(exc, openai=True)
-                        yield event(body)
-                        continue
-                    completion = fut.result()
-                    finished.append(completion)
-                    # what the stream has not carried yet (text held back until the end)
-                    rest = completion.text[len(sent[i]) :] if completion.text.startswith(sent[i]) else ""
-                    if rest:
-                        yield chunk([api.delta(i, rest, None)])
-                    yield chunk([api.delta(i, None if api.chat else "", completion.finish_reason)])
-                if req.include_usage:
-                    yield event({**head, "object": api.chunk_object, "choices": [], "usage": _usage(finished)})
-                yield b"data: [DONE]\n\n"
-            finally:  # the client left (or the response ended): free any row still held
-                watcher.cancel()
-                for fut in futures:
-                    fut.cancel()
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
+def completion_routes(served: ServedGenerator, body: BodyLimits) -> list[Any]:
+    """``POST /v1/completions`` and ``/v1/chat/completions`` over ``served`` (for
+    :func:`~ortbatch.serve.http.assemble_app`)."""
+    endpoint = _CompletionsEndpoint(served, body)
     return [
-        handled_route("/v1/completions", completions, "POST"),
-        handled_route("/v1/chat/completions", chat_completions, "POST"),
+        handled_route("/v1/completions", endpoint.completions, "POST"),
+        handled_route("/v1/chat/completions", endpoint.chat_completions, "POST"),
     ]
