@@ -10,12 +10,12 @@ is read, so it never reaches the model. Keys are compared with
 from __future__ import annotations
 
 import hmac
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import OrtBatchError
+from .http import send_json
 
 __all__ = ["API_KEY_ENV", "OPEN_PATHS", "ApiKey", "ApiKeyMiddleware", "resolve_api_key"]
 
@@ -97,16 +97,4 @@ class ApiKeyMiddleware:
             doc: Any = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 401}}
         else:
             doc = {"error": message}
-        body = json.dumps(doc).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b"Bearer"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 401, doc, [(b"www-authenticate", b"Bearer")])

@@ -19,7 +19,7 @@ import logging
 import secrets
 import time
 import zlib
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,7 @@ __all__ = [
     "offload",
     "read_request_body",
     "run_or_abandon",
+    "send_json",
 ]
 
 log = logging.getLogger("ortbatch.serve")
@@ -337,6 +338,20 @@ def assemble_app(routes: list[Any], served: Any, metrics: ServerMetrics, *, clos
     return RequestObserver(app, metrics, counts)
 
 
+async def send_json(
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    status: int,
+    doc: Any,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """Answer ``doc`` as JSON through a bare ASGI ``send`` (for middleware, below the
+    routes' :func:`json_response`)."""
+    body = dumps_json(doc)
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
 # The only HTTP methods that become metric labels; anything a client invents is "other",
 # so no client can grow the number of series.
 _KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
@@ -395,18 +410,8 @@ class RequestObserver:
             incident = secrets.token_hex(4)
             log.exception("unhandled error, incident %s", incident)
             if not response_started:
-                body = dumps_json({"error": f"internal server error (logged as incident {incident})"})
-                await observed_send(
-                    {
-                        "type": "http.response.start",
-                        "status": 500,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await observed_send({"type": "http.response.body", "body": body})
+                body = {"error": f"internal server error (logged as incident {incident})"}
+                await send_json(observed_send, 500, body)
         finally:
             self.metrics.in_flight.dec()
             endpoint = scope.get("ortbatch.endpoint", "unmatched")
