@@ -113,6 +113,25 @@ class Manifest:
         return self.limits.get("max_sequence_length")
 
     @property
+    def runtime(self) -> dict[str, Any]:
+        """Runtime settings chosen by ``ortbatch tune`` (``workers``, ``max_batch_size``,
+        ``max_batch_tokens``), used by BatchedSession and ``ortbatch serve`` where the
+        caller does not set them; ``{}`` when the export was not tuned."""
+        value = self.extra.get("runtime") or {}
+        where = f"{self.directory / MANIFEST_NAME}" if self.directory else MANIFEST_NAME
+        if not isinstance(value, dict):
+            raise ManifestError(f"{where}: 'runtime' must be an object, got {type(value).__name__}")
+        out: dict[str, Any] = {}
+        for key in ("workers", "max_batch_size", "max_batch_tokens"):
+            v = value.get(key)
+            if v is None:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ManifestError(f"{where}: runtime.{key} must be a positive integer, got {v!r}")
+            out[key] = v
+        return out
+
+    @property
     def pad_values(self) -> dict[str, float | int | bool]:
         return {name: spec.pad for name, spec in self.inputs.items()}
 

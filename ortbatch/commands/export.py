@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 HELP = "export a Hugging Face model to ONNX (+ manifest, checks) for batched serving"
 
@@ -42,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--providers", default=None, help="comma-separated providers to check on, e.g. cpu,cuda,trt (default: cpu)"
     )
+    parser.add_argument(
+        "--quantize",
+        choices=["int8", "int8-static"],
+        default=None,
+        help="int8 variant: dynamic (per-channel weights) or static (calibrated on the recipe's samples); "
+        "options in the recipe's [quantization] table",
+    )
     parser.add_argument("--no-validate", action="store_true", help="skip the accuracy checks")
     parser.add_argument("-v", "--verbose", action="store_true", help="show third-party logs, every check case")
 
@@ -52,6 +60,15 @@ def _default_output(model: str) -> Path:
     if name == "model" and model.startswith("pkg:"):
         name = model[4:]
     return Path("exports") / re.sub(r"[^\w.-]+", "-", name)
+
+
+def _quantize(recipe: Any, mode: str | None) -> Any:
+    """``--quantize MODE`` keeps the recipe's [quantization] options, with that mode."""
+    if mode is None:
+        return None
+    if recipe.quantize is not None:
+        return recipe.quantize.with_overrides(mode=mode)
+    return mode
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         max_sequence_length=args.max_sequence_length,
         recipe=recipe,
         providers=providers,
+        quantize=_quantize(recipe, args.quantize),
         validate=not args.no_validate,
         raise_on_failure=False,
         progress=step,

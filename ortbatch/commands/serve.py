@@ -22,7 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="port (0: pick a free one; default 8000)")
     parser.add_argument("--name", default=None, help="model name in URLs (default: the directory name)")
-    parser.add_argument("--max-batch-size", type=_positive_int, default=32, help="rows per batch (default 32)")
+    parser.add_argument(
+        "--max-batch-size",
+        type=_positive_int,
+        default=None,
+        help="rows per batch (default: the export's tuned setting, else 32)",
+    )
     parser.add_argument(
         "--max-batch-tokens", type=_positive_int, default=None, help="cap on rows x longest length per batch"
     )

@@ -31,6 +31,7 @@ from .._extras import require
 from ..errors import ExportError, OrtBatchError, UnsupportedModelError, ValidationError
 from ..manifest import Manifest
 from . import graph, tasks
+from .quantize import QuantizeConfig, quantize_model
 from .recipes import Recipe, load_recipe, resolve_model_ref, tolerances_for
 from .trt import TRT_PROVIDER, TrtShapes, model_hash, tensorrt_provider_options
 
@@ -75,6 +76,8 @@ def export_model(
     raise_on_failure: bool = True,
     trust_remote_code: bool = False,
     progress: Progress | None = None,
+    quantize: str | QuantizeConfig | None = None,
+    tolerances: dict[str, dict[str, float]] | None = None,
 ) -> ExportResult:
     """Export a Hugging Face model to ``output_dir`` and check it.
 
@@ -98,6 +101,10 @@ def export_model(
         validate: run the checks (default). ``raise_on_failure``: raise
             :class:`~ortbatch.ValidationError` when one fails (default), else only
             report it in the result.
+        quantize: ``"int8"`` (dynamic), ``"int8-static"`` (calibrated on the samples) or
+            a :class:`~ortbatch.export.quantize.QuantizeConfig`; the checks then use the
+            task's int8 tolerances (:data:`~ortbatch.export.recipes.INT8_TOLERANCES`).
+        tolerances: per-dtype overrides (``{"int8": {"cosine": 0.995}}``), merged over the recipe's.
 
     Raises:
         UnsupportedModelError: the architecture or task is not supported.
@@ -120,6 +127,8 @@ def export_model(
         max_sequence_length=max_sequence_length,
         samples=tuple(samples) if samples is not None else None,
         providers=tuple(providers) if providers is not None else None,
+        quantize=QuantizeConfig.parse(quantize),
+        tolerances=_merge_tolerances(base.tolerances, tolerances),
     )
     if rcp.optimize == "O4" and rcp.dtype != "fp16":
         rcp = rcp.with_overrides(dtype="fp16")  # optimum's O4 converts to fp16 itself
@@ -163,8 +172,17 @@ def export_model(
         for f in onnx_files:
             _to_fp16(out / f)
 
+    quantized = None
+    if rcp.quantize is not None:
+        say(f"quantizing ({rcp.quantize.label}) with onnxruntime.quantization")
+        for f in onnx_files:
+            quantized = quantize_model(out / f, rcp.quantize, tokenizer=tokenizer, texts=rcp.samples)
     tokenizer.save_pretrained(out)
     manifest = _write_manifest(out, resolved, rcp, tokenizer, onnx_files, max_seq)
+    if quantized is not None:  # the variant and the int8 tolerances the checks will use
+        manifest.source["quantization"] = quantized
+        manifest.validation["tolerances"] = tolerances_for("int8", None, rcp.tolerances, resolved.task)
+        manifest.save(out)
     say(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
 
     unchecked = [p[0] for p in manifest.providers if p[0] not in manifest.validation["providers"]]
@@ -190,6 +208,17 @@ def export_model(
 
 
 # -- steps ---------------------------------------------------------------------------
+
+
+def _merge_tolerances(
+    base: dict[str, dict[str, float]], extra: dict[str, dict[str, float]] | None
+) -> dict[str, dict[str, float]] | None:
+    if not extra:
+        return None
+    merged = {k: dict(v) for k, v in base.items()}
+    for dtype, values in extra.items():
+        merged.setdefault(dtype, {}).update(values)
+    return merged
 
 
 def _clean(out: Path) -> None:

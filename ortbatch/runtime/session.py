@@ -77,7 +77,9 @@ class BatchedSession:
     Args:
         sess_or_path: an ``onnxruntime.InferenceSession``, a path to a ``.onnx`` file,
             or an export directory holding ``ortbatch.json``.
-        max_batch_size: most rows in one batch (a request's rows all count).
+        max_batch_size: most rows in one batch (a request's rows all count). ``None``:
+            the export's tuned setting (manifest ``runtime``, from ``ortbatch tune``), else 32.
+            ``max_batch_tokens`` and ``workers`` also default to the tuned settings.
         max_batch_tokens: hard cap on a batch's padded cost, rows x longest length.
             ``None``: no cap; batches are formed by the learned cost model.
         max_delay_ms: how long a free worker may wait after the oldest request
@@ -111,7 +113,7 @@ class BatchedSession:
         self,
         sess_or_path: Any,
         *,
-        max_batch_size: int = 32,
+        max_batch_size: int | None = None,
         max_batch_tokens: int | None = None,
         max_delay_ms: float = 0.0,
         max_queue: int = 1024,
@@ -124,6 +126,15 @@ class BatchedSession:
         session_options: Any = None,
         latency_session: bool | None = None,
     ) -> None:
+        self.manifest = _find_manifest(sess_or_path)
+        # what `ortbatch tune` chose for this export, where the caller sets nothing
+        tuned = self.manifest.runtime if self.manifest is not None else {}
+        if max_batch_size is None:
+            max_batch_size = tuned.get("max_batch_size", 32)
+        if max_batch_tokens is None:
+            max_batch_tokens = tuned.get("max_batch_tokens")
+        if workers is None:
+            workers = tuned.get("workers")
         _check_positive("max_batch_size", max_batch_size)
         _check_positive("max_queue", max_queue)
         if max_batch_tokens is not None:
@@ -134,7 +145,6 @@ class BatchedSession:
             raise ValueError(f"max_delay_ms must be >= 0, got {max_delay_ms}")
         timeout_s = deadline_seconds(timeout_s, "timeout_s")
 
-        self.manifest = _find_manifest(sess_or_path)
         self.workers = workers if workers is not None else 2
         self.latency_session: Any = None
         if isinstance(sess_or_path, (str, os.PathLike)):

@@ -49,7 +49,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     name: str | None = None
-    max_batch_size: int = 32
+    #: None: the export's tuned setting (``ortbatch tune``), else 32
+    max_batch_size: int | None = None
     max_batch_tokens: int | None = None
     max_delay_ms: float = 0.0
     max_queue: int = 1024
@@ -89,7 +90,7 @@ class ServeConfig:
     def generator_kwargs(self) -> dict[str, Any]:
         """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""
         kw: dict[str, Any] = {
-            "max_batch_size": self.max_batch_size,
+            "max_batch_size": self.max_batch_size or 32,
             "max_queue": self.max_queue,
             "timeout_s": self.timeout_s,
             "max_context_length": self.max_context_length,

@@ -1,0 +1,294 @@
+"""int8 variants of an export, through onnxruntime's quantization tooling.
+
+Two modes, both keeping the export a plain ONNX model (same inputs and outputs, fp32 at
+the edges) plus its manifest:
+
+- ``int8``: dynamic quantization (``onnxruntime.quantization.quantize_dynamic``). Weights
+  of MatMul / fused Attention (and Gather, if asked) are stored as int8, per output channel
+  by default; activations are quantized at run time, one scale per tensor. That scale is
+  taken over the whole batch, so a row's answer moves slightly with its batch mates: the
+  checks compare batched and alone rows by the task metric, not bit for bit.
+- ``int8-static``: static QDQ quantization (``quantize_static``) with activation ranges
+  calibrated on the recipe's sample texts or a user text file.
+
+The options that decide accuracy are exposed (:class:`QuantizeConfig`): per-channel
+weights, reduce-range (7-bit weights for CPUs without VNNI), the op types quantized, and
+nodes kept in float: by name, or ``keep_float="edges"`` for the first and last
+transformer layers (the usual first thing to try when int8 costs too much accuracy).
+
+onnxruntime is imported only when a model is quantized, so recipes can be read without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ExportError
+
+__all__ = ["CALIBRATION_METHODS", "KEEP_FLOAT", "QUANTIZE_MODES", "QuantizeConfig", "quantize_model"]
+
+log = logging.getLogger("ortbatch.export")
+
+QUANTIZE_MODES = ("int8", "int8-static")
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+KEEP_FLOAT = ("none", "edges")
+_OP_TYPES = ("MatMul", "Attention", "Gather", "Gemm", "Conv")
+_LAYER = re.compile(r"(?:^|/)(?:layers?|h|block|blocks)\.(\d+)(?:/|$)")
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """How to quantize an export (the recipe's ``[quantization]`` table).
+
+    Attributes:
+        mode: ``"int8"`` (dynamic) or ``"int8-static"`` (calibrated QDQ).
+        per_channel: one weight scale per output channel (more accurate than per tensor).
+        reduce_range: 7-bit weights: avoids saturation of the u8s8 kernels on CPUs
+            without VNNI, at some accuracy cost elsewhere.
+        op_types: operator types to quantize.
+        nodes_to_exclude: node names kept in float.
+        keep_float: ``"edges"`` also keeps every node of the first and last transformer
+            layers in float.
+        calibration: static mode's range estimator (minmax, entropy, percentile).
+        calibration_texts: static mode: a text file (one text per line) to calibrate on;
+            default the recipe's sample texts.
+    """
+
+    mode: str = "int8"
+    per_channel: bool = True
+    reduce_range: bool = False
+    op_types: tuple[str, ...] = ("MatMul", "Attention")
+    nodes_to_exclude: tuple[str, ...] = ()
+    keep_float: str = "none"
+    calibration: str = "minmax"
+    calibration_texts: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in QUANTIZE_MODES:
+            raise ExportError(f"quantization mode must be one of {list(QUANTIZE_MODES)}, got {self.mode!r}")
+        for name in ("per_channel", "reduce_range"):
+            if not isinstance(getattr(self, name), bool):
+                raise ExportError(f"quantization.{name} must be true or false, got {getattr(self, name)!r}")
+        bad = [op for op in self.op_types if op not in _OP_TYPES]
+        if bad or not self.op_types:
+            raise ExportError(f"quantization.op_types must be a non-empty subset of {list(_OP_TYPES)}, got {bad}")
+        if not all(isinstance(n, str) and n for n in self.nodes_to_exclude):
+            raise ExportError("quantization.nodes_to_exclude must be a list of node names")
+        if self.keep_float not in KEEP_FLOAT:
+            raise ExportError(f"quantization.keep_float must be one of {list(KEEP_FLOAT)}, got {self.keep_float!r}")
+        if self.calibration not in CALIBRATION_METHODS:
+            raise ExportError(
+                f"quantization.calibration must be one of {list(CALIBRATION_METHODS)}, got {self.calibration!r}"
+            )
+
+    @classmethod
+    def parse(cls, value: str | QuantizeConfig | Mapping[str, Any] | None) -> QuantizeConfig | None:
+        """``None``/``"none"`` -> None; a mode name; a mapping of the fields; or a config."""
+        if value is None or isinstance(value, QuantizeConfig):
+            return value
+        if isinstance(value, str):
+            return None if value in ("", "none") else cls(mode=value)
+        if not isinstance(value, Mapping):
+            raise ExportError(f"quantization must be a mode name or a table, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ExportError(f"unknown quantization option(s) {unknown}; expected {sorted(known)}")
+        kw = dict(value)
+        for key in ("op_types", "nodes_to_exclude"):
+            if key in kw:
+                if isinstance(kw[key], str) or not isinstance(kw[key], Sequence):
+                    raise ExportError(f"quantization.{key} must be a list, got {kw[key]!r}")
+                kw[key] = tuple(kw[key])
+        if kw.get("mode") in (None, "", "none"):
+            return None
+        return cls(**kw)
+
+    def with_overrides(self, **kw: Any) -> QuantizeConfig:
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["op_types"] = list(self.op_types)
+        d["nodes_to_exclude"] = list(self.nodes_to_exclude)
+        return d
+
+    @property
+    def label(self) -> str:
+        """A short name for tables: ``int8``, ``int8-static``, plus the options that differ."""
+        parts = [self.mode]
+        if not self.per_channel:
+            parts.append("per-tensor")
+        if self.reduce_range:
+            parts.append("rr")
+        if self.keep_float != "none":
+            parts.append(f"float-{self.keep_float}")
+        if self.nodes_to_exclude:
+            parts.append(f"float-{len(self.nodes_to_exclude)}")
+        return "-".join(parts)
+
+
+@dataclass
+class _Calibration:
+    """Feeds for static calibration: one tokenized text per ``get_next``."""
+
+    feeds: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._it: Iterator[dict[str, Any]] = iter(self.feeds)
+
+    def get_next(self) -> dict[str, Any] | None:
+        return next(self._it, None)
+
+
+def quantize_model(
+    path: str | os.PathLike[str],
+    config: QuantizeConfig,
+    *,
+    tokenizer: Any = None,
+    texts: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Quantize the ONNX file at ``path`` in place; returns what was done (for the manifest).
+
+    Static mode tokenizes ``texts`` (or ``config.calibration_texts``) with ``tokenizer``
+    to calibrate activation ranges. Raises :class:`ExportError` naming what failed.
+    """
+    import onnx
+
+    from .._extras import require
+
+    quant = require("onnxruntime.quantization", "export")
+    p = Path(path)
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as exc:
+        raise ExportError(f"cannot read {p} to quantize it: {type(exc).__name__}: {exc}") from exc
+    external = (
+        any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
+        or p.with_name(p.name + "_data").exists()
+    )
+    graph_inputs = [i.name for i in model.graph.input]
+    excluded = list(config.nodes_to_exclude) + (_edge_nodes(model) if config.keep_float == "edges" else [])
+    known = {n.name for n in model.graph.node}
+    missing = [n for n in config.nodes_to_exclude if n not in known]
+    if missing:
+        raise ExportError(f"quantization.nodes_to_exclude names nodes that {p.name} does not have: {missing[:5]}")
+    quantized_types = {n.op_type for n in model.graph.node} & set(config.op_types)
+    if not quantized_types:
+        raise ExportError(f"{p.name} has none of the op types to quantize {list(config.op_types)}")
+    del model
+    # optimum's fused graphs (Attention, SkipLayerNormalization) defeat shape inference;
+    # their tensors are float, which is what the quantizer needs to know.
+    extra: dict[str, Any] = {"DefaultTensorType": onnx.TensorProto.FLOAT}
+    root = logging.getLogger()
+    level = root.level
+    with tempfile.TemporaryDirectory(prefix="ortbatch-quant-", dir=p.parent) as tmp:
+        out = Path(tmp) / p.name
+        # quantize_dynamic logs a pre-processing hint on the root logger on every call
+        root.setLevel(max(level, logging.ERROR))
+        try:
+            if config.mode == "int8":
+                quant.quantize_dynamic(
+                    p,
+                    out,
+                    op_types_to_quantize=list(config.op_types),
+                    per_channel=config.per_channel,
+                    reduce_range=config.reduce_range,
+                    weight_type=quant.QuantType.QInt8,
+                    nodes_to_exclude=excluded,
+                    use_external_data_format=external,
+                    extra_options=extra,
+                )
+            else:
+                feeds = _calibration_feeds(config, tokenizer, texts, graph_inputs)
+                method = {
+                    "minmax": quant.CalibrationMethod.MinMax,
+                    "entropy": quant.CalibrationMethod.Entropy,
+                    "percentile": quant.CalibrationMethod.Percentile,
+                }[config.calibration]
+                quant.quantize_static(
+                    p,
+                    out,
+                    _Calibration(feeds),
+                    quant_format=quant.QuantFormat.QDQ,
+                    op_types_to_quantize=list(config.op_types),
+                    per_channel=config.per_channel,
+                    reduce_range=config.reduce_range,
+                    activation_type=quant.QuantType.QInt8,
+                    weight_type=quant.QuantType.QInt8,
+                    nodes_to_exclude=excluded,
+                    use_external_data_format=external,
+                    calibrate_method=method,
+                    extra_options={**extra, "ActivationSymmetric": True},
+                )
+        except ExportError:
+            raise
+        except Exception as exc:
+            raise ExportError(f"{config.mode} quantization of {p.name} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            root.setLevel(level)
+        for f in list(p.parent.glob(p.name + "*")):
+            f.unlink()
+        for f in Path(tmp).iterdir():
+            if f.name.startswith(p.name) or f.suffix == ".data":
+                shutil.move(str(f), p.parent / f.name)
+    return {
+        **config.to_dict(),
+        "nodes_kept_float": len(excluded),
+        "quantized_op_types": sorted(quantized_types),
+    }
+
+
+def _edge_nodes(model: Any) -> list[str]:
+    """Names of the nodes in the first and last transformer layers (by their layer index)."""
+    by_layer: dict[int, list[str]] = {}
+    for node in model.graph.node:
+        m = _LAYER.search(node.name)
+        if m:
+            by_layer.setdefault(int(m.group(1)), []).append(node.name)
+    if not by_layer:
+        raise ExportError(
+            "keep_float='edges': no transformer layers found by node name (e.g. '/encoder/layer.0/...'); "
+            "name the nodes to keep in float with nodes_to_exclude instead"
+        )
+    first, last = min(by_layer), max(by_layer)
+    return by_layer[first] + (by_layer[last] if last != first else [])
+
+
+def _calibration_feeds(
+    config: QuantizeConfig, tokenizer: Any, texts: Sequence[str], graph_inputs: list[str]
+) -> list[dict[str, Any]]:
+    import numpy as np
+
+    if config.calibration_texts:
+        try:
+            lines = Path(config.calibration_texts).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ExportError(f"calibration texts {config.calibration_texts}: {exc.strerror or exc}") from exc
+        texts = [t for t in (line.strip() for line in lines) if t]
+    if not texts:
+        raise ExportError("int8-static needs calibration texts (the recipe's samples or calibration_texts)")
+    if tokenizer is None:
+        raise ExportError("int8-static needs the model's tokenizer to calibrate")
+    supported = {"input_ids", "attention_mask", "token_type_ids"}
+    unknown = [n for n in graph_inputs if n not in supported]
+    if unknown:
+        raise ExportError(
+            f"int8-static calibrates encoder models only (inputs {sorted(supported)}); this one also takes {unknown}"
+        )
+    feeds = []
+    for text in texts:
+        enc = tokenizer([text], return_tensors="np")
+        feed = {"input_ids": np.asarray(enc["input_ids"], dtype=np.int64)}
+        feed["attention_mask"] = np.ones_like(feed["input_ids"])
+        feed["token_type_ids"] = np.zeros_like(feed["input_ids"])
+        feeds.append({k: v for k, v in feed.items() if k in graph_inputs})
+    return feeds
