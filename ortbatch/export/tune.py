@@ -226,6 +226,7 @@ def tune(
     requests: int = 512,
     concurrency: int = 64,
     rounds: int = 3,
+    bench_s: float | None = None,
     seed: int = 0,
     progress: Progress | None = None,
     bar: Any = None,
@@ -247,6 +248,8 @@ def tune(
         settings: BatchedSession settings to try per variant.
         holdout: a text file checked after the choice (reported, never used to choose).
         recipe: a recipe (file or :class:`Recipe`) for everything else of the export.
+        rounds, bench_s: interleaved rounds, and seconds per (variant, setting) cell in
+            each (default: what the budget leaves, 1-10 s).
         bar: a tqdm-like object (``update(n)``, ``set_description(s)``) for progress.
 
     Raises:
@@ -266,6 +269,11 @@ def tune(
             raise InvalidInputError(f"tune: {name} must be in (0, 1], got {value}")
     if budget_s <= 0:
         raise InvalidInputError(f"tune: budget_s must be positive, got {budget_s}")
+    for name, count in (("requests", requests), ("concurrency", concurrency), ("rounds", rounds)):
+        if count < 1:
+            raise InvalidInputError(f"tune: {name} must be at least 1, got {count}")
+    if not settings:
+        raise InvalidInputError("tune: no runtime settings to try")
     out = Path(output)
     _check_output(out)
     rcp = load_recipe(recipe) if isinstance(recipe, (str, os.PathLike)) else (recipe or Recipe())
@@ -323,7 +331,7 @@ def tune(
         cells = [(r, s) for r in bench_rows for s in settings]
         # each cell also builds its sessions and warms up (about as long again as it measures)
         left = deadline - time.perf_counter() - 5.0
-        per_cell = max(1.0, min(10.0, left / max(1, 2 * len(cells) * rounds) - 1.0))
+        per_cell = bench_s or max(1.0, min(10.0, left / max(1, 2 * len(cells) * rounds) - 1.0))
         say(
             f"benchmarking {len(bench_rows)} variant(s) x {len(settings)} setting(s), "
             f"{rounds} rounds of {per_cell:.1f}s"

@@ -1,0 +1,135 @@
+"""int8 exports: every exported task goes through ``--quantize int8`` and the checks, with
+the task's int8 tolerances stated in the report; a tampered or badly quantized export fails."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.export, pytest.mark.slow]
+
+onnx = pytest.importorskip("onnx")
+from onnx import numpy_helper  # noqa: E402
+
+from ortbatch.errors import ExportError  # noqa: E402
+from ortbatch.export.recipes import INT8_TOLERANCES  # noqa: E402
+
+TASKS = {
+    "bert": "feature-extraction",
+    "bert-cls": "text-classification",
+    "bert-tok": "token-classification",
+    "gpt2": "text-generation-with-past",
+}
+
+
+def _op_types(path: Path) -> set[str]:
+    return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+@pytest.mark.parametrize("kind", sorted(TASKS))
+def test_int8_export_of_each_task_passes_the_int8_checks(exported, kind):
+    res = exported(kind, quantize="int8")
+    task = TASKS[kind]
+    assert res.report.passed, res.report.summary()
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= _op_types(res.directory / "model.onnx")
+    manifest = json.loads((res.directory / "ortbatch.json").read_text())
+    assert manifest["source"]["task"] == task
+    assert manifest["source"]["quantization"]["mode"] == "int8"
+    assert manifest["source"]["quantization"]["per_channel"] is True
+    assert manifest["validation"]["tolerances"] == INT8_TOLERANCES[task]
+    assert res.report.variant == "int8"
+    assert res.report.tolerances == INT8_TOLERANCES[task]
+    assert f"int8 tolerances ({task})" in res.report.format_table()
+    # still a plain ONNX model: same inputs and outputs as the fp32 export
+    fp32 = onnx.load(str(exported(kind).directory / "model.onnx"), load_external_data=False)
+    q = onnx.load(str(res.directory / "model.onnx"), load_external_data=False)
+    assert [i.name for i in q.graph.input] == [i.name for i in fp32.graph.input]
+    assert [o.name for o in q.graph.output] == [o.name for o in fp32.graph.output]
+
+
+def test_int8_static_is_calibrated_and_checked(exported):
+    res = exported("bert", quantize="int8-static")
+    assert res.report.passed, res.report.summary()
+    assert "QuantizeLinear" in _op_types(res.directory / "model.onnx")
+    assert res.report.variant == "int8-static"
+
+
+def test_validate_reports_the_int8_tolerances_and_passes(exported, capsys):
+    from ortbatch.cli import main
+
+    res = exported("bert", quantize="int8")
+    assert main(["validate", str(res.directory), "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "int8 tolerances (feature-extraction): " in out
+    assert "cosine=0.99," in out and "token_cosine=0.95" in out
+    assert "PASSED" in out
+
+
+def test_validate_fails_on_a_tampered_int8_export(exported, tmp_path, capsys):
+    from ortbatch.cli import main
+
+    d = Path(shutil.copytree(exported("bert", quantize="int8").directory, tmp_path / "tampered"))
+    model = onnx.load(str(d / "model.onnx"))
+    # the weights' per-channel scales, each multiplied by 1000: the file still loads and runs
+    scales = [t for t in model.graph.initializer if t.name.endswith("_scale") and len(t.dims) == 1 and t.dims[0] > 1]
+    assert scales
+    for t in scales:
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * np.float32(1000.0), t.name))
+    onnx.save(model, str(d / "model.onnx"))
+    assert main(["validate", str(d), "--no-save"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out
+    assert "min cosine similarity" in out and "< 0.95" in out
+
+
+def _outlier_bert(src: Path, d: Path) -> Path:
+    """A tiny BERT whose FFN has one unit 1e4 times larger than the rest (its next
+    projection scaled back), so fp32 is exact but one activation scale per tensor crushes
+    every other unit: a model that all-nodes int8 breaks."""
+    import torch
+    import transformers
+
+    shutil.copytree(src, d)
+    model = transformers.BertModel.from_pretrained(d)
+    with torch.no_grad():
+        for layer in model.encoder.layer:
+            layer.intermediate.dense.weight[0] *= 1e4
+            layer.intermediate.dense.bias[0] *= 1e4
+            layer.output.dense.weight[:, 0] /= 1e4
+            layer.output.dense.weight[:, 1:] *= 50.0
+    model.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def outlier_bert(tiny_model, tmp_path_factory) -> Path:
+    return _outlier_bert(tiny_model("bert"), tmp_path_factory.mktemp("outlier") / "bert-outlier")
+
+
+def test_harmful_int8_is_rejected_saying_which_metric_and_by_how_much(outlier_bert, tmp_path):
+    from ortbatch.export import export_model
+
+    fp32 = export_model(outlier_bert, tmp_path / "fp32", raise_on_failure=False)
+    assert fp32.report.passed, fp32.report.summary()
+    res = export_model(outlier_bert, tmp_path / "int8", quantize="int8", raise_on_failure=False)
+    assert not res.report.passed
+    parity = next(c for c in res.report.checks if c.name == "reference_parity")
+    assert parity.status == "failed"
+    comp = next(c for case in parity.cases for c in case.comparisons if c.output == "last_hidden_state")
+    assert comp.metric == "cosine" and comp.metric_value < 0.9
+    assert f"min cosine similarity {comp.metric_value:.6f} < 0.95 (by {0.95 - comp.metric_value:.4f})" in comp.message
+
+
+def test_quantization_errors_are_typed_and_name_the_problem(tiny_model, tmp_path):
+    from ortbatch.export import export_model
+    from ortbatch.export.quantize import QuantizeConfig
+
+    cfg = QuantizeConfig("int8", nodes_to_exclude=("/no/such/MatMul",))
+    with pytest.raises(ExportError, match="/no/such/MatMul"):
+        export_model(tiny_model("bert"), tmp_path / "a", quantize=cfg, validate=False)
+    with pytest.raises(ExportError, match="fp32 CPU exports"):
+        export_model(tiny_model("bert"), tmp_path / "b", quantize="int8", dtype="fp16", validate=False)
