@@ -192,7 +192,7 @@ class Manifest:
             "validation",
             "generation",
         }
-        return cls(
+        manifest = cls(
             model=model,
             inputs=inputs,
             outputs=outputs,
@@ -206,6 +206,8 @@ class Manifest:
             format=fmt,
             directory=directory,
         )
+        manifest.runtime  # noqa: B018 - validates the tuned settings now, not at first use
+        return manifest
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Manifest:
