@@ -92,47 +92,19 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
 # hidden state is off by up to ~0.5 here and there); the task metric decides, per task.
 # token_cosine: per-token hidden states (noisier than the pooled sentence embedding);
 # random_*: the shape checks, which run on random token ids, far from any real text.
+_INT8_BASE = {
+    "cosine": 0.99,
+    "token_cosine": 0.95,
+    "random_cosine": 0.9,
+    "argmax": 0.9,
+    "random_argmax": 0.8,
+    "greedy": 0.75,
+}
 INT8_TOLERANCES: dict[str, dict[str, float]] = {
-    "feature-extraction": {
-        "atol": 1.0,
-        "rtol": 0.5,
-        "cosine": 0.99,
-        "token_cosine": 0.95,
-        "random_cosine": 0.9,
-        "argmax": 0.95,
-        "random_argmax": 0.8,
-        "greedy": 0.75,
-    },
-    "text-classification": {
-        "atol": 0.25,
-        "rtol": 0.25,
-        "cosine": 0.99,
-        "token_cosine": 0.95,
-        "random_cosine": 0.9,
-        "argmax": 0.9,
-        "random_argmax": 0.8,
-        "greedy": 0.75,
-    },
-    "token-classification": {
-        "atol": 0.25,
-        "rtol": 0.25,
-        "cosine": 0.99,
-        "token_cosine": 0.95,
-        "random_cosine": 0.9,
-        "argmax": 0.9,
-        "random_argmax": 0.8,
-        "greedy": 0.75,
-    },
-    "text-generation-with-past": {
-        "atol": 0.5,
-        "rtol": 0.25,
-        "cosine": 0.99,
-        "token_cosine": 0.95,
-        "random_cosine": 0.9,
-        "argmax": 0.9,
-        "random_argmax": 0.8,
-        "greedy": 0.75,
-    },
+    "feature-extraction": {**_INT8_BASE, "atol": 1.0, "rtol": 0.5, "argmax": 0.95},
+    "text-classification": {**_INT8_BASE, "atol": 0.25, "rtol": 0.25},
+    "token-classification": {**_INT8_BASE, "atol": 0.25, "rtol": 0.25},
+    "text-generation-with-past": {**_INT8_BASE, "atol": 0.5, "rtol": 0.25},
 }
 _INT8_DEFAULT = INT8_TOLERANCES["feature-extraction"]
 _TOLERANCE_KEYS = frozenset(DEFAULT_TOLERANCES["fp32"]) | frozenset(_INT8_DEFAULT)
