@@ -308,8 +308,18 @@ def tune(
                 _tick(bar)
                 continue
             say(f"[{i + 1}/{len(chosen_variants)}] {var.name}: export and checks")
-            rows.append(_build(model_ref, work / _slug(var.name), var, rcp, floors))
+            row = _build(model_ref, work / _slug(var.name), var, rcp, floors)
+            rows.append(row)
             _tick(bar)
+            if row.directory is not None:
+                family = Manifest.load(row.directory).source.get("family", "encoder")
+                if family != "encoder":
+                    # BatchedGenerator's continuous batching is another benchmark (ortbatch generate/bench)
+                    raise InvalidInputError(
+                        f"tune benchmarks encoder exports with BatchedSession; {model} is a {family} model. "
+                        "Export it with --quantize int8 (checked by greedy-token agreement) and compare with "
+                        "benchmarks/generation.py instead"
+                    )
         passed = [r for r in rows if r.status == "passed"]
         if not passed:
             raise ExportError("tune: no variant passed the checks:\n" + _plain(rows))

@@ -87,3 +87,11 @@ def test_tune_cli_bad_input_is_one_line_not_a_traceback(tmp_path, capsys, args, 
     assert main(["tune", "some-model", "-o", str(tmp_path / "out"), *args]) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_tune_says_decoders_are_benchmarked_elsewhere(tiny_model, tmp_path):
+    from ortbatch.export.tune import tune
+
+    with pytest.raises(InvalidInputError, match="tune benchmarks encoder exports"):
+        tune(tiny_model("gpt2"), tmp_path / "out", variants=["fp32"], budget_s=300)
+    assert not (tmp_path / ".out.tune").exists() and not (tmp_path / "out").exists()
