@@ -347,9 +347,12 @@ def tune(
             f"{rounds} rounds of {per_cell:.1f}s"
         )
         samples: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+        round_s = 0.0
         for rnd in range(rounds):
-            if rnd > 0 and time.perf_counter() > deadline:
-                say(f"budget spent: {rnd} round(s) of {rounds} measured")
+            started = time.perf_counter()
+            # a round must fit in what is left (the first always runs: a choice needs figures)
+            if rnd > 0 and started + round_s > deadline:
+                say(f"budget: {rnd} of {rounds} round(s) fit in {budget_s:g}s")
                 break
             for r, s in cells:
                 if bar is not None:
@@ -359,6 +362,7 @@ def tune(
                     _measure(r.directory, s, workload, concurrency, per_cell, warm_s=min(5.0, per_cell))
                 )
                 _tick(bar)
+            round_s = time.perf_counter() - started
         for r in bench_rows:
             for s in settings:
                 runs = samples[(r.variant, s.label)]
@@ -379,7 +383,10 @@ def tune(
 
         # -- held-out: checked after the choice, reported only ---------------------------
         if holdout_texts is not None:
-            for r in passed:
+            for r in sorted(passed, key=lambda r: r is not chosen):  # the chosen one first
+                if r is not chosen and time.perf_counter() > deadline:
+                    r.holdout = "skipped: budget spent"
+                    continue
                 if bar is not None:
                     bar.set_description(f"held-out checks {r.variant}")
                 assert r.directory is not None
