@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 HELP = (
-    "serve an export directory over HTTP (KServe v2 / Triton protocol, /v1/embeddings, /metrics; "
-    "a text-generation-with-past export: OpenAI /v1/completions)"
+    "serve export directories over HTTP (KServe v2 / Triton protocol with the model-repository extension, "
+    "/v1/embeddings, /v1/rerank, /v1/classify, /tokenize, /metrics; text-generation-with-past exports: "
+    "OpenAI /v1/completions)"
 )
 
 
@@ -18,7 +19,30 @@ def _positive_int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("directory", metavar="DIR", help="export directory (model.onnx + ortbatch.json)")
+    parser.add_argument(
+        "directory",
+        metavar="DIR",
+        nargs="*",
+        help="export directory (model.onnx + ortbatch.json); several serve them all, each named after its folder "
+        "or NAME=DIR",
+    )
+    parser.add_argument(
+        "--repository",
+        metavar="ROOT",
+        default=None,
+        help="serve every subfolder of ROOT holding an ortbatch.json (named after the folder); folders added "
+        "later load with POST /v2/repository/models/NAME/load. Models do not get fixed shares of the CPU: each "
+        "is sized for every core, since an idle model's thread pools sleep and use none",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="with several models: refuse to start if any fails to load"
+    )
+    parser.add_argument(
+        "--truncate",
+        action="store_true",
+        help="text endpoints cut inputs longer than the model's limit by default (else 400 unless the "
+        'request says "truncate": true)',
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="port (0: pick a free one; default 8000)")
     parser.add_argument("--name", default=None, help="model name in URLs (default: the directory name)")
@@ -101,11 +125,18 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from ..errors import OrtBatchError
     from ..serve.auth import resolve_api_key
+    from ..serve.repository import ModelRepository, parse_model_args
     from ..serve.server import ServeConfig, serve
 
-    if not Path(args.directory).exists():
-        print(f"ortbatch serve: error: {args.directory} does not exist", file=sys.stderr)
+    if not args.directory and args.repository is None:
+        print("ortbatch serve: error: give an export DIR (or several, or --repository ROOT)", file=sys.stderr)
+        return 2
+    # one DIR keeps the one-model server; several, NAME=DIR or --repository: the repository
+    many = args.repository is not None or len(args.directory) != 1 or not Path(args.directory[0]).exists()
+    if many and args.name is not None:
+        print("ortbatch serve: error: --name names one model; with several, use NAME=DIR", file=sys.stderr)
         return 2
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         print("ortbatch serve: error: TLS needs both --ssl-certfile and --ssl-keyfile", file=sys.stderr)
@@ -141,5 +172,18 @@ def run(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout_s,
         limit_concurrency=args.limit_concurrency,
         max_text_chars=args.max_text_chars,
+        truncate=args.truncate,
     )
-    return serve(args.directory, config)
+    if not many:
+        return serve(args.directory[0], config)
+    try:
+        models = parse_model_args(args.directory)
+        missing = [str(path) for _, path in models if not path.exists()]
+        if missing:
+            raise OrtBatchError(f"{', '.join(missing)} does not exist")
+        root = Path(args.repository) if args.repository is not None else None
+        repository = ModelRepository(models, root=root, config=config, strict=args.strict)
+        return serve(repository, config)
+    except OrtBatchError as exc:
+        print(f"ortbatch serve: error: {exc}", file=sys.stderr)
+        return 2

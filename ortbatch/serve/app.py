@@ -2,7 +2,8 @@
 
 :func:`routes_for` says which protocols a served thing speaks (a :class:`ServedModel`: the
 Open Inference Protocol and, for an embedding export, ``/v1/embeddings``; a
-:class:`ServedGenerator`: OpenAI completions and chat), :func:`metrics_for` which
+:class:`ServedGenerator`: OpenAI completions and chat; a model's task endpoints,
+:mod:`ortbatch.serve.tasks`), :func:`metrics_for` which
 runtime counters it exports, and :func:`build_app` puts them together with
 :func:`~ortbatch.serve.http.assemble_app`. A server of several models, or another ingress,
 assembles the same routes its own way.
@@ -28,7 +29,9 @@ def routes_for(served: ServedModel | ServedGenerator, body: BodyLimits) -> list[
     ``/metrics``, which :func:`~ortbatch.serve.http.assemble_app` adds)."""
     if isinstance(served, ServedGenerator):
         return completion_routes(served, body)
-    return [*kserve_routes(served, body), *embedding_routes(served, body)]
+    from .tasks import task_routes
+
+    return [*kserve_routes(served, body), *embedding_routes(served, body), *task_routes(served, body)]
 
 
 def metrics_for(served: ServedModel | ServedGenerator) -> ServerMetrics:

@@ -29,14 +29,22 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    def find_model(request: Request) -> ServedModel:
+    from .textview import TextModelView
+
+    # the text-in face of a model with a tokenizer is its own entry, {name}_text
+    text_view = TextModelView(model) if model.text_model_name is not None else None
+
+    def find_model(request: Request) -> Any:
         name = request.path_params["name"]
         version = request.path_params.get("version")
-        if name != model.name:
+        found: Any = text_view if text_view is not None and name == text_view.name else None
+        if name == model.name:
+            found = model
+        if found is None:
             raise HTTPError(404, f"unknown model {name!r}; this server serves {model.name!r}")
         if version is not None and version != model.version:
             raise HTTPError(404, f"unknown version {version!r} of model {name!r}; served: {model.version!r}")
-        return model
+        return found
 
     # -- v2 handlers ------------------------------------------------------------------
     async def server_metadata(request: Request) -> Response:

@@ -37,6 +37,8 @@ log = logging.getLogger("ortbatch.serve")
 TOKENIZER_FILE = "tokenizer.json"
 #: Name of the BYTES input that carries raw text, for models exported with a tokenizer.
 TEXT_INPUT = "text"
+#: Suffix of the text-in model entry (``minilm`` -> ``minilm_text``).
+TEXT_MODEL_SUFFIX = "_text"
 # Tasks whose exports answer /v1/embeddings (token embeddings, pooled here).
 EMBEDDING_TASKS = frozenset({"feature-extraction", "sentence-similarity", "sentence-embeddings"})
 # Already-pooled outputs, preferred over pooling token embeddings ourselves.
@@ -149,6 +151,9 @@ class ServedModel:
             where it can only surface as an InferenceError. Default: ``input_ids`` below
             the tokenizer's vocabulary size. :meth:`load` reads them from the export's
             ``config.json`` (``vocab_size``, ``type_vocab_size``).
+        truncate: the default of the text endpoints' ``truncate`` field: cut an input
+            longer than the model's limit to the limit (True) or refuse it with a 400
+            (False, the default; text sent to ``/v2/.../infer`` is always cut).
     """
 
     def __init__(
@@ -162,11 +167,13 @@ class ServedModel:
         normalize_embeddings: bool = True,
         id_limits: dict[str, int] | None = None,
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+        truncate: bool = False,
     ) -> None:
         self.session = session
         #: longest text taken when the export sets no sequence length to truncate at
         self.max_text_chars = max_text_chars
         self._cut_at: int | None = None
+        self.truncate = truncate
         self.name = name
         self.version = version
         self.manifest = manifest if manifest is not None else getattr(session, "manifest", None)
@@ -175,7 +182,7 @@ class ServedModel:
         self._input_types = {m.name: m.datatype for m in self.inputs}
         self._output_names = [m.name for m in self.outputs]
         self.normalize_embeddings = normalize_embeddings
-        self.tokenizer = None
+        self.tokenizer: Any = None
         self.text_input: str | None = None
         self.text_disabled_reason = "the export has no tokenizer.json"
         self.id_limits: dict[str, int] = {}
@@ -196,6 +203,7 @@ class ServedModel:
         session_kwargs: dict[str, Any] | None = None,
         normalize_embeddings: bool = True,
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+        truncate: bool = False,
     ) -> ServedModel:
         """Build the BatchedSession for an export directory (or a bare ``.onnx`` file)
         and load its tokenizer when ``tokenizer.json`` sits next to the model."""
@@ -218,6 +226,7 @@ class ServedModel:
                 normalize_embeddings=normalize_embeddings,
                 id_limits=_config_id_limits(base / "config.json"),
                 max_text_chars=max_text_chars,
+                truncate=truncate,
             )
         except BaseException:
             session.close(drain=False)
@@ -267,9 +276,10 @@ class ServedModel:
 
     def metadata(self) -> dict[str, Any]:
         """The model metadata response (``GET /v2/models/{name}``)."""
+        # Exactly the tensors a request must carry: a metadata-driven client (perf_analyzer,
+        # generic v2 clients) sends one tensor per listed input. Text-in is its own model
+        # entry (``text_model_name``), though text alone is still accepted here.
         inputs = [m.to_dict() for m in self.inputs]
-        if self.text_input is not None:
-            inputs.append({"name": self.text_input, "datatype": "BYTES", "shape": [-1], "optional": True})
         doc: dict[str, Any] = {
             "name": self.name,
             "versions": [self.version],
@@ -287,6 +297,7 @@ class ServedModel:
             params["max_sequence_length"] = self.manifest.max_sequence_length
         if self.text_input is not None:
             params["text_input"] = self.text_input
+            params["text_model"] = self.text_model_name
         doc["parameters"] = {k: v for k, v in params.items() if v is not None}
         return doc
 
@@ -413,6 +424,37 @@ class ServedModel:
                 input_name=field,
             )
 
+    def encode(self, items: Sequence[str | tuple[str, str]], truncate: bool, field: str) -> list[Any]:
+        """Tokenize texts (or ``(first, second)`` pairs, as the tokenizer pairs them) into
+        ``tokenizers.Encoding`` objects, each text bounded first (see the class docs); an
+        input the tokenizer had to cut to the model's limit is an InvalidInputError naming
+        ``field[i]`` unless ``truncate``."""
+        tok = self.tokenizer
+        if tok is None:
+            raise InvalidInputError(f"model {self.name!r} takes no text: {self.text_disabled_reason}")
+        self.check_count(len(items), field)
+        flat = [t for item in items for t in (item if isinstance(item, tuple) else (item,))]
+        bounded = iter(check_texts(flat, field, self._cut_at, self.max_text_chars))
+        ready = [(next(bounded), next(bounded)) if isinstance(item, tuple) else next(bounded) for item in items]
+        encodings: list[Any] = tok.encode_batch(ready)
+        if not truncate:
+            for i, e in enumerate(encodings):
+                if e.overflowing:
+                    limit = (tok.truncation or {}).get("max_length")
+                    raise InvalidInputError(
+                        f"'{field}'[{i}] is longer than the model's limit of {limit} tokens; "
+                        'send "truncate": true to cut it to the limit',
+                        input_name=field,
+                    )
+        return encodings
+
+    async def encode_async(self, items: Sequence[str | tuple[str, str]], truncate: bool, field: str) -> list[Any]:
+        """:meth:`encode`, in a thread when the request is large."""
+        chars = sum(len(x) if isinstance(x, str) else len(x[0]) + len(x[1]) for x in items)
+        if chars <= _INLINE_TOKENIZE_CHARS:
+            return self.encode(items, truncate, field)
+        return await asyncio.to_thread(self.encode, items, truncate, field)
+
     def _feed_from_ids(
         self, ids: Sequence[int], mask: Sequence[int] | None = None, type_ids: Sequence[int] | None = None
     ) -> dict[str, np.ndarray]:
@@ -461,18 +503,28 @@ class ServedModel:
                 raise t.exception()  # type: ignore[misc]
         return [t.result() for t in tasks]
 
-    async def embed(self, inputs: Sequence[str] | Sequence[Sequence[int]]) -> EmbeddingResult:
+    async def embed(
+        self, inputs: Sequence[str] | Sequence[Sequence[int]], truncate: bool | None = None
+    ) -> EmbeddingResult:
         """Pooled (and by default L2-normalized) embeddings, one row per input: texts
-        are tokenized here; token-id lists are used as they are."""
+        are tokenized here; token-id lists are used as they are. An input longer than the
+        model's limit is cut to it when ``truncate`` (default: ``self.truncate``), else
+        refused with an InvalidInputError naming it."""
         if self.embedding_output is None:
             raise LookupError(self.embeddings_disabled_reason)
         if not inputs:
             raise InvalidInputError("'input' must not be empty")
+        truncate = self.truncate if truncate is None else truncate
         if all(isinstance(x, str) for x in inputs):
-            feeds = await self.tokenize_async(inputs, "input")  # type: ignore[arg-type]
+            encodings = await self.encode_async(inputs, truncate, "input")  # type: ignore[arg-type]
+            feeds = [self._feed_from_ids(e.ids, e.attention_mask, e.type_ids) for e in encodings]
         else:
             self.check_count(len(inputs), "input")
-            feeds = [self._feed_from_ids(list(ids)) for ids in inputs]  # type: ignore[arg-type]
+            limit = self.manifest.max_sequence_length if self.manifest is not None else None
+            id_rows: list[list[int]] = [list(ids) for ids in inputs]  # type: ignore[arg-type]
+            if truncate and limit:
+                id_rows = [r[:limit] for r in id_rows]
+            feeds = [self._feed_from_ids(r) for r in id_rows]
             for feed in feeds:
                 self._check_ids(feed)
         results = await self._gather(feeds, [self.embedding_output])
@@ -490,6 +542,12 @@ class ServedModel:
             norms = np.linalg.norm(emb, axis=1, keepdims=True)
             emb = emb / np.maximum(norms, 1e-12)
         return EmbeddingResult(emb, tokens)
+
+    @property
+    def text_model_name(self) -> str | None:
+        """The KServe v2 model entry that takes text (one BYTES input), when the export
+        has a tokenizer: ``{name}_text``."""
+        return self.name + TEXT_MODEL_SUFFIX if self.text_input is not None else None
 
     @property
     def closed(self) -> bool:

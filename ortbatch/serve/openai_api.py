@@ -125,7 +125,12 @@ def embedding_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
             raise InvalidInputError(
                 f"encoding_format must be 'float' or 'base64', got {str(fmt)[:40]!r}", input_name="encoding_format"
             )
-        result = await run_or_abandon(request.receive, model.embed(inputs))
+        truncate = doc.get("truncate", model.truncate)
+        if not isinstance(truncate, bool):
+            raise InvalidInputError(
+                f"'truncate' must be true or false, got {str(truncate)[:40]}", input_name="truncate"
+            )
+        result = await run_or_abandon(request.receive, model.embed(inputs, truncate))
         emb = result.embeddings
         dims = doc.get("dimensions")
         if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != emb.shape[1]):

@@ -36,6 +36,7 @@ from .served_generator import ServedGenerator, is_generation_export
 
 if TYPE_CHECKING:
     from .grpc import GrpcServer
+    from .repository import ModelRepository
 
 __all__ = ["BackgroundServer", "ServeConfig", "bind_socket", "serve"]
 
@@ -86,6 +87,8 @@ class ServeConfig:
     #: most connections (and requests) at once; beyond it uvicorn answers 503. Keep it
     #: below the process's file-descriptor limit (``ulimit -n``).
     limit_concurrency: int | None = 1000
+    #: default of the text endpoints' ``truncate``: cut over-long inputs instead of a 400
+    truncate: bool = False
 
     def generator_kwargs(self) -> dict[str, Any]:
         """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""
@@ -214,18 +217,32 @@ def _url(sock: socket.socket, tls: bool = False) -> str:
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-def _build_app(served: ServedModel | ServedGenerator, config: ServeConfig, close_model_on_shutdown: bool = True) -> Any:
-    """The app for what is served (:func:`~ortbatch.serve.app.build_app`), behind the
-    API-key door when a key is set."""
+def _build_app(
+    served: ServedModel | ServedGenerator | ModelRepository, config: ServeConfig, close_model_on_shutdown: bool = True
+) -> Any:
+    """The app for what is served (:func:`~ortbatch.serve.app.build_app`; every model's for
+    a repository), behind the API-key door when a key is set."""
+    from .repository import ModelRepository
+
     body = BodyLimits(config.max_body_bytes, config.body_timeout_s)
-    app = build_app(served, body, close_on_shutdown=close_model_on_shutdown)
+    app: Any
+    if isinstance(served, ModelRepository):
+        from .repository_app import create_repository_app
+
+        app = create_repository_app(served, body=body, close_model_on_shutdown=close_model_on_shutdown)
+    else:
+        app = build_app(served, body, close_on_shutdown=close_model_on_shutdown)
     return ApiKeyMiddleware(app, config.api_key) if config.api_key is not None else app
 
 
-def _grpc_server(served: ServedModel | ServedGenerator, config: ServeConfig) -> GrpcServer | None:
+def _grpc_server(served: ServedModel | ServedGenerator | ModelRepository, config: ServeConfig) -> GrpcServer | None:
     """The started gRPC service when ``config.grpc_port`` is set (None otherwise)."""
     if config.grpc_port is None:
         return None
+    from .repository import ModelRepository
+
+    if isinstance(served, ModelRepository):
+        raise OrtBatchError("--grpc-port serves one model; with several models, use HTTP (gRPC is not routed yet)")
     if not isinstance(served, ServedModel):
         raise OrtBatchError(
             "--grpc-port serves the KServe v2 tensor protocol; a text-generation export is served over "
@@ -244,20 +261,34 @@ def _grpc_server(served: ServedModel | ServedGenerator, config: ServeConfig) -> 
     ).start()
 
 
-def _load_app(directory: str | Path, config: ServeConfig) -> tuple[ServedModel | ServedGenerator, Any]:
-    """Load what ``directory`` holds (a generator for a decoder-with-past export, else a
-    model) and build its app."""
-    served: ServedModel | ServedGenerator
+def load_served(directory: str | Path, name: str | None, config: ServeConfig) -> ServedModel | ServedGenerator:
+    """What ``directory`` holds, ready to serve: a ServedGenerator for a decoder-with-past
+    export, else a ServedModel, built with ``config``'s settings."""
     if is_generation_export(directory):
-        served = ServedGenerator.load(directory, name=config.name, generator_kwargs=config.generator_kwargs())
+        return ServedGenerator.load(directory, name=name, generator_kwargs=config.generator_kwargs())
+    return ServedModel.load(
+        directory,
+        name=name,
+        session_kwargs=config.session_kwargs(),
+        normalize_embeddings=config.normalize_embeddings,
+        max_text_chars=config.max_text_chars,
+        truncate=config.truncate,
+    )
+
+
+def _load_app(
+    directory: str | Path | ModelRepository, config: ServeConfig
+) -> tuple[ServedModel | ServedGenerator | ModelRepository, Any]:
+    """Load what ``directory`` holds (a generator for a decoder-with-past export, else a
+    model; every model of a repository) and build its app."""
+    from .repository import ModelRepository
+
+    served: ServedModel | ServedGenerator | ModelRepository
+    if isinstance(directory, ModelRepository):
+        served = directory
+        served.load_all()
     else:
-        served = ServedModel.load(
-            directory,
-            name=config.name,
-            session_kwargs=config.session_kwargs(),
-            normalize_embeddings=config.normalize_embeddings,
-            max_text_chars=config.max_text_chars,
-        )
+        served = load_served(directory, config.name, config)
     try:
         return served, _build_app(served, config)
     except BaseException:
@@ -265,8 +296,10 @@ def _load_app(directory: str | Path, config: ServeConfig) -> tuple[ServedModel |
         raise
 
 
-def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
-    """Serve an export directory in the foreground until SIGTERM/SIGINT; returns 0
+def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = None) -> int:
+    """Serve an export directory (or every model of a
+    :class:`~ortbatch.serve.repository.ModelRepository`) in the foreground until
+    SIGTERM/SIGINT; returns 0
     after a graceful drain in which every received request was answered (1 if the
     graceful timeout cancelled some). Prints ``listening on URL`` once the model is
     loaded and the socket is bound, and the request counts after the drain."""
@@ -308,7 +341,13 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
             grpc_server.stop_soon(config.graceful_timeout_s)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    if isinstance(served, ServedModel):
+    from .repository import ModelRepository
+
+    if isinstance(served, ModelRepository):
+        for line in served.status_lines():
+            print(f"ortbatch serve: {line}", file=sys.stderr, flush=True)
+        what = "a model repository: POST /v2/repository/index"
+    elif isinstance(served, ServedModel):
         text = "text input on" if served.text_input else "no text input"
         emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
         what = f"{text}, {emb}"
@@ -317,8 +356,9 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
     if grpc_server is not None:
         tls = " (TLS)" if grpc_server.tls else ""
         what += f"; gRPC{tls} on {grpc_server.address}"
+    label = "serving" if isinstance(served, ModelRepository) else f"model {served.name!r}"
     print(
-        f"ortbatch serve: model {served.name!r} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}",
+        f"ortbatch serve: {label} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}",
         file=sys.stderr,
         flush=True,
     )
@@ -364,7 +404,8 @@ def serve(directory: str | Path, config: ServeConfig | None = None) -> int:
 
 
 class BackgroundServer:
-    """Serve a :class:`ServedModel` (or a :class:`~ortbatch.serve.served_generator.ServedGenerator`)
+    """Serve a :class:`ServedModel` (or a :class:`~ortbatch.serve.served_generator.ServedGenerator`,
+    or a :class:`~ortbatch.serve.repository.ModelRepository` after its ``load_all()``)
     from a background thread on a loopback port.
 
         with BackgroundServer(ServedModel.load("exports/minilm")) as srv:
@@ -376,7 +417,7 @@ class BackgroundServer:
 
     def __init__(
         self,
-        model: ServedModel | ServedGenerator,
+        model: ServedModel | ServedGenerator | ModelRepository,
         config: ServeConfig | None = None,
         *,
         close_model: bool = True,

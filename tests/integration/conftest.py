@@ -100,6 +100,9 @@ def build_tiny(kind: str, d: Path) -> Path:
     elif kind == "bert-cls":
         _wordpiece(d)
         model = tf.BertForSequenceClassification(_bert_config(num_labels=3))
+    elif kind == "bert-rerank":  # a cross-encoder: one relevance logit per (query, document) pair
+        _wordpiece(d)
+        model = tf.BertForSequenceClassification(_bert_config(num_labels=1))
     elif kind == "bert-tok":
         _wordpiece(d)
         model = tf.BertForTokenClassification(_bert_config(num_labels=5))

@@ -35,6 +35,20 @@ def encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def task_dirs(tmp_path_factory: pytest.TempPathFactory, encoder_dir: Path) -> dict[str, Path]:
+    """Tiny exports of every task the task endpoints serve (tinytasks.py), by model name."""
+    from tinytasks import build_classifier, build_tagger
+
+    root = tmp_path_factory.mktemp("tasks")
+    return {
+        "embedder": encoder_dir,
+        "reranker": build_classifier(root / "reranker", num_labels=1),
+        "sentiment": build_classifier(root / "sentiment", num_labels=3),
+        "ner": build_tagger(root / "ner"),
+    }
+
+
+@pytest.fixture(scope="session")
 def adder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_adder(tmp_path_factory.mktemp("bare") / "adder.onnx")
 

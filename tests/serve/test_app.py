@@ -55,10 +55,16 @@ def test_model_metadata_dynamic_dims_and_text_input(encoder_server):
             assert meta["name"] == "tiny" and meta["versions"] == ["1"]
             inputs = {t["name"]: t for t in meta["inputs"]}
             assert inputs["input_ids"] == {"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]}
-            assert inputs["text"]["datatype"] == "BYTES"
+            # exactly the tensors a request needs (a metadata-driven client sends them all);
+            # text has its own entry
+            assert sorted(inputs) == ["attention_mask", "input_ids"]
+            assert meta["parameters"]["text_model"] == "tiny_text"
             outputs = {t["name"]: t for t in meta["outputs"]}
             assert outputs["last_hidden_state"]["shape"] == [-1, -1, 4]
             assert outputs["pooled"] == {"name": "pooled", "datatype": "FP32", "shape": [-1, 4]}
+        text = c.get("/v2/models/tiny_text").json()
+        assert text["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]
+        assert text["outputs"] == meta["outputs"]
         assert c.get("/v2/models/tiny/ready").json() == {"name": "tiny", "ready": True}
         assert c.get("/v2/models/tiny/versions/1/ready").status_code == 200
 

@@ -85,8 +85,12 @@ class InferenceServicer:
         self.model = model
         self.counts = GrpcCounts()
 
-    def _find(self, name: str, version: str) -> ServedModel:
+    def _find(self, name: str, version: str) -> Any:
         m = self.model
+        if name == m.text_model_name:  # the text-in entry, as over HTTP (serve/textview.py)
+            from ..textview import TextModelView
+
+            return TextModelView(m)
         if name != m.name:
             raise ModelNotFoundError(f"unknown model {name!r}; this server serves {m.name!r}")
         if version and version != m.version:

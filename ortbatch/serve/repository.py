@@ -1,0 +1,387 @@
+"""Many models in one server: the model repository behind ``ortbatch serve DIR DIR ...``
+and ``ortbatch serve --repository ROOT``.
+
+Each model is an export directory served by its own :class:`~ortbatch.serve.ServedModel`
+(one BatchedSession) or :class:`~ortbatch.serve.ServedGenerator` (one BatchedGenerator),
+so requests to one model are batched together and never with another's. Names are the
+folder names (``NAME=DIR`` overrides one); under ``--repository ROOT`` every subfolder
+holding an ``ortbatch.json`` is a model, and a folder added later can be loaded by name.
+
+Lifecycle, as Triton's model-control API speaks it (``POST /v2/repository/index``,
+``.../models/{name}/load``, ``.../unload``):
+
+* ``load`` of a model that is not loaded builds it, warms it up (one smallest request, so
+  the first real request does not pay for lazy initialisation) and then serves it; a
+  ``load`` of a loaded model is a reload: the new export is built while the old one keeps
+  serving, then swapped in; requests already on the old one finish on it, and only then is
+  it closed. A reload that fails leaves the old model serving (and says why).
+* ``unload`` takes the model out at once (new requests get a 503 naming it) and returns
+  after every request already on it has been answered and its session is closed.
+* At startup every model is loaded in turn; one that fails is reported by name
+  (``index`` shows ``UNAVAILABLE`` and the reason) while the others serve, unless
+  ``strict``. ``/v2/health/ready`` is ready once every model has been through that
+  startup load and at least one serves (a model loaded later does not make it unready).
+
+Threads: models are not given fixed shares of the cores. Each model's sessions are sized
+for the whole machine, as a single model's are (``cores // workers`` intra-op threads per
+batch in flight, plus the every-core latency session), because an idle model costs no CPU:
+its ONNX Runtime pools do not spin between runs (spinning is off when batches overlap and
+stopped after each latency run). A model that is busy alone gets every core; models busy
+at the same time share the cores through the OS scheduler. A fixed split would leave
+cores idle whenever one model is quiet, which is most of the time for most mixes.
+
+Bookkeeping (acquire/release, load/unload) happens on the server's event loop; loading
+and closing, which block, run in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import OrtBatchError
+from ..manifest import MANIFEST_NAME
+from .http import HTTPError
+
+if TYPE_CHECKING:
+    from .server import ServeConfig
+
+__all__ = ["LOADING", "READY", "UNAVAILABLE", "ModelRepository", "discover", "parse_model_args"]
+
+log = logging.getLogger("ortbatch.serve")
+
+READY = "READY"
+LOADING = "LOADING"
+UNAVAILABLE = "UNAVAILABLE"
+
+
+def discover(root: str | Path) -> list[tuple[str, Path]]:
+    """``(name, directory)`` for every subfolder of ``root`` holding an ``ortbatch.json``,
+    sorted by name."""
+    base = Path(root)
+    if not base.is_dir():
+        raise OrtBatchError(f"model repository {base} is not a directory")
+    return [(d.name, d) for d in sorted(base.iterdir()) if d.is_dir() and (d / MANIFEST_NAME).is_file()]
+
+
+def parse_model_args(args: Sequence[str]) -> list[tuple[str, Path]]:
+    """``DIR`` (named after the folder) or ``NAME=DIR`` items -> ``(name, directory)``;
+    a name given twice is an error."""
+    out: list[tuple[str, Path]] = []
+    for arg in args:
+        name, sep, rest = arg.partition("=")
+        if sep and name and "/" not in name and not Path(arg).exists():
+            path = Path(rest)
+        else:
+            name, path = "", Path(arg)
+        out.append((name or (path.resolve().name or "model"), path))
+    return _unique(out)
+
+
+def _unique(models: Iterable[tuple[str, Path]]) -> list[tuple[str, Path]]:
+    seen: dict[str, Path] = {}
+    for name, path in models:
+        if name in seen:
+            raise OrtBatchError(f"two models are named {name!r} ({seen[name]} and {path}); name one NAME=DIR")
+        seen[name] = path
+    return list(seen.items())
+
+
+@dataclass(eq=False)
+class Loaded:
+    """One loaded model: what serves it, its app, and the requests on it now."""
+
+    served: Any
+    app: Any
+    endpoints: dict[str, str]
+    in_flight: int = 0
+    retired: bool = False
+    idle: asyncio.Event | None = None
+
+    def kind(self) -> str:
+        from .served_generator import ServedGenerator
+
+        return "generator" if isinstance(self.served, ServedGenerator) else "model"
+
+
+@dataclass(eq=False)
+class _Entry:
+    name: str
+    directory: Path
+    state: str = UNAVAILABLE
+    reason: str = "not loaded"
+    loaded: Loaded | None = None
+    lock: asyncio.Lock | None = None
+
+
+@dataclass(eq=False)
+class ModelRepository:
+    """The models one server serves, by name.
+
+    Args:
+        models: ``(name, export directory)`` pairs (see :func:`parse_model_args`).
+        root: a repository folder: its model subfolders are added (:func:`discover`), and
+            ``load`` of a name not yet known looks for ``root/name``.
+        config: how each model's BatchedSession / BatchedGenerator is built (the
+            ``ortbatch serve`` flags; default :class:`~ortbatch.serve.ServeConfig`).
+        strict: :meth:`load_all` raises when any model fails to load.
+        loader: ``loader(directory, name) -> served`` (default: what ``ortbatch serve``
+            builds for the export); for tests and embedding applications.
+
+    Call :meth:`load_all` before serving it (``ortbatch serve`` does).
+    """
+
+    models: Sequence[tuple[str, Path]] = ()
+    root: Path | None = None
+    config: ServeConfig | None = None
+    strict: bool = False
+    loader: Callable[[Path, str], Any] | None = None
+    name: str = "repository"
+    _entries: dict[str, _Entry] = field(default_factory=dict, init=False)
+    _retiring: set[Loaded] = field(default_factory=set, init=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    _closed: bool = field(default=False, init=False)
+    _started: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        if self.config is None:
+            from .server import ServeConfig
+
+            self.config = ServeConfig()
+        found = discover(self.root) if self.root is not None else []
+        for name, path in _unique([*self.models, *found]):
+            self._entries[name] = _Entry(name, Path(path))
+        if not self._entries:
+            where = f" under {self.root}" if self.root is not None else ""
+            raise OrtBatchError(f"no models to serve{where} (a model is a folder holding {MANIFEST_NAME})")
+
+    # -- loading -----------------------------------------------------------------------
+    def _build(self, directory: Path, name: str) -> Loaded:
+        """Load, warm up and wrap one export (blocking)."""
+        from .app import build_app
+        from .http import BodyLimits
+        from .server import load_served
+        from .tasks import served_endpoints
+
+        assert self.config is not None
+        if not directory.exists():
+            raise OrtBatchError(f"{directory} does not exist")
+        served = self.loader(directory, name) if self.loader is not None else load_served(directory, name, self.config)
+        try:
+            _warm_up(served)
+            # no API-key door here: the repository's own app has it, in front of every model
+            body = BodyLimits(self.config.max_body_bytes, self.config.body_timeout_s)
+            app = build_app(served, body, close_on_shutdown=False)
+            from .model import ServedModel
+
+            if isinstance(served, ServedModel):
+                endpoints = served_endpoints(served)
+            else:
+                endpoints = {"completions": ""}
+            return Loaded(served, app, endpoints)
+        except BaseException:
+            served.close(drain=False)
+            raise
+
+    def load_all(self) -> list[tuple[str, str]]:
+        """Load every model (blocking, at startup); returns ``(name, reason)`` for each that
+        failed. With ``strict`` the first failure closes what was loaded and raises."""
+        failed = []
+        for entry in self._entries.values():
+            entry.state, entry.reason = LOADING, "loading"
+            try:
+                entry.loaded = self._build(entry.directory, entry.name)
+            except Exception as exc:
+                entry.state, entry.reason = UNAVAILABLE, f"failed to load: {exc}"
+                log.warning("model %r (%s) failed to load: %s", entry.name, entry.directory, exc)
+                if self.strict:
+                    self.close(drain=False)
+                    raise OrtBatchError(f"model {entry.name!r} ({entry.directory}) failed to load: {exc}") from exc
+                failed.append((entry.name, str(exc)))
+                continue
+            entry.state, entry.reason = READY, ""
+        self._started = True
+        return failed
+
+    def _entry_lock(self, entry: _Entry) -> asyncio.Lock:
+        if entry.lock is None:
+            entry.lock = asyncio.Lock()
+        return entry.lock
+
+    async def load(self, name: str) -> None:
+        """Load ``name``, or reload it from its directory if loaded (the old one serves
+        until the new one is ready, then drains). Raises :class:`HTTPError` 400 when it
+        cannot be loaded (a loaded model keeps serving), 404 when there is no such model."""
+        entry = self._entries.get(name)
+        if entry is None:
+            # only a direct child of the root: a name such as ".." must not reach outside it
+            plain = name not in (".", "..") and not any(c in name for c in "/\\")
+            path = self.root / name if self.root is not None and plain else None
+            if path is None or not (path / MANIFEST_NAME).is_file():
+                where = f" and {self.root} has no folder {name!r} with {MANIFEST_NAME}" if self.root else ""
+                raise HTTPError(404, f"unknown model {name!r}: not in the repository{where}")
+            entry = self._entries.setdefault(name, _Entry(name, path))
+        async with self._entry_lock(entry):
+            old = entry.loaded
+            if old is None:
+                entry.state, entry.reason = LOADING, "loading"
+            try:
+                new = await asyncio.to_thread(self._build, entry.directory, name)
+            except Exception as exc:
+                reason = f"failed to load: {exc}"
+                if old is None:
+                    entry.state, entry.reason = UNAVAILABLE, reason
+                log.warning("model %r failed to load: %s", name, exc)
+                kept = "; the loaded model keeps serving" if old is not None else ""
+                raise HTTPError(400, f"model {name!r} {reason}{kept}") from None
+            if self._closed:
+                await asyncio.to_thread(new.served.close, False)
+                raise HTTPError(503, "the server is shutting down")
+            entry.loaded, entry.state, entry.reason = new, READY, ""
+            if old is not None:
+                self._retire_later(old)
+
+    async def unload(self, name: str) -> None:
+        """Take ``name`` out of service; returns once its in-flight requests are answered
+        and its session is closed. Unloading a model that is not loaded is a no-op."""
+        entry = self._entries.get(name)
+        if entry is None:
+            raise HTTPError(404, f"unknown model {name!r}")
+        async with self._entry_lock(entry):
+            old = entry.loaded
+            entry.loaded, entry.state, entry.reason = None, UNAVAILABLE, "unloaded"
+            if old is not None:
+                await self._retire(old)
+
+    def _retire_later(self, old: Loaded) -> None:
+        task = asyncio.ensure_future(self._retire(old))
+        self._tasks.add(task)  # a reference, so the task is not collected while it waits
+        task.add_done_callback(self._tasks.discard)
+
+    async def _retire(self, old: Loaded) -> None:
+        old.retired = True
+        self._retiring.add(old)
+        try:
+            if old.in_flight:
+                old.idle = asyncio.Event()
+                await old.idle.wait()
+            await asyncio.to_thread(old.served.close, True)
+        finally:
+            self._retiring.discard(old)
+
+    # -- requests ----------------------------------------------------------------------
+    def acquire(self, name: str) -> Loaded:
+        """The loaded model ``name``, counted as in use until :meth:`release` (404 unknown,
+        503 not loaded now)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            raise HTTPError(404, f"unknown model {name!r}; this server serves {sorted(self._entries)}")
+        loaded = entry.loaded
+        if loaded is None or self._closed:
+            raise HTTPError(503, f"model {name!r} is not available: {entry.reason}")
+        loaded.in_flight += 1
+        return loaded
+
+    def release(self, loaded: Loaded) -> None:
+        loaded.in_flight -= 1
+        if loaded.in_flight == 0 and loaded.idle is not None:
+            loaded.idle.set()
+
+    def serving(self, endpoint: str) -> list[str]:
+        """Names of the loaded models that serve ``endpoint`` (a key of
+        :func:`~ortbatch.serve.tasks.served_endpoints`, or ``"completions"``)."""
+        return [
+            e.name
+            for e in self._entries.values()
+            if e.loaded is not None and e.loaded.endpoints.get(endpoint, "no") == ""
+        ]
+
+    def loaded(self) -> list[tuple[str, Loaded]]:
+        return [(e.name, e.loaded) for e in self._entries.values() if e.loaded is not None]
+
+    # -- views -------------------------------------------------------------------------
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's repository index: ``{name, version, state, reason}`` per model, and the
+        text-in entry (``{name}_text``) of each model that has one."""
+        out = []
+        for e in sorted(self._entries.values(), key=lambda e: e.name):
+            if ready_only and e.state != READY:
+                continue
+            item: dict[str, Any] = {"name": e.name, "state": e.state, "reason": e.reason}
+            if e.loaded is not None:
+                item["version"] = getattr(e.loaded.served, "version", "1")
+            out.append(item)
+            text_name = getattr(e.loaded.served, "text_model_name", None) if e.loaded is not None else None
+            if text_name is not None and text_name not in self._entries:
+                out.append({**item, "name": text_name})
+        return out
+
+    def base_name(self, name: str) -> str:
+        """The model that serves entry ``name`` (``minilm_text`` -> ``minilm``)."""
+        from .model import TEXT_MODEL_SUFFIX
+
+        if name not in self._entries and name.endswith(TEXT_MODEL_SUFFIX):
+            base = name[: -len(TEXT_MODEL_SUFFIX)]
+            if base in self._entries:
+                return base
+        return name
+
+    @property
+    def ready(self) -> bool:
+        """Every model has been through its startup load (:meth:`load_all`) and at least one
+        serves. A model loaded later (a new folder, a reload) does not make the server
+        unready while it loads: the others keep serving, and so does a reloaded one."""
+        states = [e.state for e in self._entries.values()]
+        return self._started and not self._closed and READY in states
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def status_lines(self) -> list[str]:
+        """One line per model, for the server's startup message."""
+        lines = []
+        for e in self._entries.values():
+            if e.loaded is None:
+                lines.append(f"model {e.name!r} ({e.directory}): {e.state}, {e.reason}")
+                continue
+            on = sorted(k for k, v in e.loaded.endpoints.items() if not v)
+            lines.append(f"model {e.name!r} ({e.directory}): {e.state}, {e.loaded.kind()}; endpoints {on}")
+        return lines
+
+    def close(self, drain: bool = True) -> None:
+        """Close every model (draining queued requests by default). Blocking."""
+        self._closed = True
+        # the models being retired too: closing twice is harmless, and a server that
+        # stops while a reload drains must not leave the old session's threads behind
+        todo = [(e.name, e.loaded) for e in self._entries.values() if e.loaded is not None]
+        todo += [("(retired)", old) for old in list(self._retiring)]
+        for name, loaded in todo:
+            try:
+                loaded.served.close(drain)
+            except Exception:  # one model's close must not keep the others open
+                log.exception("closing model %r failed", name)
+
+
+def _warm_up(served: Any) -> None:
+    """Run one smallest request, so the model reports ready only after ONNX Runtime has
+    run it once (and a broken export fails here, at load, not on a user's request)."""
+    from .protocol import DATATYPES
+    from .served_generator import ServedGenerator
+
+    if isinstance(served, ServedGenerator):
+        served.generator.generate([0], max_new_tokens=1)
+        return
+    feed = {}
+    for m in served.inputs:
+        dtype = DATATYPES.get(m.datatype)
+        if dtype is None or dtype.kind == "O":
+            return  # nothing generic to send
+        feed[m.name] = np.zeros(tuple(d if d > 0 else 1 for d in m.shape), dtype=dtype)
+    served.session.run(None, feed)

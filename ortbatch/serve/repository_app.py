@@ -1,0 +1,249 @@
+"""The HTTP face of a :class:`~ortbatch.serve.repository.ModelRepository`: one server, many
+models, each answered by its own model's app (the very app ``ortbatch serve DIR`` runs for
+it alone), so every endpoint behaves the same with one model or many.
+
+Routes::
+
+    POST /v2/repository/index                   [{name, version, state, reason}]
+    POST /v2/repository/models/{name}/load      load, or reload a changed export
+    POST /v2/repository/models/{name}/unload    after in-flight requests finish
+    GET  /v2 | /v2/health/live | /v2/health/ready | /metrics | /v1/models
+    *    /v2/models/{name}/...                  that model's KServe v2 routes
+                                                ({name}_text: its text-in entry)
+    POST /v1/embeddings /v1/rerank /rerank /v1/classify /tokenize /detokenize
+         /v1/completions /v1/chat/completions   by the body's ``model`` field; without
+                                                one, the only model serving the endpoint
+
+A request holds its model (reference counted) until its response is complete, streamed
+answers included, so an unload or reload never cuts one short. Metrics: the HTTP series
+of the whole server plus each model's batching series, labelled ``model``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .. import __version__
+from .._extras import require
+from ..errors import InvalidInputError
+from .http import (
+    BodyLimits,
+    HTTPError,
+    assemble_app,
+    error_response,
+    handled_route,
+    json_response,
+)
+
+# the one-model collectors, reused per model (their families relabelled with the model)
+from .metrics import ServerMetrics, _GeneratorCollector, _SessionCollector
+from .protocol import loads_json
+from .repository import Loaded, ModelRepository
+
+__all__ = ["BODY_ROUTES", "create_repository_app"]
+
+#: routes whose model is named in the JSON body -> the endpoint kind of
+#: :func:`~ortbatch.serve.tasks.served_endpoints`
+BODY_ROUTES = {
+    "/v1/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
+    "/rerank": "rerank",
+    "/v1/classify": "classify",
+    "/tokenize": "tokenize",
+    "/detokenize": "tokenize",
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "completions",
+}
+
+
+class _ModelsCollector:
+    """Each loaded model's batching metrics, one series per model (label ``model``)."""
+
+    def __init__(self, repository: ModelRepository) -> None:
+        self.repository = repository
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        core = require("prometheus_client.core")
+        families: dict[str, Any] = {}
+        for name, loaded in self.repository.loaded():
+            served = loaded.served
+            if loaded.kind() == "generator":
+                source: Any = _GeneratorCollector(served.generator.stats)
+            else:
+                source = _SessionCollector(served.session.stats)
+            for fam in source.collect():
+                merged = families.get(fam.name)
+                if merged is None:
+                    merged = families[fam.name] = core.Metric(fam.name, fam.documentation, fam.type)
+                for sample in fam.samples:
+                    merged.add_sample(sample.name, {**sample.labels, "model": name}, sample.value)
+        yield from families.values()
+
+
+class _Asgi:
+    """An ASGI callable Starlette's Route passes the raw scope (a plain function would be
+    called as a request handler)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.fn(scope, receive, send)
+
+
+def _model_field(body: bytes) -> str | None:
+    """The body's ``model``, if any (an InvalidInputError when the body is not a JSON
+    object or the name not a string)."""
+    doc = loads_json(body)
+    if not isinstance(doc, dict):
+        raise InvalidInputError("request body must be a JSON object")
+    name = doc.get("model")
+    if name is not None and not isinstance(name, str):
+        raise InvalidInputError(f"'model' must be a string, got {name!r:.80}", input_name="model")
+    return name
+
+
+def create_repository_app(
+    repository: ModelRepository,
+    *,
+    body: BodyLimits | None = None,
+    close_model_on_shutdown: bool = True,
+) -> Any:
+    """Build the Starlette app serving every model of ``repository`` (routes in the module
+    docs); on lifespan shutdown every model is closed with ``drain=True`` (unless
+    ``close_model_on_shutdown=False``)."""
+    require("starlette")
+    from starlette.requests import Request
+    from starlette.routing import Route
+
+    metrics = ServerMetrics()
+    metrics.registry.register(_ModelsCollector(repository))
+    limits = body or BodyLimits()
+
+    async def forward(loaded: Loaded, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await loaded.app(scope, receive, send)
+        finally:
+            repository.release(loaded)
+
+    async def answer_error(exc: Exception, scope: Any, receive: Any, send: Any) -> None:
+        status, body, headers = error_response(exc, openai=scope["path"].startswith("/v1/"))
+        await json_response(body, status, headers)(scope, receive, send)
+
+    async def by_path(scope: Any, receive: Any, send: Any) -> None:
+        name = scope["path_params"]["name"]
+        scope["ortbatch.endpoint"] = "/v2/models/{name}"  # the model's own route refines it
+        try:
+            loaded = repository.acquire(repository.base_name(name))
+        except HTTPError as exc:
+            await answer_error(exc, scope, receive, send)
+            return
+        await forward(loaded, scope, receive, send)
+
+    def pick(endpoint: str, path: str, name: str | None) -> Loaded:
+        if name is not None:
+            loaded = repository.acquire(name)
+            reason = loaded.endpoints.get(endpoint, "no")
+            if reason:
+                repository.release(loaded)
+                if reason == "no":
+                    reason = f"model {name!r} is a text-generation export: it serves /v1/completions"
+                    if endpoint == "completions":
+                        reason = f"model {name!r} is not a text-generation export"
+                raise InvalidInputError(f"{path}: {reason}", input_name="model")
+            return loaded
+        candidates = repository.serving(endpoint)
+        if len(candidates) == 1:
+            return repository.acquire(candidates[0])
+        if not candidates:
+            raise InvalidInputError(f"no model on this server serves {path}")
+        raise InvalidInputError(f"'model' is required: {path} is served by {candidates}", input_name="model")
+
+    async def by_body(scope: Any, receive: Any, send: Any) -> None:
+        path = scope["path"]
+        scope["ortbatch.endpoint"] = path
+        try:
+            body = await limits.read(Request(scope, receive))
+            name = _model_field(body)
+            loaded = pick(BODY_ROUTES[path], path, name)
+        except Exception as exc:
+            await answer_error(exc, scope, receive, send)
+            return
+        # The model's app reads the body again: hand it the (decompressed) bytes read here.
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"content-encoding")]
+        scope["headers"] = [*headers, (b"content-length", str(len(body)).encode())]
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then: the client's disconnect, if it leaves
+
+        await forward(loaded, scope, replay, send)
+
+    # -- repository extension ----------------------------------------------------------
+    async def read_json(request: Request) -> dict[str, Any]:
+        data = await limits.read(request)
+        if not data.strip():
+            return {}  # tritonclient may send no body
+        doc = loads_json(data)
+        if not isinstance(doc, dict):
+            raise InvalidInputError("request body must be a JSON object")
+        return doc
+
+    async def index(request: Request) -> Any:
+        doc = await read_json(request)
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidInputError(f"'ready' must be true or false, got {ready!r}", input_name="ready")
+        return json_response(repository.index(ready_only=ready))
+
+    def parameters(doc: dict[str, Any], allowed: frozenset[str]) -> None:
+        params = doc.get("parameters", {})
+        if not isinstance(params, dict):
+            raise InvalidInputError("'parameters' must be an object", input_name="parameters")
+        unknown = sorted(set(params) - allowed)
+        if unknown:
+            raise InvalidInputError(
+                f"parameters {unknown} are not supported (the model is loaded from its export directory)",
+                input_name="parameters",
+            )
+
+    async def load(request: Request) -> Any:
+        parameters(await read_json(request), frozenset())
+        await repository.load(request.path_params["name"])
+        return json_response({})
+
+    async def unload(request: Request) -> Any:
+        parameters(await read_json(request), frozenset({"unload_dependents"}))
+        await repository.unload(request.path_params["name"])
+        return json_response({})
+
+    async def server_metadata(request: Request) -> Any:
+        return json_response(
+            {"name": "ortbatch", "version": __version__, "extensions": ["binary_tensor_data", "model_repository"]}
+        )
+
+    async def list_models(request: Request) -> Any:
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "ortbatch"} for name, _ in repository.loaded()
+        ]
+        return json_response({"object": "list", "data": data})
+
+    route = handled_route
+    routes = [
+        route("/v2", server_metadata, "GET"),
+        route("/v2/repository/index", index, "POST"),
+        route("/v2/repository/models/{name}/load", load, "POST"),
+        route("/v2/repository/models/{name}/unload", unload, "POST"),
+        route("/v1/models", list_models, "GET"),
+        Route("/v2/models/{name}{rest:path}", _Asgi(by_path), methods=["GET", "POST"]),
+        *(Route(path, _Asgi(by_body), methods=["POST"]) for path in BODY_ROUTES),
+    ]
+    return assemble_app(routes, repository, metrics, close_on_shutdown=close_model_on_shutdown)

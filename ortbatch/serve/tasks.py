@@ -1,0 +1,412 @@
+"""Task endpoints over one :class:`~ortbatch.serve.ServedModel`: what embedding, reranking
+and classification users call, in the request shapes their clients already speak.
+
+Routes (added to every model's app by :func:`~ortbatch.serve.app.create_app`)::
+
+    POST /v1/rerank     Cohere / Jina / vLLM: query + documents -> results sorted by relevance
+    POST /rerank        text-embeddings-inference: query + texts -> [{index, score}]
+    POST /v1/classify   vLLM: label distribution per input (sequence classification), or
+                        entity spans with character offsets (token classification)
+    POST /tokenize      TEI (``inputs``) or vLLM (``prompt``) shape
+    POST /detokenize    TEI (``ids``) or vLLM (``tokens``) shape
+
+Which export serves what (:func:`served_endpoints`): rerank needs a text-classification
+export with one logit (a cross-encoder); classify a text- or token-classification export;
+tokenize/detokenize any export with a tokenizer. Others answer a 400 that says why.
+
+Every text becomes one request (one row) of the model's one BatchedSession, so a list of
+N texts is N rows batched with whatever else is queued, and each answer equals the text
+(or the query/document pair) run alone. Pairs are tokenized as the tokenizer pairs them
+(``[CLS] query [SEP] document [SEP]`` with token types for BERT), exactly what
+``tokenizer(query, document)`` gives in transformers.
+
+Inputs longer than the model's limit are refused with a 400 unless ``truncate`` is true
+in the request (default: the server's ``--truncate``); then they are cut to the limit as
+the tokenizer cuts them (the longest of a pair first).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidInputError
+from .http import BodyLimits, handled_route, json_response, run_or_abandon
+from .model import ServedModel
+
+__all__ = [
+    "CLASSIFY_TASKS",
+    "RERANK_TASKS",
+    "served_endpoints",
+    "task_routes",
+]
+
+#: export tasks whose single-logit exports answer /v1/rerank
+RERANK_TASKS = frozenset({"text-classification"})
+#: export tasks that answer /v1/classify
+CLASSIFY_TASKS = frozenset({"text-classification", "token-classification"})
+
+
+def _task(model: ServedModel) -> str | None:
+    task = model.manifest.source.get("task") if model.manifest is not None else None
+    return task if isinstance(task, str) else None
+
+
+def _logits_output(model: ServedModel) -> tuple[str | None, int]:
+    """The classification output (``logits``, else the only output) and its width."""
+    by_name = {m.name: m for m in model.outputs}
+    meta = by_name.get("logits") or (model.outputs[0] if len(model.outputs) == 1 else None)
+    if meta is None:
+        return None, 0
+    return meta.name, meta.shape[-1] if meta.shape else 0
+
+
+def _id2label(model: ServedModel, width: int) -> list[str]:
+    """Label names from the export's ``config.json`` (``LABEL_i`` where it has none)."""
+    labels = [f"LABEL_{i}" for i in range(max(width, 0))]
+    directory = getattr(model.manifest, "directory", None)
+    if directory is None:
+        return labels
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return labels
+    mapping = config.get("id2label") if isinstance(config, dict) else None
+    if isinstance(mapping, dict):
+        for key, value in mapping.items():
+            try:
+                i = int(key)
+            except ValueError:
+                continue
+            if 0 <= i < len(labels) and isinstance(value, str):
+                labels[i] = value
+    return labels
+
+
+def served_endpoints(model: ServedModel) -> dict[str, str]:
+    """Endpoint -> ``""`` if ``model`` serves it, else the reason it does not (the 400's text)."""
+    task = _task(model)
+    name, width = _logits_output(model)
+    out: dict[str, str] = {}
+    no_text = f"model {model.name!r} takes no text: {model.text_disabled_reason}"
+    out["tokenize"] = "" if model.tokenizer is not None else no_text
+    out["embeddings"] = "" if model.embedding_output is not None else model.embeddings_disabled_reason
+    if model.tokenizer is None:
+        out["rerank"] = out["classify"] = no_text
+        return out
+    if task not in RERANK_TASKS or name is None:
+        out["rerank"] = f"model {model.name!r} is a {task!r} export, not a cross-encoder (text-classification)"
+    elif width != 1:
+        out["rerank"] = (
+            f"model {model.name!r} is a classifier with {width} labels; reranking needs a cross-encoder "
+            "with one logit (use /v1/classify)"
+        )
+    else:
+        out["rerank"] = ""
+    if task not in CLASSIFY_TASKS or name is None:
+        out["classify"] = (
+            f"model {model.name!r} is a {task!r} export; /v1/classify needs a text- or token-classification export"
+        )
+    else:
+        out["classify"] = ""
+    return out
+
+
+# -- request fields ------------------------------------------------------------------------
+def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any, what: str) -> Any:
+    value = doc.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise InvalidInputError(f"'{key}' must be {what}, got {value!r}", input_name=key)
+    if not isinstance(value, kind):
+        raise InvalidInputError(f"'{key}' must be {what}, got {value!r}", input_name=key)
+    return value
+
+
+def _flag(doc: dict[str, Any], key: str, default: bool) -> bool:
+    return bool(_field(doc, key, bool, default, "true or false"))
+
+
+def _text_list(value: Any, key: str, *, allow_objects: bool = False) -> list[str]:
+    """A string or a non-empty list of strings (or ``{"text": ...}`` objects, as Cohere's
+    and Jina's documents may be)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        texts = []
+        for i, item in enumerate(value):
+            if allow_objects and isinstance(item, dict) and isinstance(item.get("text"), str):
+                item = item["text"]
+            if not isinstance(item, str):
+                raise InvalidInputError(
+                    f"'{key}'[{i}] must be a string{' or an object with a text field' if allow_objects else ''}, "
+                    f"got {item!r:.80}",
+                    input_name=key,
+                )
+            texts.append(item)
+        return texts
+    raise InvalidInputError(f"'{key}' must be a string or a non-empty list of strings", input_name=key)
+
+
+def _ids(value: Any, key: str) -> list[int]:
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return value
+    raise InvalidInputError(f"'{key}' must be a list of token ids (integers)", input_name=key)
+
+
+def _truncate(doc: dict[str, Any], model: ServedModel) -> bool:
+    return _flag(doc, "truncate", model.truncate)
+
+
+# -- tokenizing ----------------------------------------------------------------------------
+def _feeds(model: ServedModel, encodings: Sequence[Any]) -> list[dict[str, np.ndarray]]:
+    return [model._feed_from_ids(e.ids, e.attention_mask, e.type_ids) for e in encodings]
+
+
+def _require(model: ServedModel, endpoint: str) -> None:
+    reason = served_endpoints(model)[endpoint]
+    if reason:
+        raise InvalidInputError(reason)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+
+
+# -- the endpoints ---------------------------------------------------------------------------
+async def rerank_scores(model: ServedModel, query: str, documents: list[str], truncate: bool) -> tuple[np.ndarray, int]:
+    """The cross-encoder's logit for each ``(query, document)`` pair (each its own row)
+    and the tokens used."""
+    _require(model, "rerank")
+    name, _ = _logits_output(model)
+    assert name is not None
+    encodings = await model.encode_async([(query, d) for d in documents], truncate, "documents")
+    feeds = _feeds(model, encodings)
+    results = await model._gather(feeds, [name])
+    logits = np.array([float(r[0].reshape(-1)[0]) for r in results], dtype=np.float64)
+    return logits, sum(len(e.ids) for e in encodings)
+
+
+def _parse_rerank(doc: dict[str, Any], texts_key: str) -> tuple[str, list[str], int | None]:
+    query = doc.get("query")
+    if not isinstance(query, str):
+        raise InvalidInputError("'query' must be a string", input_name="query")
+    if texts_key not in doc:
+        raise InvalidInputError(f"'{texts_key}' is required: the texts to rank against the query", input_name=texts_key)
+    documents = _text_list(doc.get(texts_key), texts_key, allow_objects=True)
+    top_n = _field(doc, "top_n", int, None, "a positive integer")
+    if top_n is not None and top_n < 1:
+        raise InvalidInputError(f"'top_n' must be a positive integer, got {top_n}", input_name="top_n")
+    return query, documents, top_n
+
+
+def _ranked(scores: np.ndarray, top_n: int | None) -> list[int]:
+    # highest first; equal scores keep the documents' order (a stable sort)
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    return order[:top_n] if top_n is not None else order
+
+
+async def classify(model: ServedModel, texts: list[str], truncate: bool) -> tuple[list[dict[str, Any]], int]:
+    """One answer per text: ``{index, label, probs, num_classes}`` for sequence classification;
+    ``{index, entities: [{label, score, start, end, text}]}`` for token classification."""
+    _require(model, "classify")
+    name, width = _logits_output(model)
+    assert name is not None
+    labels = _id2label(model, width)
+    encodings = await model.encode_async(texts, truncate, "input")
+    results = await model._gather(_feeds(model, encodings), [name])
+    tokens = sum(len(e.ids) for e in encodings)
+    data: list[dict[str, Any]] = []
+    if _task(model) == "token-classification":
+        for i, (text, enc, (logits,)) in enumerate(zip(texts, encodings, results, strict=True)):
+            probs = _softmax(logits.reshape(-1, width)[: len(enc.ids)])
+            data.append({"index": i, "entities": _entities(text, enc, probs, labels)})
+        return data, tokens
+    for i, (logits,) in enumerate(results):
+        probs = _softmax(logits.reshape(-1)[None, :])[0]
+        best = int(probs.argmax())
+        data.append({"index": i, "label": labels[best], "probs": probs.tolist(), "num_classes": width})
+    return data, tokens
+
+
+def _entities(text: str, enc: Any, probs: np.ndarray, labels: list[str]) -> list[dict[str, Any]]:
+    """Entity spans as transformers' token-classification pipeline gives them with
+    ``aggregation_strategy="simple"``: special tokens and ``O`` dropped, ``B-X``/``I-X``
+    tokens grouped into one ``X`` span (a ``B-`` starts a new one), the score the mean of
+    the tokens' probabilities, ``start``/``end`` character offsets into the text."""
+    spans: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    scores: list[float] = []
+
+    def close() -> None:
+        nonlocal current
+        if current is not None:
+            current["score"] = float(np.mean(scores))
+            current["text"] = text[current["start"] : current["end"]]
+            spans.append(current)
+        current = None
+        scores.clear()
+
+    for t, (special, (start, end)) in enumerate(zip(enc.special_tokens_mask, enc.offsets, strict=True)):
+        if special:
+            close()
+            continue
+        best = int(probs[t].argmax())
+        label = labels[best]
+        prefix, _, kind = label.partition("-") if label[:2] in ("B-", "I-") else ("", "", label)
+        if kind == "O":
+            close()
+            continue
+        if current is not None and current["label"] == kind and prefix != "B":
+            current["end"] = end
+        else:
+            close()
+            current = {"label": kind, "start": start, "end": end}
+        scores.append(float(probs[t, best]))
+    close()
+    return spans
+
+
+def _tokens_tei(model: ServedModel, text: str, enc: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": i,
+            "text": text[s:e] if not special else model.tokenizer.id_to_token(i),
+            "special": bool(special),
+            "start": None if special else s,
+            "stop": None if special else e,
+        }
+        for i, special, (s, e) in zip(enc.ids, enc.special_tokens_mask, enc.offsets, strict=True)
+    ]
+
+
+def _decode(model: ServedModel, ids: list[int], skip_special: bool, key: str) -> str:
+    tok = model.tokenizer
+    assert tok is not None
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise InvalidInputError(f"'{key}': id {bad[0]} is outside the vocabulary [0, {vocab})", input_name=key)
+    text: str = tok.decode(ids, skip_special_tokens=skip_special)
+    return text
+
+
+def task_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
+    """The task routes for ``model`` (for :func:`~ortbatch.serve.http.assemble_app`)."""
+    from .openai_api import read_openai_body
+
+    async def read_body(request: Any) -> dict[str, Any]:
+        return await read_openai_body(request, body, model.name)
+
+    def usage(tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": tokens, "total_tokens": tokens}
+
+    async def rerank(request: Any) -> Any:
+        doc = await read_body(request)
+        query, documents, top_n = _parse_rerank(doc, "documents")
+        return_documents = _flag(doc, "return_documents", True)
+        raw = _flag(doc, "raw_scores", False)
+        logits, tokens = await run_or_abandon(
+            request.receive, rerank_scores(model, query, documents, _truncate(doc, model))
+        )
+        scores = logits if raw else _sigmoid(logits)
+        results = []
+        for i in _ranked(scores, top_n):
+            item: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+            if return_documents:
+                item["document"] = {"text": documents[i]}
+            results.append(item)
+        return json_response(
+            {"id": "rerank-" + secrets.token_hex(12), "model": model.name, "results": results, "usage": usage(tokens)}
+        )
+
+    async def rerank_tei(request: Any) -> Any:
+        doc = await read_body(request)
+        query, texts, top_n = _parse_rerank(doc, "texts")
+        return_text = _flag(doc, "return_text", False)
+        raw = _flag(doc, "raw_scores", False)
+        logits, _ = await run_or_abandon(request.receive, rerank_scores(model, query, texts, _truncate(doc, model)))
+        scores = logits if raw else _sigmoid(logits)
+        out = []
+        for i in _ranked(scores, top_n):
+            item: dict[str, Any] = {"index": i, "score": float(scores[i])}
+            if return_text:
+                item["text"] = texts[i]
+            out.append(item)
+        return json_response(out)
+
+    async def classify_route(request: Any) -> Any:
+        doc = await read_body(request)
+        if "input" not in doc:
+            raise InvalidInputError("'input' is required: a string or a list of strings", input_name="input")
+        texts = _text_list(doc.get("input"), "input")
+        data, tokens = await run_or_abandon(request.receive, classify(model, texts, _truncate(doc, model)))
+        return json_response(
+            {
+                "id": "classify-" + secrets.token_hex(12),
+                "object": "list",
+                "created": int(time.time()),
+                "model": model.name,
+                "data": data,
+                "usage": usage(tokens),
+            }
+        )
+
+    async def tokenize(request: Any) -> Any:
+        doc = await read_body(request)
+        _require(model, "tokenize")
+        special = _flag(doc, "add_special_tokens", True)
+        tok = model.tokenizer
+        assert tok is not None
+        if "prompt" in doc:  # vLLM's shape: one prompt -> its ids
+            prompt = doc["prompt"]
+            if not isinstance(prompt, str):
+                raise InvalidInputError("'prompt' must be a string", input_name="prompt")
+            ids = tok.encode(prompt, add_special_tokens=special).ids
+            limit = model.manifest.max_sequence_length if model.manifest is not None else None
+            return json_response({"count": len(ids), "max_model_len": limit, "tokens": ids})
+        if "inputs" not in doc:
+            raise InvalidInputError(
+                "send 'inputs' (a string or a list of strings, TEI's shape) or 'prompt' (a string, vLLM's)",
+                input_name="inputs",
+            )
+        texts = _text_list(doc["inputs"], "inputs")
+        encodings = tok.encode_batch(texts, add_special_tokens=special)
+        return json_response([_tokens_tei(model, t, e) for t, e in zip(texts, encodings, strict=True)])
+
+    async def detokenize(request: Any) -> Any:
+        doc = await read_body(request)
+        _require(model, "tokenize")
+        if "tokens" in doc:  # vLLM's shape
+            ids = _ids(doc["tokens"], "tokens")
+            return json_response({"prompt": _decode(model, ids, False, "tokens")})
+        if "ids" not in doc:
+            raise InvalidInputError(
+                "send 'ids' (token ids or a list of such lists, TEI's shape) or 'tokens' (vLLM's)", input_name="ids"
+            )
+        skip = _flag(doc, "skip_special_tokens", True)
+        value = doc["ids"]
+        rows = value if isinstance(value, list) and value and all(isinstance(r, list) for r in value) else [value]
+        return json_response([_decode(model, _ids(r, "ids"), skip, "ids") for r in rows])
+
+    route = handled_route
+    return [
+        route("/v1/rerank", rerank, "POST"),
+        route("/rerank", rerank_tei, "POST"),
+        route("/v1/classify", classify_route, "POST"),
+        route("/tokenize", tokenize, "POST"),
+        route("/detokenize", detokenize, "POST"),
+    ]

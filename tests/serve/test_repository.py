@@ -1,0 +1,388 @@
+"""The model repository: many exports behind one server, Triton's repository extension
+(index, load, unload), draining on unload and reload, failures reported by name."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from tinytasks import build_classifier, run_alone
+from tokenizers import Tokenizer
+
+from ortbatch.errors import OrtBatchError
+from ortbatch.serve import BackgroundServer, ServeConfig
+from ortbatch.serve.http import HTTPError
+from ortbatch.serve.repository import LOADING, READY, UNAVAILABLE, ModelRepository, discover, parse_model_args
+
+pytestmark = pytest.mark.timeout(180)
+
+CONFIG = ServeConfig(port=0, access_log=False, log_level="warning", max_batch_size=8)
+
+
+def _link_models(root: Path, dirs: dict[str, Path]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, d in dirs.items():
+        (root / name).symlink_to(d, target_is_directory=True)
+
+
+@pytest.fixture(scope="module")
+def repo_root(tmp_path_factory: pytest.TempPathFactory, task_dirs: dict[str, Path]) -> Path:
+    root = tmp_path_factory.mktemp("repository")
+    _link_models(root, task_dirs)
+    (root / "broken").mkdir()
+    (root / "broken" / "ortbatch.json").write_text("{not json")
+    (root / "notes").mkdir()  # no ortbatch.json: not a model
+    return root
+
+
+@pytest.fixture(scope="module")
+def repo_server(repo_root: Path) -> Iterator[BackgroundServer]:
+    repo = ModelRepository(root=repo_root, config=CONFIG)
+    failed = repo.load_all()
+    assert [name for name, _ in failed] == ["broken"]
+    with BackgroundServer(repo, CONFIG) as srv:
+        yield srv
+
+
+def test_discover_and_model_arguments(repo_root, tmp_path):
+    assert [n for n, _ in discover(repo_root)] == ["broken", "embedder", "ner", "reranker", "sentiment"]
+    (tmp_path / "a").mkdir()
+    assert parse_model_args([str(tmp_path / "a"), f"other={tmp_path / 'a'}"]) == [
+        ("a", tmp_path / "a"),
+        ("other", tmp_path / "a"),
+    ]
+    with pytest.raises(OrtBatchError, match="two models are named 'a'"):
+        parse_model_args([str(tmp_path / "a"), f"a={tmp_path}"])
+    with pytest.raises(OrtBatchError, match="no models to serve"):
+        ModelRepository(root=tmp_path / "a")
+
+
+def test_index_lists_every_model_with_state_and_reason(repo_server):
+    index = httpx.post(repo_server.url + "/v2/repository/index").json()
+    by_name = {m["name"]: m for m in index}
+    models = ["embedder", "ner", "reranker", "sentiment"]
+    assert sorted(by_name) == sorted(["broken", *models, *(m + "_text" for m in models)])
+    assert by_name["embedder"]["state"] == READY and by_name["embedder"]["version"] == "1"
+    assert by_name["broken"]["state"] == UNAVAILABLE and "not valid JSON" in by_name["broken"]["reason"]
+    ready = httpx.post(repo_server.url + "/v2/repository/index", json={"ready": True}).json()
+    assert "broken" not in {m["name"] for m in ready}
+    models = httpx.get(repo_server.url + "/v1/models").json()["data"]
+    assert [m["id"] for m in models] == ["embedder", "ner", "reranker", "sentiment"]
+    assert httpx.get(repo_server.url + "/v2/health/ready").json() == {"ready": True}  # the others serve
+    r = httpx.post(repo_server.url + "/v2/models/broken/infer", json={"inputs": []})
+    assert r.status_code == 503 and "'broken'" in r.json()["error"] and "not valid JSON" in r.json()["error"]
+    assert "model_repository" in httpx.get(repo_server.url + "/v2").json()["extensions"]
+
+
+def test_each_model_answers_its_own_routes(repo_server, task_dirs):
+    url = repo_server.url
+    assert httpx.get(url + "/v2/models/sentiment").json()["name"] == "sentiment"
+    assert httpx.get(url + "/v2/models/embedder_text/config").json()["input"][0]["name"] == "text"
+    assert httpx.get(url + "/v2/models/ner/ready").json() == {"name": "ner", "ready": True}
+    r = httpx.get(url + "/v2/models/nope")
+    assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]
+    # the body's model picks the model; alone on its endpoint, it needs no name
+    r = httpx.post(url + "/v1/embeddings", json={"input": "hello world"})
+    assert r.status_code == 200 and r.json()["model"] == "embedder"
+    r = httpx.post(url + "/v1/rerank", json={"query": "a", "documents": ["hello"]})
+    assert r.status_code == 200 and r.json()["model"] == "reranker"
+    r = httpx.post(url + "/v1/classify", json={"input": "a"})
+    assert r.status_code == 400 and "'model' is required" in r.text and "sentiment" in r.text
+    r = httpx.post(url + "/v1/classify", json={"model": "sentiment", "input": "a"})
+    assert r.status_code == 200 and r.json()["model"] == "sentiment"
+    r = httpx.post(url + "/v1/rerank", json={"model": "sentiment", "query": "a", "documents": ["b"]})
+    assert r.status_code == 400 and "3 labels" in r.text
+    r = httpx.post(url + "/v1/completions", json={"prompt": "a"})
+    assert r.status_code == 400 and "no model on this server serves /v1/completions" in r.text
+    r = httpx.post(url + "/v1/embeddings", json={"model": "ghost", "input": "a"})
+    assert r.status_code == 404 and "unknown model 'ghost'" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/embeddings", json={"model": 3, "input": "a"})
+    assert r.status_code == 400 and "'model' must be a string" in r.text
+    r = httpx.post(url + "/v1/embeddings", content=b"[1]")
+    assert r.status_code == 400 and "JSON object" in r.text
+    # gzip bodies are decompressed once and handed on
+    import gzip
+
+    body = gzip.compress(b'{"model": "embedder", "input": "hello"}')
+    r = httpx.post(url + "/v1/embeddings", content=body, headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 200, r.text
+
+
+def test_metrics_carry_each_models_batching_series(repo_server):
+    httpx.post(repo_server.url + "/v1/embeddings", json={"input": "hello"})
+    text = httpx.get(repo_server.url + "/metrics").text
+    assert 'ortbatch_session_requests_total{model="embedder"}' in text
+    assert 'ortbatch_queue_depth{model="sentiment"}' in text
+    assert 'endpoint="/v1/embeddings"' in text
+
+
+def _probs(d: Path, text: str) -> np.ndarray:
+    e = Tokenizer.from_file(str(d / "tokenizer.json")).encode(text)
+    logits = run_alone(d, e.ids, e.type_ids).astype(np.float64)
+    p = np.exp(logits - logits.max())
+    return p / p.sum()
+
+
+def _swap_in(src: Path, dst: Path) -> None:
+    """Replace the export in ``dst`` with ``src``'s, each file atomically."""
+    for f in ("model.onnx", "ortbatch.json", "config.json", "tokenizer.json"):
+        tmp = dst / (f + ".new")
+        shutil.copy(src / f, tmp)
+        tmp.replace(dst / f)
+
+
+def test_reload_and_unload_under_load(tmp_path, task_dirs):
+    """Acceptance 3: clients on two models while one is reloaded (changed export) and
+    unloaded: the other never fails; the reloaded one answers the old or the new model's
+    result, or a 503 while it is absent; nothing is lost or mixed."""
+    old_src = build_classifier(tmp_path / "old-src", 3, seed=1)
+    new_src = build_classifier(tmp_path / "new-src", 3, seed=7)
+    live = tmp_path / "repo" / "cls"
+    live.mkdir(parents=True)
+    for f in old_src.iterdir():
+        shutil.copy(f, live / f.name)
+    _link_models(tmp_path / "repo", {"rr": task_dirs["reranker"]})
+    text = "the quick brown fox"
+    expected = {"old": _probs(old_src, text), "new": _probs(new_src, text)}
+    assert not np.allclose(expected["old"], expected["new"], atol=1e-3)
+    rr_src = task_dirs["reranker"]
+    e = Tokenizer.from_file(str(rr_src / "tokenizer.json")).encode("q", text)
+    rr_expected = float(run_alone(rr_src, e.ids, e.type_ids)[0])
+
+    repo = ModelRepository(root=tmp_path / "repo", config=CONFIG)
+    assert repo.load_all() == []
+    stop = threading.Event()
+    seen: dict[str, list[Any]] = {"cls": [], "rr": []}
+    problems: list[str] = []
+
+    def client(model: str) -> None:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            while not stop.is_set():
+                if model == "cls":
+                    r = c.post("/v1/classify", json={"model": "cls", "input": text})
+                else:
+                    r = c.post(
+                        "/v1/rerank", json={"model": "rr", "query": "q", "documents": [text], "raw_scores": True}
+                    )
+                if r.status_code != 200:
+                    seen[model].append(r.status_code)
+                    if model != "cls" or r.status_code != 503 or "'cls'" not in r.text:
+                        problems.append(f"{model}: {r.status_code} {r.text}")
+                    continue
+                body = r.json()
+                if model == "cls":
+                    seen[model].append(np.array(body["data"][0]["probs"]))
+                else:
+                    seen[model].append(body["results"][0]["relevance_score"])
+
+    with BackgroundServer(repo, CONFIG) as srv:
+        threads = [threading.Thread(target=client, args=(m,)) for m in ("cls", "rr") for _ in range(4)]
+        for t in threads:
+            t.start()
+        with httpx.Client(base_url=srv.url, timeout=60) as admin:
+            for src in (new_src, old_src, new_src):
+                _swap_in(src, live)
+                r = admin.post("/v2/repository/models/cls/load")
+                assert r.status_code == 200, r.text
+            assert admin.post("/v2/repository/models/cls/unload").status_code == 200
+            assert admin.post("/v2/repository/index").json()[0] == {
+                "name": "cls",
+                "state": UNAVAILABLE,
+                "reason": "unloaded",
+            }
+            assert admin.post("/v2/repository/models/cls/load").status_code == 200
+            # let every client see the final model
+            while sum(isinstance(x, np.ndarray) for x in seen["cls"][-8:]) < 8:
+                threading.Event().wait(0.05)
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not problems, problems[:5]
+    answers = [x for x in seen["cls"] if isinstance(x, np.ndarray)]
+    kinds = {
+        next(k for k, v in expected.items() if np.allclose(a, v, atol=1e-5))
+        if any(np.allclose(a, v, atol=1e-5) for v in expected.values())
+        else "neither"
+        for a in answers
+    }
+    assert kinds == {"old", "new"}, kinds  # both seen, nothing else
+    assert np.allclose(answers[-1], expected["new"], atol=1e-5)
+    assert all(not isinstance(x, int) for x in seen["rr"]) and seen["rr"]
+    np.testing.assert_allclose(seen["rr"], rr_expected, atol=1e-5)
+
+
+class _FakeServed:
+    """A served model whose close() is observed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.inputs: list[Any] = []
+        self.session = self
+
+    def run(self, names: Any, feed: Any) -> list[Any]:
+        return []
+
+    @property
+    def ready(self) -> bool:
+        return not self.closed
+
+    def close(self, drain: bool = True) -> None:
+        self.closed = True
+
+
+def test_unload_waits_for_in_flight_requests(tmp_path, monkeypatch):
+    (tmp_path / "m").mkdir()
+    made: list[_FakeServed] = []
+
+    def loader(directory: Path, name: str) -> _FakeServed:
+        made.append(_FakeServed())
+        return made[-1]
+
+    monkeypatch.setattr("ortbatch.serve.app.build_app", lambda served, *a, **k: object())
+    monkeypatch.setattr("ortbatch.serve.tasks.served_endpoints", lambda served: {})
+    repo = ModelRepository([("m", tmp_path / "m")], loader=loader)
+
+    async def scenario() -> None:
+        assert repo.load_all() == []
+        held = repo.acquire("m")
+        unload = asyncio.ensure_future(repo.unload("m"))
+        await asyncio.sleep(0.05)
+        assert not unload.done() and not made[0].closed  # the request on it is still running
+        with pytest.raises(HTTPError) as info:
+            repo.acquire("m")  # new requests are refused at once
+        assert info.value.status == 503
+        repo.release(held)
+        await asyncio.wait_for(unload, 10)
+        assert made[0].closed
+        # reload: the new one serves at once; the old closes after its last request
+        await repo.load("m")
+        first = repo.acquire("m")
+        await repo.load("m")
+        second = repo.acquire("m")
+        assert second.served is made[2] and not made[1].closed
+        repo.release(first)
+        for _ in range(100):
+            if made[1].closed:
+                break
+            await asyncio.sleep(0.01)
+        assert made[1].closed and not made[2].closed
+        repo.release(second)
+
+    asyncio.run(scenario())
+    repo.close()
+    assert made[2].closed
+
+
+def test_a_failed_reload_keeps_the_loaded_model_serving(tmp_path, task_dirs):
+    live = tmp_path / "cls"
+    shutil.copytree(task_dirs["sentiment"], live)
+    repo = ModelRepository([("cls", live)], config=CONFIG)
+    assert repo.load_all() == []
+    with BackgroundServer(repo, CONFIG) as srv:
+        (live / "model.onnx").write_bytes(b"not onnx")
+        r = httpx.post(srv.url + "/v2/repository/models/cls/load")
+        assert r.status_code == 400 and "keeps serving" in r.json()["error"]
+        assert httpx.post(srv.url + "/v1/classify", json={"input": "hello"}).status_code == 200
+        r = httpx.post(srv.url + "/v2/repository/models/cls/load", json={"parameters": {"config": "{}"}})
+        assert r.status_code == 400 and "'config'" in r.json()["error"]
+        r = httpx.post(srv.url + "/v2/repository/models/ghost/load")
+        assert r.status_code == 404
+
+
+def test_a_folder_added_later_loads_by_name(tmp_path, task_dirs):
+    root = tmp_path / "repo"
+    _link_models(root, {"a": task_dirs["sentiment"]})
+    repo = ModelRepository(root=root, config=CONFIG)
+    repo.load_all()
+    with BackgroundServer(repo, CONFIG) as srv:
+        assert httpx.post(srv.url + "/v1/rerank", json={"query": "a", "documents": ["b"]}).status_code == 400
+        _link_models(root, {"b": task_dirs["reranker"]})
+        assert httpx.post(srv.url + "/v2/repository/models/b/load").status_code == 200
+        r = httpx.post(srv.url + "/v1/rerank", json={"query": "a", "documents": ["b"]})
+        assert r.status_code == 200 and r.json()["model"] == "b"
+    # nothing outside the root is reachable by name
+    (tmp_path / "ortbatch.json").write_text("{}")
+    for name in ("..", "."):
+        with pytest.raises(HTTPError) as info:
+            asyncio.run(repo.load(name))
+        assert info.value.status == 404
+
+
+def test_strict_refuses_to_start_naming_the_model(repo_root):
+    repo = ModelRepository(root=repo_root, config=CONFIG, strict=True)
+    with pytest.raises(OrtBatchError, match="model 'broken'"):
+        repo.load_all()
+    assert repo.closed
+
+
+def test_ready_after_the_startup_load_and_while_others_serve(tmp_path, monkeypatch):
+    monkeypatch.setattr("ortbatch.serve.app.build_app", lambda served, *a, **k: object())
+    monkeypatch.setattr("ortbatch.serve.tasks.served_endpoints", lambda served: {})
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    repo = ModelRepository([("a", tmp_path / "a"), ("b", tmp_path / "b")], loader=lambda d, n: _FakeServed())
+    assert not repo.ready  # nothing loaded yet
+    repo.load_all()
+    assert repo.ready
+    repo._entries["b"].state = LOADING  # a later load of one model
+    assert repo.ready
+    repo.close()
+    assert not repo.ready
+
+
+def test_cli_serves_a_repository_and_reports_a_broken_model(serve_process, repo_root):
+    proc = serve_process("--repository", str(repo_root))
+    log = proc.text()
+    assert "model 'broken'" in log and "UNAVAILABLE" in log and "model 'embedder'" in log
+    r = httpx.post(proc.url + "/v1/rerank", json={"query": "a", "documents": ["b"]})
+    assert r.status_code == 200, r.text
+    assert httpx.get(proc.url + "/v2/health/ready").json() == {"ready": True}
+
+
+def test_cli_strict_and_bad_arguments_exit_2_without_a_traceback(repo_root, task_dirs, tmp_path):
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ortbatch.cli", "serve", *args, "--port", "0"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    for args, message in [
+        (("--repository", str(repo_root), "--strict"), "model 'broken'"),
+        ((str(task_dirs["sentiment"]), f"x={tmp_path / 'missing'}"), "does not exist"),
+        ((str(task_dirs["sentiment"]), str(task_dirs["sentiment"])), "two models are named"),
+        ((str(task_dirs["sentiment"]), str(task_dirs["reranker"]), "--name", "x"), "NAME=DIR"),
+        ((), "give an export DIR"),
+    ]:
+        p = run(*args)
+        assert p.returncode == 2, (args, p.stderr)
+        assert message in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+def test_api_key_locks_every_model_and_grpc_is_refused(task_dirs):
+    from ortbatch.serve.server import _grpc_server
+
+    key = "k" * 32
+    config = ServeConfig(port=0, access_log=False, log_level="warning", api_key=key)
+    repo = ModelRepository([("sentiment", task_dirs["sentiment"])], config=config)
+    assert repo.load_all() == []
+    with BackgroundServer(repo, config) as srv:
+        body = {"model": "sentiment", "input": "hello"}
+        assert httpx.post(srv.url + "/v1/classify", json=body).status_code == 401
+        assert httpx.post(srv.url + "/v2/repository/models/sentiment/unload").status_code == 401
+        r = httpx.post(srv.url + "/v1/classify", json=body, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        assert httpx.get(srv.url + "/v2/health/ready").status_code == 200  # health stays open
+    with pytest.raises(OrtBatchError, match="--grpc-port serves one model"):
+        _grpc_server(repo, ServeConfig(grpc_port=0))
