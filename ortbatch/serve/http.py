@@ -173,7 +173,8 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
         status = 500
     if status == 499:
         return status, {"error": "client disconnected"}, headers
-    if status < 500 or isinstance(exc, (InferenceError, SessionClosedError, RequestTimeoutError)):
+    # an HTTPError's message is the server's own answer (e.g. a 503 naming an unloaded model)
+    if status < 500 or isinstance(exc, (InferenceError, SessionClosedError, RequestTimeoutError, HTTPError)):
         message = str(exc)
     else:  # a fault of the server itself: logged in full, never echoed to the client
         incident = secrets.token_hex(4)
