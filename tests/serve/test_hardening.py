@@ -102,8 +102,10 @@ def test_a_long_text_is_cut_before_tokenizing_and_embeds_as_its_head(encoder_dir
     model, tok = _encoder_model(encoder_dir)
     head = "the quick brown fox jumps over the lazy dog " * 2  # more than the 16-token limit
     with BackgroundServer(model, quiet()) as srv:
-        long = httpx.post(srv.url + "/v1/embeddings", json={"input": head + "hello " * 400_000}, timeout=60)
-        short = httpx.post(srv.url + "/v1/embeddings", json={"input": head}, timeout=60)
+        long = httpx.post(
+            srv.url + "/v1/embeddings", json={"input": head + "hello " * 400_000, "truncate": True}, timeout=60
+        )
+        short = httpx.post(srv.url + "/v1/embeddings", json={"input": head, "truncate": True}, timeout=60)
     assert long.status_code == 200 and short.status_code == 200
     assert long.json()["data"][0]["embedding"] == short.json()["data"][0]["embedding"]
     assert tok.longest <= 16 * 32 or tok.longest <= 8192  # 2.4 M characters never reached the tokenizer
@@ -129,7 +131,7 @@ def test_tokenizing_a_big_request_does_not_hold_the_event_loop(encoder_dir):
 
         def big():
             texts = ["hello world " * 500] * 4  # 24 000 characters: tokenized in a thread
-            answer["r"] = httpx.post(srv.url + "/v1/embeddings", json={"input": texts}, timeout=60)
+            answer["r"] = httpx.post(srv.url + "/v1/embeddings", json={"input": texts, "truncate": True}, timeout=60)
 
         t = threading.Thread(target=big)
         t.start()
@@ -461,7 +463,7 @@ def test_a_60_mb_text_body_stalls_no_other_client(serve_process, encoder_dir):
     pid = srv.proc.pid
     assert httpx.get(srv.url + "/v2/health/ready", timeout=30).status_code == 200
     idle_kib = _rss_kib(pid, "VmRSS")
-    body = json.dumps({"input": "hello world " * 5_000_000}).encode()  # 60 MB of text
+    body = json.dumps({"input": "hello world " * 5_000_000, "truncate": True}).encode()  # 60 MB of text
     assert len(body) >= 60_000_000
     halfway, others_done = threading.Event(), threading.Event()
     big: dict = {}
