@@ -115,9 +115,7 @@ def _kill(pid: int) -> None:
 @pytest.mark.export
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_names(NOTEBOOKS))
-def test_notebook_runs(
-    path: Path, workdir: Path, kernel_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_notebook_runs(path: Path, workdir: Path, kernel_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("optimum.exporters.onnx")
     nbclient = pytest.importorskip("nbclient")
