@@ -5,7 +5,8 @@ cell that raises fails the test with the cell and its traceback. The notebooks a
 claims (batched equals alone, the broken export fails the right check, ...), so a change that
 breaks what a tutorial shows breaks CI. Committed notebooks carry no outputs, and every cell
 that draws a plot must produce an image when run. A server or any other process started from
-a notebook must be gone when its kernel is.
+a notebook must be gone when its kernel is (the kernel signals its own children on shutdown; a
+process that escaped it, found by its working directory, fails the test and is killed).
 """
 
 from __future__ import annotations
