@@ -27,8 +27,10 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 KERNEL = "ortbatch-notebook-tests"
 
 # Per-notebook deadline for all its cells together: a guard against a hang, not a speed target.
-DEADLINE_S = {"01-quickstart": 240, "03-serving": 240}
-DEFAULT_DEADLINE_S = 180
+# Measured on a 2-core machine shared by six busy sessions (load ~12): 01 170 s, 04 79 s, 02 54 s,
+# 03 31 s, 05 9 s; about 100 s of CPU for all five.
+DEADLINE_S = {"01-quickstart": 480}
+DEFAULT_DEADLINE_S = 300
 
 # A cell that draws with matplotlib (plt.show(), plt.subplots(...), ...) must show an image.
 PLOT_CALL = re.compile(r"\bplt\.(show|subplots|figure|imshow|bar|plot)\(")
@@ -114,7 +116,7 @@ def _kill(pid: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.export
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_names(NOTEBOOKS))
 def test_notebook_runs(path: Path, workdir: Path, kernel_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
