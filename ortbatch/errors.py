@@ -11,6 +11,7 @@ The tree is chosen by what the caller does next::
     ├── SessionClosedError                  the session is closed; make a new one
     ├── InferenceError                      ONNX Runtime failed on this request
     ├── ProviderError                       a requested execution provider is not active
+    ├── ModelLoadError                      model.onnx is missing, truncated or corrupt
     ├── ModelContractError (ValueError)     the model cannot be batched as described
     ├── ManifestError (ValueError)          ortbatch.json is missing, malformed or too new
     ├── ExportError                         converting a model to ONNX failed
@@ -31,6 +32,7 @@ __all__ = [
     "InvalidInputError",
     "ManifestError",
     "ModelContractError",
+    "ModelLoadError",
     "OrtBatchError",
     "ProviderError",
     "QueueFullError",
@@ -82,6 +84,16 @@ class InferenceError(OrtBatchError):
 class ProviderError(OrtBatchError):
     """A requested execution provider (CUDA, TensorRT) is not active in the session,
     e.g. ONNX Runtime silently fell back to CPU."""
+
+
+class ModelLoadError(OrtBatchError):
+    """ONNX Runtime could not load the model file: it is missing, truncated or corrupt.
+    ``path`` names the file and ``reason`` is ONNX Runtime's own message."""
+
+    def __init__(self, path: Any, reason: str) -> None:
+        super().__init__(f"cannot load the ONNX model {path}: {reason} (is it truncated or corrupt? re-export it)")
+        self.path = str(path)
+        self.reason = reason
 
 
 class ModelContractError(OrtBatchError, ValueError):

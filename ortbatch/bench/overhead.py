@@ -66,14 +66,14 @@ def measure_overhead(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Microseconds per request at saturation for direct, batched and a submit pipeline."""
-    ort = require("onnxruntime")
+    from .._ort import plain_session
     from ..runtime.session import BatchedSession
     from .workload import parse_lengths
 
     spec: LengthSpec = parse_lengths(lengths)
     with tempfile.TemporaryDirectory(prefix="ortbatch-overhead-") as tmp:
         model = build_identity_model(Path(tmp) / "identity.onnx")
-        sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        sess = plain_session(model)
         target = load_target(model, sess)
         wl = make_workload(target, spec, requests, seed=seed)
         warm = make_workload(target, spec, min(requests, 512), seed=seed + 1)

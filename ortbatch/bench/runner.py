@@ -24,6 +24,7 @@ __all__ = [
     "SCHEMA",
     "BenchConfig",
     "BenchRun",
+    "baseline_for",
     "make_baseline_session",
     "machine_info",
     "model_path_of",
@@ -148,15 +149,21 @@ def machine_info() -> dict[str, Any]:
 
 
 def make_baseline_session(
-    model_path: Path, providers: str | None, options: dict[str, str], manifest_providers: Any = ()
+    model_path: Path,
+    providers: str | None,
+    options: dict[str, str],
+    manifest_providers: Any = (),
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> Any:
     """The direct/oracle session: ONNX Runtime's defaults, plus only what ``options`` names.
 
-    Providers resolve exactly as BatchedSession resolves them (same shortcuts, same options
-    from the manifest, e.g. TensorRT fp16 and its profile shapes), so both run on the same EP.
+    Providers resolve exactly as BatchedSession resolves them (same shortcuts, the
+    manifest's options merged per key, e.g. TensorRT fp16 and its profile shapes, cache
+    paths under the export directory ``base_dir``), so both run on the same EP. A silent
+    fallback to CPU would make every figure meaningless: it is a ProviderError.
     """
     ort = require("onnxruntime")
-    from ..runtime.executor import check_providers, resolve_providers
+    from .._ort import build_session, resolve_providers
 
     so = ort.SessionOptions()
     for key, value in options.items():
@@ -164,10 +171,16 @@ def make_baseline_session(
             setattr(so, key, int(value))
         else:  # a session config entry, e.g. session.intra_op.allow_spinning=0
             so.add_session_config_entry(key, value)
-    requested = resolve_providers(providers, manifest_providers)
-    sess = ort.InferenceSession(str(model_path), sess_options=so, providers=list(requested))
-    check_providers(sess, requested)  # a silent fallback to CPU would make every figure meaningless
-    return sess
+    requested = resolve_providers(providers, manifest_providers, base_dir)
+    return build_session(model_path, requested, session_options=so)
+
+
+def baseline_for(source: Path, providers: str | None, options: dict[str, str]) -> Any:
+    """:func:`make_baseline_session` for an export directory or a bare ``.onnx`` file."""
+    if source.is_dir():
+        manifest = Manifest.load(source)
+        return make_baseline_session(manifest.model_path, providers, options, manifest.providers, source)
+    return make_baseline_session(source, providers, options)
 
 
 def run_bench(
@@ -201,9 +214,7 @@ def run_bench(
     source = Path(cfg.target)
     if not source.exists():
         raise InvalidInputError(f"no export directory or .onnx file at {source}")
-    model_path = model_path_of(source)
-    manifest_providers = Manifest.load(source).providers if source.is_dir() else []
-    sess = make_baseline_session(model_path, cfg.providers, cfg.baseline_options, manifest_providers)
+    sess = baseline_for(source, cfg.providers, cfg.baseline_options)
     target = load_target(source, sess)
     rate = cfg.rate if cfg.arrival == "poisson" else None
     workload = make_workload(target, cfg.lengths, cfg.requests, seed=cfg.seed, rate=rate)
@@ -286,7 +297,7 @@ def run_bench(
         if bar is not None:
             bar.close()
         bar_box[0] = None
-    checks = _compare_outputs(outputs, target.outputs)
+    checks = _compare_outputs(outputs, target.outputs, sess)
     run = BenchRun(cfg, target, workload, results, settings, checks, machine, started)
     if overhead is not None:
         run.overhead = overhead()
@@ -405,8 +416,10 @@ def _run_batched(
         bs.close()
 
 
-def _compare_outputs(outputs: dict[str, dict[int, Any]], names: list[str]) -> dict[str, Any]:
-    """Max |difference| of each mode's outputs from direct's on the probe requests."""
+def _compare_outputs(outputs: dict[str, dict[int, Any]], names: list[str], session: Any = None) -> dict[str, Any]:
+    """Max |difference| of each mode's outputs from direct's on the probe requests, against
+    a tolerance from the arithmetic the session's provider really uses (TF32 on CUDA,
+    fp16 inside a TensorRT fp16 engine whose outputs are still fp32)."""
     ref = outputs.get("direct")
     checks: dict[str, Any] = {"probes": sorted(ref) if ref else [], "reference": "direct"}
     if not ref:
@@ -428,15 +441,22 @@ def _compare_outputs(outputs: dict[str, dict[int, Any]], names: list[str]) -> di
                 if a.size:
                     diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
                     worst[name] = max(worst.get(name, 0.0), diff)
-        tol = {name: _tolerance(ref, name, names) for name in names}
+        tol = {name: _tolerance(ref, name, names, session) for name in names}
         ok = not shape_mismatch and all(worst.get(n, 0.0) <= tol[n] for n in names)
         checks[mode] = {"max_abs_diff": worst, "tolerance": tol, "shape_mismatch": shape_mismatch[:5], "ok": ok}
     return checks
 
 
-def _tolerance(ref: dict[int, Any], name: str, names: list[str]) -> float:
+def _tolerance(ref: dict[int, Any], name: str, names: list[str], session: Any = None) -> float:
+    from .._ort import CPU, output_tolerance
+
     k = names.index(name)
     sample = np.asarray(next(iter(ref.values()))[k])
     if sample.dtype.kind in "iub":
         return 0.0
-    return 1e-2 if sample.dtype == np.float16 else 1e-3
+    provider, options = CPU, {}
+    if session is not None and hasattr(session, "get_providers"):
+        provider = session.get_providers()[0]
+        if hasattr(session, "get_provider_options"):
+            options = dict(session.get_provider_options().get(provider, {}) or {})
+    return output_tolerance(provider, options, "fp16" if sample.dtype == np.float16 else "fp32")

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from ._providers import PROVIDERS_HELP, providers_arg
+
 HELP = "benchmark BatchedSession against direct session.run and an offline oracle, on the same requests"
 
 
@@ -89,7 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no second, every-core session for batches that run alone (BatchedSession(latency_session=False))",
     )
-    rt.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available, else CPU)")
+    rt.add_argument(
+        "--providers", default=None, type=providers_arg, help=f"{PROVIDERS_HELP} (default: CUDA if it loads, else CPU)"
+    )
     rt.add_argument(
         "--baseline-option",
         type=_option,
@@ -190,10 +194,10 @@ def _calibrate(cfg: Any) -> int:
     from pathlib import Path
 
     from ..bench.loadgen import drive
-    from ..bench.runner import make_baseline_session, model_path_of
+    from ..bench.runner import baseline_for
     from ..bench.workload import load_target, make_workload
 
-    sess = make_baseline_session(model_path_of(Path(cfg.target)), cfg.providers, cfg.baseline_options)
+    sess = baseline_for(Path(cfg.target), cfg.providers, cfg.baseline_options)
     target = load_target(cfg.target, sess)
     probe = make_workload(target, cfg.lengths, 512, seed=cfg.seed + 20_011)
     names = target.outputs

@@ -44,6 +44,7 @@ _WORDS = (
 
 def demo_recipe() -> Any:
     """The same settings as the shipped ``export/minilm.toml`` (a test keeps them equal)."""
+    from .._ort import CPU
     from ..export.recipes import Recipe
 
     return Recipe(
@@ -53,7 +54,7 @@ def demo_recipe() -> Any:
         dtype="fp32",
         max_batch_size=64,
         max_sequence_length=256,
-        providers=("CPUExecutionProvider",),
+        providers=(CPU,),
         trt_opt_batch_size=32,
         trt_opt_sequence_length=64,
     )
@@ -76,8 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def reusable(out: Path) -> str | None:
     """Why an existing export at ``out`` can be reused, or None if it cannot."""
+    from .._ort.trt import model_hash
     from ..errors import ManifestError
-    from ..export.trt import model_hash
     from ..manifest import Manifest
 
     try:
@@ -150,13 +151,13 @@ def run(args: argparse.Namespace) -> int:
 
     scenarios = {"short": (args.min_words, min(args.max_words, 12)), "mixed": (args.min_words, args.max_words)}
     step(f"3/3 {args.requests} requests x 2 modes x {len(scenarios)} length mixes from {args.clients} threads")
-    ort = require("onnxruntime")
     from transformers import AutoTokenizer
 
+    from .._ort import plain_session
     from ..runtime.session import BatchedSession
 
     tok = AutoTokenizer.from_pretrained(out)
-    direct = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    direct = plain_session(out / "model.onnx")
     outputs = [o.name for o in direct.get_outputs()]
     # without sentence-transformers installed the export is the bare encoder (no pooling head)
     names = ["sentence_embedding"] if "sentence_embedding" in outputs else outputs[:1]

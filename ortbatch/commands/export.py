@@ -8,6 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .._ort import parse_provider_names
+from ._providers import PROVIDERS_HELP, providers_arg
+
 HELP = "export a Hugging Face model to ONNX (+ manifest, checks) for batched serving"
 
 
@@ -41,7 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--recipe", default=None, help="TOML recipe (see export/*.toml); flags override it")
     parser.add_argument(
-        "--providers", default=None, help="comma-separated providers to check on, e.g. cpu,cuda,trt (default: cpu)"
+        "--providers",
+        default=None,
+        type=providers_arg,
+        help=f"providers to check on, {PROVIDERS_HELP} (default: cpu)",
     )
     parser.add_argument(
         "--quantize",
@@ -84,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         print("ortbatch export: give a MODEL or a --recipe that names one")
         return 2
     out = Path(args.output) if args.output else _default_output(model)
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()] if args.providers else None
+    providers = parse_provider_names(args.providers) if args.providers else None
     step = stepper()
     result = export_model(
         model,

@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Callable
 
+from ._providers import PROVIDERS_HELP, providers_arg
+
 HELP = "generate completions for one or more prompts with a text-generation-with-past export"
 
 
@@ -20,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
     parser.add_argument("--max-batch-size", type=int, default=32)
-    parser.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available)")
+    parser.add_argument(
+        "--providers", default=None, type=providers_arg, help=f"{PROVIDERS_HELP} (default: CUDA if it loads, else CPU)"
+    )
     parser.add_argument(
         "--max-context-length",
         type=int,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._providers import PROVIDERS_HELP, providers_arg
+
 HELP = (
     "serve export directories over HTTP (KServe v2 / Triton protocol with the model-repository extension, "
     "/v1/embeddings, /v1/rerank, /v1/classify, /tokenize, /metrics; text-generation-with-past exports: "
@@ -70,7 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout-s", type=float, default=None, help="deadline per request before it runs; then 504 (default none)"
     )
-    parser.add_argument("--providers", default=None, help="cpu, cuda, tensorrt (default: CUDA if available)")
+    parser.add_argument(
+        "--providers", default=None, type=providers_arg, help=f"{PROVIDERS_HELP} (default: CUDA if it loads, else CPU)"
+    )
     parser.add_argument(
         "--max-body-bytes",
         type=_positive_int,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._providers import PROVIDERS_HELP, providers_arg
+
 HELP = "run the accuracy checks (reference parity, shapes, batching, providers) on an export"
 
 
@@ -12,7 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--providers",
         default=None,
-        help="comma-separated providers to check, e.g. cpu,cuda,trt (default: the manifest's)",
+        type=providers_arg,
+        help=f"providers to check, {PROVIDERS_HELP} (default: the manifest's)",
     )
     parser.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference (ONNX-only checks)")
     parser.add_argument("--samples", nargs="+", default=None, help="texts to check on (default: the manifest's)")

@@ -45,15 +45,15 @@ _LAZY = {
     "load_recipe": "ortbatch.export.recipes",
     "DEFAULT_TOLERANCES": "ortbatch.export.recipes",
     "SUPPORTED_TASKS": "ortbatch.export.tasks",
-    "tensorrt_provider_options": "ortbatch.export.trt",
+    "tensorrt_provider_options": "ortbatch._ort.trt",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .._ort.trt import tensorrt_provider_options
     from .checks import CHECKS, Case, CheckResult, Comparison, ValidationReport, validate
     from .exporter import ExportResult, export_model
     from .recipes import DEFAULT_TOLERANCES, Recipe, load_recipe
     from .tasks import SUPPORTED_TASKS
-    from .trt import tensorrt_provider_options
 
 
 def __getattr__(name: str) -> Any:

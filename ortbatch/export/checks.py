@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,24 +37,27 @@ from typing import Any
 import numpy as np
 
 from .._extras import require
-from ..errors import ManifestError, ValidationError
+from .._ort import (
+    CPU,
+    CUDA,
+    TRT,
+    arithmetic,
+    build_session,
+    fp32_parity_options,
+    parity_tolerances,
+    parse_provider_names,
+    resolve_providers,
+)
+from .._ort.trt import resolve_cache_paths
+from ..errors import ManifestError, ProviderError, ValidationError
 from ..manifest import Manifest
 from .recipes import DEFAULT_SAMPLES, tolerances_for
 from .reference import Reference, load_reference
-from .trt import TRT_PROVIDER, resolve_cache_paths
 
 __all__ = ["CHECKS", "Case", "CheckResult", "Comparison", "ValidationReport", "validate"]
 
 CHECKS = ("reference_parity", "shape_generalisation", "batching_invariance", "provider_parity")
-CPU = "CPUExecutionProvider"
 _GREEDY_TOKENS = 8
-_SHORTCUTS = {
-    "cpu": CPU,
-    "cuda": "CUDAExecutionProvider",
-    "gpu": "CUDAExecutionProvider",
-    "trt": TRT_PROVIDER,
-    "tensorrt": TRT_PROVIDER,
-}
 
 
 # -- report ------------------------------------------------------------------------------
@@ -619,47 +621,60 @@ def _component_files(manifest: Manifest) -> dict[str, str]:
     return {"model": manifest.model}
 
 
-def _provider_entry(name: str, manifest: Manifest) -> tuple[str, dict[str, Any]]:
-    for p in manifest.providers:
-        pname, opts = (p, {}) if isinstance(p, str) else (p[0], p[1] if len(p) > 1 else {})
-        if pname == name:
-            return name, resolve_cache_paths(opts or {}, manifest.directory or ".")
-    return name, {}
+def _provider_entry(name: str, manifest: Manifest, component: str | None = None) -> tuple[str, dict[str, Any]]:
+    """``name``'s options as a session on this export gets them: the manifest's, merged per
+    key by the one resolver (cache paths under the export directory); for TensorRT, the
+    component's own profiles when the export wrote them (an encoder-decoder's encoder and
+    decoder take different inputs)."""
+    base = manifest.directory or Path(".")
+    opts = resolve_providers([name], manifest.providers, base)[0][1]
+    comp = (manifest.extra.get("components") or {}).get(component or "") or {}
+    if name == TRT and comp.get("tensorrt"):
+        opts = {**opts, **resolve_cache_paths(comp["tensorrt"], base)}
+    return name, opts
 
 
-def _sessions(manifest: Manifest, provider: str) -> tuple[dict[str, Any] | None, str]:
+def _chain_for(provider: str, manifest: Manifest, component: str, dtype: str) -> list[tuple[str, dict[str, Any]]]:
+    ort = require("onnxruntime")
+    names = [provider]
+    # TensorRT hands the nodes it cannot build to the next provider: CUDA, as ORT recommends.
+    if provider == TRT and CUDA in ort.get_available_providers():
+        names.append(CUDA)
+    if provider != CPU:
+        names.append(CPU)
+    chain = [_provider_entry(n, manifest, component) for n in names]
+    if dtype == "fp32":  # check fp32 parity in fp32: TF32 off where the provider has the switch
+        chain = [(n, fp32_parity_options(n, o)) for n, o in chain]
+    return chain
+
+
+def _sessions(
+    manifest: Manifest, provider: str, dtype: str = "fp32"
+) -> tuple[dict[str, Any] | None, str, dict[str, Any]]:
     """Sessions for every component on ``provider`` (CPU as the fallback ORT requires),
-    or (None, why the provider is not really in use)."""
+    the options ``provider`` got, or (None, why the provider is not really in use, {})."""
     ort = require("onnxruntime")
     available = ort.get_available_providers()
     if provider not in available:
-        return None, (
+        return (
+            None,
             f"{provider} is not available in this onnxruntime build (available: {available}); "
-            "install onnxruntime-gpu with matching CUDA/TensorRT libraries"
+            "install onnxruntime-gpu with matching CUDA/TensorRT libraries",
+            {},
         )
-    entries = [_provider_entry(provider, manifest)]
-    # TensorRT hands the nodes it cannot build to the next provider: CUDA, as ORT recommends.
-    if provider == TRT_PROVIDER and "CUDAExecutionProvider" in available:
-        entries.append(_provider_entry("CUDAExecutionProvider", manifest))
-    if provider != CPU:
-        entries.append((CPU, {}))
     so = ort.SessionOptions()
     so.log_severity_level = 3
     sessions = {}
+    used: dict[str, Any] = {}
     for comp, fname in _component_files(manifest).items():
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            sess = ort.InferenceSession(
-                os.fspath((manifest.directory or Path(".")) / fname), sess_options=so, providers=entries
-            )
-        active = sess.get_providers()
-        if provider not in active:
-            why = "; ".join(str(w.message) for w in caught)
-            return None, (
-                f"requested {provider} but the session silently fell back to {active}" + (f" ({why})" if why else "")
-            )
-        sessions[comp] = sess
-    return sessions, ""
+        chain = _chain_for(provider, manifest, comp, dtype)
+        used = used or chain[0][1]
+        try:
+            # build_session turns fallback off and refuses a session that is not on `provider`
+            sessions[comp] = build_session((manifest.directory or Path(".")) / fname, chain, session_options=so)
+        except ProviderError as exc:
+            return None, f"requested {provider}, which is not active: {exc}", {}
+    return sessions, "", used
 
 
 # -- the checks ------------------------------------------------------------------------
@@ -939,9 +954,7 @@ def _status(cases: list[Case]) -> str:
 def _normalise_providers(providers: Sequence[str] | str | None, manifest: Manifest) -> list[str]:
     if providers is None:
         providers = manifest.validation.get("providers") or [CPU]
-    if isinstance(providers, str):
-        providers = [p.strip() for p in providers.split(",") if p.strip()]
-    names = [_SHORTCUTS.get(p.lower(), p) for p in providers]
+    names = parse_provider_names(providers)  # the one spelling table; unknown names refused
     out = [CPU] + [p for p in names if p != CPU]  # CPU is always the baseline
     return list(dict.fromkeys(out))
 
@@ -980,6 +993,7 @@ def validate(
     manifest = Manifest.load(directory)
     if manifest.directory is None:  # pragma: no cover - load always sets it
         raise ManifestError("manifest has no directory")
+    provider_list = _normalise_providers(providers, manifest)  # before anything slow: a typo fails fast
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(os.fspath(manifest.directory))
@@ -999,7 +1013,6 @@ def validate(
     rows = [ids[:max_seq] for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
     if family == "decoder":
         rows = [r[: max_seq - _GREEDY_TOKENS] or [tokenizer.eos_token_id or 0] for r in rows]
-    provider_list = _normalise_providers(providers, manifest)
 
     ref: Reference | None = None
     reason = "not requested (--no-reference / use_reference=False)"
@@ -1018,19 +1031,15 @@ def validate(
     vocab = _vocab_size(manifest, tokenizer)
     cpu_model: _Model | None = None
     for provider in provider_list:
-        sessions, why = _sessions(manifest, provider)
+        sessions, why, opts = _sessions(manifest, provider, dtype)
         if sessions is None:
             report.checks.append(CheckResult("provider_parity", provider, "failed", note=why))
             for name in CHECKS[:3]:
                 report.checks.append(CheckResult(name, provider, "skipped", note=f"{provider} is not active"))
             continue
         model = _Model(manifest, sessions, tokenizer)
-        opts = _provider_entry(provider, manifest)[1]
-        tol = (
-            fp16_tol
-            if provider == TRT_PROVIDER and str(opts.get("trt_fp16_enable")).lower() in ("true", "1")
-            else base_tol
-        )
+        # from the arithmetic really used: TF32 (TensorRT fp32), fp16 inside an fp16 engine
+        tol = parity_tolerances(arithmetic(provider, opts, dtype), base_tol, fp16_tol)
         ctx = _Ctx(model, ref, tol, rows, max_seq, vocab, seed, quantized=variant is not None)
         short = provider.replace("ExecutionProvider", "")
         if ref is not None:

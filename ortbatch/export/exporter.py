@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from .._extras import require
+from .._ort import CPU, CUDA, probe_providers
+from .._ort.trt import TRT_PROVIDER, TrtShapes, check_trt_graph, model_hash, tensorrt_provider_options
 from ..errors import ExportError, OrtBatchError, UnsupportedModelError, ValidationError
 from ..manifest import Manifest
 from . import graph, tasks
 from .quantize import QuantizeConfig, quantize_model
 from .recipes import Recipe, load_recipe, resolve_model_ref, tolerances_for
-from .trt import TRT_PROVIDER, TrtShapes, model_hash, tensorrt_provider_options
 
 __all__ = ["ExportResult", "export_model"]
 
@@ -139,6 +140,11 @@ def export_model(
             "optimize='O4' is O3 plus fp16 kernels fused for GPU and needs device='cuda'. "
             "On CPU use O1, O2 or O3 (optionally with dtype='fp16')."
         )
+    if rcp.trt:
+        try:
+            check_trt_graph(rcp.optimize)
+        except ValueError as exc:
+            raise ExportError(str(exc)) from None
     for mod in ("torch", "transformers", "optimum.exporters.onnx", "onnx", "onnxruntime"):
         require(mod, "export")
 
@@ -188,7 +194,7 @@ def export_model(
     unchecked = [p[0] for p in manifest.providers if p[0] not in manifest.validation["providers"]]
     if unchecked and validate:
         say(
-            f"not checking {', '.join(unchecked)}: not in this onnxruntime build; run `ortbatch validate {out} "
+            f"not checking {', '.join(unchecked)}: it does not load here; run `ortbatch validate {out} "
             "--providers cuda,trt` where the model will be served"
         )
     report = None
@@ -464,17 +470,16 @@ def _write_manifest(
     if rcp.trt:
         trt_shapes = TrtShapes(rcp.max_batch_size, max_seq, rcp.trt_opt_batch_size, rcp.trt_opt_sequence_length)
         fp16 = rcp.trt_fp16 if rcp.trt_fp16 is not None else rcp.dtype == "fp16"
-        opts = tensorrt_provider_options(
-            shapes,
-            trt_shapes,
-            fp16=fp16,
-            model_digest=components[next(iter(components))]["sha256"],
-            ort_version=_ort_version(),
-        )
-        providers.append([TRT_PROVIDER, opts])
+        # One set of profiles per component: an encoder-decoder's encoder and decoder take
+        # different inputs, and each engine is cached under its own model's hash.
+        for comp in components.values():
+            comp["tensorrt"] = tensorrt_provider_options(
+                comp["shapes"], trt_shapes, fp16=fp16, model_digest=comp["sha256"], ort_version=_ort_version()
+            )
+        providers.append([TRT_PROVIDER, dict(components[next(iter(components))]["tensorrt"])])
     if rcp.trt or rcp.device == "cuda":
-        providers.append(["CUDAExecutionProvider", {}])
-    providers.append(["CPUExecutionProvider", {}])
+        providers.append([CUDA, {}])
+    providers.append([CPU, {}])
 
     tol = tolerances_for(rcp.dtype, rcp.optimize, rcp.tolerances)
     tol_fp16 = tolerances_for("fp16", rcp.optimize, rcp.tolerances)
@@ -517,14 +522,12 @@ def _write_manifest(
 
 
 def _default_check_providers(providers: list[Any]) -> list[str]:
-    """CPU, plus the export's GPU providers that this onnxruntime build has. One it lacks
-    (exporting for TensorRT on a build machine) is not checked here and the log says so:
-    run ``ortbatch validate DIR --providers trt`` where it will be served."""
-    import onnxruntime
-
-    available = set(onnxruntime.get_available_providers())
-    names = [p[0] for p in providers]
-    return ["CPUExecutionProvider"] + [n for n in names if n in available and n != "CPUExecutionProvider"]
+    """CPU, plus the export's GPU providers that really load here (a probe session, not
+    the build's list). One that does not (exporting for TensorRT on a build machine) is
+    not checked here and the log says so: run ``ortbatch validate DIR --providers trt``
+    where it will be served."""
+    names = [p[0] for p in providers if p[0] != CPU]
+    return [CPU] + [n for n in names if n in probe_providers((n, CPU))[0]]
 
 
 def _generation_section(out: Path) -> dict[str, Any]:

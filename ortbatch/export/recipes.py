@@ -17,7 +17,7 @@ checks use, and the TensorRT profile. Keyword arguments given to ``export_model`
 
     [validation]
     samples = ["A sentence.", "Another, longer sentence."]
-    providers = ["CPUExecutionProvider"]
+    providers = ["cpu"]                    # cpu, cuda, trt (or ONNX Runtime names)
 
     [tolerances.fp32]                      # overrides of DEFAULT_TOLERANCES
     atol = 1e-4
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ExportError
+from ..errors import ExportError, ProviderError
 from .quantize import QuantizeConfig
 
 __all__ = [
@@ -265,7 +265,12 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     if "samples" in val:
         kwargs["samples"] = tuple(val["samples"])
     if "providers" in val:
-        kwargs["providers"] = tuple(val["providers"])
+        from .._ort import parse_provider_names
+
+        try:
+            kwargs["providers"] = tuple(parse_provider_names(val["providers"]))
+        except ProviderError as exc:
+            raise ExportError(f"recipe {p}: validation.providers: {exc}") from None
     try:
         if data.get("quantization"):
             kwargs["quantize"] = QuantizeConfig.parse(data["quantization"])

@@ -43,13 +43,15 @@ from typing import Any
 import numpy as np
 
 from .._extras import require
+from .._ort import build_session, device_of, resolve_providers
+from .._ort.trt import check_generation_profiles
 from ..errors import (
     InferenceError,
     InvalidInputError,
     ManifestError,
     ModelContractError,
+    ModelLoadError,
     OrtBatchError,
-    ProviderError,
     QueueFullError,
     RequestTimeoutError,
     SessionClosedError,
@@ -73,14 +75,6 @@ _NP_TYPES = {
     "tensor(int64)": np.int64,
     "tensor(int32)": np.int32,
 }
-_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider")
-_SHORTCUTS = {
-    "cpu": ["CPUExecutionProvider"],
-    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-    "gpu": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
-    "trt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
-}
 _IDLE_WAIT_S = 0.25  # the scheduler re-checks deadlines at least this often when idle
 
 
@@ -94,19 +88,6 @@ def _abort_all_at_exit() -> None:  # pragma: no cover - runs at interpreter exit
             gen.close(drain=False, timeout=1.0)
         except Exception:
             pass
-
-
-def _resolve_providers(ort: Any, providers: str | Sequence[Any] | None) -> list[Any]:
-    if providers is None:
-        available = ort.get_available_providers()
-        return (
-            ["CUDAExecutionProvider", "CPUExecutionProvider"]
-            if "CUDAExecutionProvider" in available
-            else ["CPUExecutionProvider"]
-        )
-    if isinstance(providers, str):
-        return list(_SHORTCUTS.get(providers.lower(), [providers]))
-    return list(providers)
 
 
 @dataclass(frozen=True)
@@ -297,10 +278,12 @@ class BatchedGenerator:
         if manifest is not None and manifest.max_batch_size:
             max_batch_size = min(max_batch_size, manifest.max_batch_size)
         ort = require("onnxruntime")
-        self._ort = ort
         model_path = self._dir / self.layout.model
-        wanted = _resolve_providers(ort, providers)
-        self._check_available(ort, wanted)
+        # The one resolver: manifest options (TensorRT profiles, caches) merged per key.
+        wanted = resolve_providers(providers, manifest.providers if manifest is not None else (), self._dir)
+        check_generation_profiles(wanted, self._past_inputs(), self.layout.max_context_length, max_batch_size)
+        # ONNX Runtime's own defaults unless the user gave options (as before the _ort layer)
+        options = session_options if session_options is not None else ort.SessionOptions()
         rewritten = None
         if last_position_logits is not False or attention_rewrite:
             rewritten = rewrite_decoder(
@@ -322,26 +305,20 @@ class BatchedGenerator:
             )
         model: str | bytes = rewritten.model if rewritten else str(model_path)
         try:
-            self._session = ort.InferenceSession(model, sess_options=session_options, providers=wanted)
-        except Exception as exc:
+            self._session = build_session(model, wanted, session_options=options, where=model_path)
+        except ModelLoadError as exc:
             if rewritten is None or last_position_logits:  # nothing to fall back to, or required
-                raise map_ort_error(exc, f"loading {model_path}") from exc
+                raise
             # A rewrite must never cost a working export: run it as it is.
             log.warning("%s: the rewritten graph did not load (%s); running the export as it is", model_path, exc)
             self.graph_rewrites, self.last_position_logits = {}, False
-            try:
-                self._session = ort.InferenceSession(str(model_path), sess_options=session_options, providers=wanted)
-            except Exception as exc2:
-                raise map_ort_error(exc2, f"loading {model_path}") from exc2
+            self._session = build_session(model_path, wanted, session_options=options)
         finally:
             if rewritten is not None:
                 rewritten.close()
-        self._check_providers(wanted)
         self._check_session()
-        active = self._session.get_providers()
-        on_gpu = bool(active) and active[0] in _GPU_PROVIDERS
-        self._io_binding = on_gpu if io_binding is None else io_binding
-        self._device = ("cuda" if on_gpu else "cpu", 0)
+        self._device = device_of(self._session)  # the provider's device_id, not always 0
+        self._io_binding = self._device[0] != "cpu" if io_binding is None else io_binding
 
         context = self.layout.max_context_length
         self.max_batch_size = max_batch_size
@@ -446,26 +423,9 @@ class BatchedGenerator:
         except ManifestError as exc:  # our own inference produced it: a model problem
             raise ModelContractError(str(exc)) from exc
 
-    @staticmethod
-    def _check_available(ort: Any, wanted: Sequence[Any]) -> None:
-        available = set(ort.get_available_providers())
-        for p in wanted:
-            name = p[0] if isinstance(p, tuple) else p
-            if name in _GPU_PROVIDERS and name not in available:
-                raise ProviderError(
-                    f"{name} was requested but this onnxruntime build offers only {sorted(available)}; "
-                    "install onnxruntime-gpu (ortbatch[gpu]) or pass providers='cpu'"
-                )
-
-    def _check_providers(self, wanted: Sequence[Any]) -> None:
-        active = set(self._session.get_providers())
-        for p in wanted:
-            name = p[0] if isinstance(p, tuple) else p
-            if name in _GPU_PROVIDERS and name not in active:
-                raise ProviderError(
-                    f"{name} was requested but the session runs on {sorted(active)}; "
-                    "install onnxruntime-gpu and check the CUDA libraries"
-                )
+    def _past_inputs(self) -> dict[str, int]:
+        """Each cache input -> the index of its past-length axis (see GenerationLayout)."""
+        return {name: 2 for name in (*self.layout.past_keys, *self.layout.past_values)}
 
     def _input_type(self, name: str | None) -> str:
         for i in self._session.get_inputs():

@@ -416,10 +416,9 @@ def _read_io(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
 
 
 def _read_io_ort(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
-    from .._extras import require
+    from .._ort import plain_session
 
-    ort = require("onnxruntime")
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = plain_session(path)
     return (
         [(i.name, _ORT_TYPES.get(i.type, i.type), list(i.shape)) for i in sess.get_inputs()],
         [(o.name, _ORT_TYPES.get(o.type, o.type), list(o.shape)) for o in sess.get_outputs()],

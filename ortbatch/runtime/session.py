@@ -45,7 +45,7 @@ from .executor import (
     Binding,
     Executor,
     build_session,
-    check_providers,
+    check_active,
     cpu_count,
     resolve_providers,
 )
@@ -155,10 +155,11 @@ class BatchedSession:
                 requested = resolve_providers(providers, self.manifest.providers, self.manifest.directory)
             else:
                 requested = resolve_providers(providers)
-            self.session = build_session(model_path, requested, self.workers, session_options)
-            check_providers(self.session, requested)
+            self.session = build_session(model_path, requested, workers=self.workers, session_options=session_options)
             if _want_latency_session(latency_session, model_path, requested, self.workers, session_options):
-                self.latency_session = build_session(model_path, requested, 1, session_options, latency=True)
+                self.latency_session = build_session(
+                    model_path, requested, workers=1, session_options=session_options, latency=True
+                )
         else:
             if latency_session:
                 raise ValueError(
@@ -166,7 +167,7 @@ class BatchedSession:
                 )
             self.session = sess_or_path
             if providers is not None:
-                check_providers(self.session, resolve_providers(providers))
+                check_active(self.session, resolve_providers(providers))
             _describe_handed_session(self.session, self.workers)
 
         limit = self.manifest.max_batch_size if self.manifest is not None else None

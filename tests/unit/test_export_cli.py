@@ -14,7 +14,7 @@ from ortbatch.commands.export import _default_output
 def test_commands_import_nothing_heavy() -> None:
     code = (
         "import sys, ortbatch.cli as c; p = c.build_parser(); p.parse_args(['export', 'x', '--dtype', 'fp16']);"
-        "import ortbatch.export, ortbatch.export.recipes, ortbatch.export.trt;"
+        "import ortbatch.export, ortbatch.export.recipes, ortbatch.export.trt, ortbatch._ort.trt;"
         "heavy = [m for m in ('torch', 'transformers', 'optimum', 'onnx', 'onnxruntime') if m in sys.modules];"
         "assert not heavy, heavy"
     )
