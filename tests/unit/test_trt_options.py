@@ -66,7 +66,9 @@ def test_every_decoder_profile_shape_satisfies_mask_equals_past_plus_new(limits)
     for key in ("trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes"):
         prof = parse_profile_shapes(o[key])
         assert len(prof["input_ids"]) == len(prof["attention_mask"]) == len(prof["past_key_values.0.key"]) == 2
-        for ids, mask, past in zip(prof["input_ids"], prof["attention_mask"], prof["past_key_values.0.key"]):
+        for ids, mask, past in zip(
+            prof["input_ids"], prof["attention_mask"], prof["past_key_values.0.key"], strict=True
+        ):
             assert mask[1] == past[2] + ids[1], (key, ids, mask, past)
             assert ids[0] == mask[0] == past[0]  # one batch size per shape
             seen_past.add(past[2])
