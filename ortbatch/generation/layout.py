@@ -398,7 +398,12 @@ def _read_io(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
         import onnx
     except ImportError:  # the runtime needs only onnxruntime: read the graph with it
         return _read_io_ort(path)
-    proto = onnx.load(str(path), load_external_data=False)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # truncated/corrupt: the same typed error as a session build gives
+        from .._ort import load_error
+
+        raise load_error(exc, path) from exc
 
     def spec(value_info: Any) -> IOSpec:
         t = value_info.type.tensor_type

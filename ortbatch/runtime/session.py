@@ -103,6 +103,11 @@ class BatchedSession:
             ``cores // workers`` threads each. It holds its own copy of the weights.
             ``None`` (default): built when this session is built here on CPU with fewer
             threads per worker than cores and the model is at most 1 GiB.
+        warmup: run a small grid of shapes (rows 1, 8, max_batch_size x lengths 1, 16,
+            128, the maximum and the TensorRT profile's opt lengths) before the
+            constructor returns, so the first real request never pays for an engine build
+            or algorithm search (see :mod:`ortbatch.runtime.warmup`). ``ortbatch serve``
+            turns it on. A shape the model refuses is logged and skipped.
 
     When nothing is queued or running, :meth:`run` executes its request on the
     caller's own thread (no hand-off to a worker and back); requests that arrive
@@ -125,6 +130,7 @@ class BatchedSession:
         collator: Collator | None = None,
         session_options: Any = None,
         latency_session: bool | None = None,
+        warmup: bool = False,
     ) -> None:
         self.manifest = _find_manifest(sess_or_path)
         # what `ortbatch tune` chose for this export, where the caller sets nothing
@@ -201,6 +207,8 @@ class BatchedSession:
         # A batch that runs alone (and an inline run) goes to the latency session if there is one.
         self._alone_executor = Executor(self.latency_session) if self.latency_session is not None else self._executor
         self._inline_binding = self._alone_executor.binding()
+        #: seconds the warm-up took (0.0 without warm-up)
+        self.warmup_s = self._warm_up() if warmup else 0.0
         self._state = _OPEN
         self._state_lock = threading.Lock()
         self._threads = [
@@ -339,6 +347,11 @@ class BatchedSession:
     def closed(self) -> bool:
         return self._state != _OPEN
 
+    @property
+    def ready(self) -> bool:
+        """Open and (when ``warmup=True``) warmed up: what a readiness probe should report."""
+        return self._state == _OPEN
+
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting requests and join the workers.
 
@@ -376,6 +389,25 @@ class BatchedSession:
         )
 
     # -- internals -------------------------------------------------------------------------
+    def _warm_up(self) -> float:
+        from .warmup import warmup_feeds
+
+        providers = self.manifest.providers if self.manifest is not None else ()
+        feeds = warmup_feeds(self.signature, self.max_batch_size, providers)
+        t0 = time.perf_counter()
+        runners = [self._executor] + ([self._alone_executor] if self._alone_executor is not self._executor else [])
+        for runner in runners:
+            binding = runner.binding()
+            for feed in feeds:
+                try:
+                    runner.run(binding, feed, self.output_names)
+                except Exception as exc:  # the model may refuse a shape it was never meant for
+                    shape = {k: list(v.shape) for k, v in feed.items()}
+                    log.warning("BatchedSession warm-up: skipped shape %s: %s", shape, exc)
+        elapsed = time.perf_counter() - t0
+        log.info("BatchedSession warmed up %d shape(s) in %.2fs", len(feeds), elapsed)
+        return elapsed
+
     def _request(
         self,
         input_feed: Mapping[str, Any],

@@ -271,8 +271,8 @@ class ServedModel:
     # -- protocol views --------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        """Whether the session accepts requests."""
-        return not getattr(self.session, "closed", False)
+        """Whether the session accepts requests (and has finished its warm-up)."""
+        return not getattr(self.session, "closed", False) and bool(getattr(self.session, "ready", True))
 
     def metadata(self) -> dict[str, Any]:
         """The model metadata response (``GET /v2/models/{name}``)."""

@@ -89,6 +89,8 @@ class ServeConfig:
     limit_concurrency: int | None = 1000
     #: default of the text endpoints' ``truncate``: cut over-long inputs instead of a 400
     truncate: bool = False
+    #: run the BatchedSession's warm-up grid before reporting ready (no engine build on a request)
+    warmup: bool = True
 
     def generator_kwargs(self) -> dict[str, Any]:
         """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""
@@ -110,6 +112,7 @@ class ServeConfig:
             "max_queue": self.max_queue,
             "workers": self.workers,
             "timeout_s": self.timeout_s,
+            "warmup": self.warmup,
         }
         if self.providers is not None:
             kw["providers"] = self.providers

@@ -1,20 +1,21 @@
-"""GPU tests: skipped unless onnxruntime has the CUDA execution provider."""
+"""GPU tests: skipped unless the CUDA execution provider really loads here.
+
+The decision comes from a probe session (``ortbatch._ort.probe``), not from
+``get_available_providers()``, which lists CUDA and TensorRT in the onnxruntime-gpu wheel
+on machines that have no CUDA at all.
+"""
 
 from __future__ import annotations
 
 import pytest
 
+from ortbatch._ort.probe import loads
+
 
 def pytest_collection_modifyitems(config, items):
-    try:
-        import onnxruntime as ort
-
-        has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
-    except ImportError:
-        has_cuda = False
-    if has_cuda:
+    if loads("CUDAExecutionProvider"):
         return
-    skip = pytest.mark.skip(reason="needs onnxruntime-gpu with the CUDA execution provider")
+    skip = pytest.mark.skip(reason="needs a GPU where onnxruntime-gpu's CUDA execution provider loads")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
