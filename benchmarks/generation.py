@@ -220,9 +220,12 @@ def build_genai(preset: str, workdir: Path) -> Path:
 class DirectLoop:
     """Left-padded batch generation with a plain InferenceSession (no scheduler)."""
 
-    def __init__(self, export: Path, threads: int | None = None, rewritten: bool = False) -> None:
+    def __init__(
+        self, export: Path, threads: int | None = None, rewritten: bool = False, providers: str = "cpu"
+    ) -> None:
         import onnxruntime as ort
 
+        from ortbatch._ort import build_session, resolve_providers
         from ortbatch.generation.graph import rewrite_decoder
         from ortbatch.generation.layout import GenerationLayout, generation_section
 
@@ -237,7 +240,8 @@ class DirectLoop:
             graph = rewrite_decoder(model, logits=self.layout.logits)
             if graph is not None:
                 model, self.rewrites = graph.model, graph.rewrites
-        self.session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        # numpy feeds every step: on a GPU the cache goes through the host (a plain loop's cost)
+        self.session = build_session(model, resolve_providers(providers), session_options=so)
         lay = self.layout
         self.past = [n for kv in zip(lay.past_keys, lay.past_values, strict=True) for n in kv]
         self.outputs = [lay.logits] + [n for kv in zip(lay.present_keys, lay.present_values, strict=True) for n in kv]
@@ -316,7 +320,12 @@ def run_static(loop: DirectLoop, work: Workload, batch: int) -> ModeResult:
 
 
 def run_continuous(
-    export: Path, work: Workload, batch: int, threads: int | None = None, rewrites: bool = True
+    export: Path,
+    work: Workload,
+    batch: int,
+    threads: int | None = None,
+    rewrites: bool = True,
+    providers: str = "cpu",
 ) -> ModeResult:
     import onnxruntime as ort
 
@@ -329,7 +338,7 @@ def run_continuous(
     with BatchedGenerator(
         export,
         max_batch_size=batch,
-        providers="cpu",
+        providers=providers,
         session_options=so,
         last_position_logits=None if rewrites else False,
         attention_rewrite=rewrites,
@@ -457,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the graph sequential and static run: BatchedGenerator's rewritten graph (default: the ratios "
         "then measure batching alone), or the export as it is (what a plain ORT loop has)",
     )
+    p.add_argument("--providers", default="cpu", help="cpu, cuda, ... for every mode (default cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
@@ -464,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     export = args.model or build_model(args.preset, args.workdir)
-    loop = DirectLoop(export, args.threads, rewritten=args.baseline_graph == "rewritten")
+    loop = DirectLoop(export, args.threads, rewritten=args.baseline_graph == "rewritten", providers=args.providers)
     work = Workload.make(args.requests, loop.layout.vocab_size, args.prompt_lengths, args.new_tokens, args.seed)
     # Warm-up, so no mode pays for first-run allocations.
     loop.run_batch([work.prompts[0][:4]], [2], time.perf_counter(), [], [])
@@ -479,9 +489,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif mode == "static":
             results.append(run_static(loop, work, args.max_batch_size))
         elif mode == "continuous":
-            results.append(run_continuous(export, work, args.max_batch_size, args.threads))
+            results.append(run_continuous(export, work, args.max_batch_size, args.threads, providers=args.providers))
         elif mode == "continuous-export-graph":  # the same, without the graph rewrites
-            results.append(run_continuous(export, work, args.max_batch_size, args.threads, rewrites=False))
+            results.append(
+                run_continuous(
+                    export, work, args.max_batch_size, args.threads, rewrites=False, providers=args.providers
+                )
+            )
         elif mode == "genai":
             if args.model:
                 skipped[mode] = (
