@@ -178,6 +178,9 @@ def probe_providers(names: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     Cached: one probe per chain and process.
     """
     ort = require("onnxruntime")
+    missing = [n for n in names if n not in ort.get_available_providers()]
+    if missing:
+        return (), f"{missing} not in this onnxruntime build"
     so = ort.SessionOptions()
     so.log_severity_level = 3
     try:
