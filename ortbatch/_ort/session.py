@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,8 +107,11 @@ def build_session(
     src = model if isinstance(model, bytes) else os.fspath(model)
     try:
         # enable_fallback=0: a provider that fails to start raises instead of being
-        # replaced by CPU behind our back (older onnxruntime ignores the keyword).
-        sess = ort.InferenceSession(src, sess_options=so, providers=list(providers), enable_fallback=0)
+        # replaced by CPU behind our back (older onnxruntime ignores the keyword). ORT's own
+        # provider UserWarnings are dropped: check_active below says precisely what is missing.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module="onnxruntime")
+            sess = ort.InferenceSession(src, sess_options=so, providers=list(providers), enable_fallback=0)
     except Exception as exc:
         raise load_error(exc, label, providers) from exc
     if hasattr(sess, "disable_fallback"):
