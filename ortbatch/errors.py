@@ -90,7 +90,7 @@ class ModelLoadError(OrtBatchError):
     """ONNX Runtime could not load the model file: it is missing, truncated or corrupt.
     ``path`` names the file and ``reason`` is ONNX Runtime's own message."""
 
-    def __init__(self, path: Any, reason: str) -> None:
+    def __init__(self, path: Any, reason: str = "ONNX Runtime could not read it") -> None:
         super().__init__(f"cannot load the ONNX model {path}: {reason} (is it truncated or corrupt? re-export it)")
         self.path = str(path)
         self.reason = reason

@@ -493,6 +493,7 @@ def test_every_ortbatch_error_has_a_deliberate_status():
     expected = {
         "InvalidInputError": 400,
         "ModelContractError": 500,  # raised building the session, never per request
+        "ModelLoadError": 500,  # likewise
         "ManifestError": 500,
         "UnsupportedModelError": 500,
         "QueueFullError": 429,
