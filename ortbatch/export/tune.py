@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .._ort import CUDA, TRT
 from ..errors import ExportError, InvalidInputError
 from ..manifest import Manifest
 from .quantize import QuantizeConfig
@@ -94,11 +95,12 @@ DEFAULT_SETTINGS: tuple[RuntimeSetting, ...] = (
 
 
 def candidates(providers: Sequence[str] | None = None) -> list[Variant]:
-    """The variants worth trying with these onnxruntime providers (default: this build's)."""
+    """The variants worth trying with these onnxruntime providers (default: those that really
+    load here, by a probe session; the onnxruntime-gpu build lists CUDA and TensorRT anywhere)."""
     if providers is None:
-        import onnxruntime
+        from .._ort.probe import probe
 
-        providers = onnxruntime.get_available_providers()
+        providers = [name for name, ok in probe()["loads"].items() if ok]
     out = [
         Variant("fp32"),
         Variant("O1", optimize="O1"),
@@ -108,9 +110,9 @@ def candidates(providers: Sequence[str] | None = None) -> list[Variant]:
         Variant("int8-float-edges", quantize=QuantizeConfig("int8", keep_float="edges")),
         Variant("int8-static", quantize=QuantizeConfig("int8-static", op_types=("MatMul",))),
     ]
-    if "CUDAExecutionProvider" in providers:
+    if CUDA in providers:
         out.append(Variant("fp16-O4-cuda", optimize="O4", dtype="fp16", device="cuda"))
-    if "TensorrtExecutionProvider" in providers:
+    if TRT in providers:
         out.append(Variant("trt-fp16", dtype="fp16", device="cuda", trt=True))
     return out
 
