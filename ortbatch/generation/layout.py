@@ -20,6 +20,7 @@ standard library (plus onnx or onnxruntime to read the graph's inputs) is used.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -28,8 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ManifestError, ModelContractError
+from ..manifest import MANIFEST_NAME, Manifest
 
-__all__ = ["LAYOUT_FORMAT", "GenerationLayout", "generation_section", "layout_from_io"]
+__all__ = [
+    "LAYOUT_FORMAT",
+    "GenerationLayout",
+    "generation_section",
+    "layout_from_io",
+    "load_layout",
+    "read_io",
+    "token_text",
+]
 
 LAYOUT_FORMAT = 1
 
@@ -184,7 +194,7 @@ def generation_section(
     path = d / model
     if not path.is_file():
         raise ModelContractError(f"{path}: no such model file in the export directory")
-    inputs, outputs = _read_io(path)
+    inputs, outputs = read_io(path)
     config = _read_json(d / "config.json")
     gen_config = _read_json(d / "generation_config.json")
     tok_config = _read_json(d / "tokenizer_config.json")
@@ -282,7 +292,7 @@ def layout_from_io(
     if not eos:
         eos = _ids(config.get("eos_token_id"))
     if not eos and tokenizer_config and tokenizer_json:
-        token = _token_text(tokenizer_config.get("eos_token"))
+        token = token_text(tokenizer_config.get("eos_token"))
         eos = _ids(_token_id(tokenizer_json, token)) if token else []
     bos = _first(_ids(generation_config.get("bos_token_id")) or _ids(config.get("bos_token_id")))
     pad = _first(_ids(generation_config.get("pad_token_id")) or _ids(config.get("pad_token_id")))
@@ -363,7 +373,7 @@ def _first(values: list[int]) -> int | None:
     return values[0] if values else None
 
 
-def _token_text(value: Any) -> str | None:
+def token_text(value: Any) -> str | None:
     """A special token's text from tokenizer_config.json: a string or ``{"content": ...}``."""
     if isinstance(value, str):
         return value
@@ -392,7 +402,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _read_io(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
+def read_io(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
     """The graph's inputs and outputs as (name, dtype, shape), without running it."""
     try:
         import onnx
@@ -426,5 +436,32 @@ def _read_io_ort(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
     )
 
 
-#: public name of the export reader other packages use (ortbatch.serve)
-read_io = _read_io
+def load_layout(directory: Path, max_context_length: int | None = None) -> tuple[GenerationLayout, Manifest | None]:
+    """The generation layout of an export directory (from the manifest's ``generation``
+    section, else read from the export), with ``max_context_length`` in place of the
+    export's when given and the manifest's ``limits.max_sequence_length`` (e.g. TensorRT
+    profile shapes) capping it; and the manifest, if there is one."""
+    if not directory.is_dir():
+        raise ModelContractError(f"{directory}: not an export directory")
+    model = "model.onnx"
+    manifest = None
+    layout = None
+    if (directory / MANIFEST_NAME).is_file():
+        manifest = Manifest.load(directory)
+        model = manifest.model
+        if manifest.generation:
+            section = dict(manifest.generation)
+            section.setdefault("model", model)
+            if max_context_length is not None:
+                section["max_context_length"] = max_context_length
+            layout = GenerationLayout.from_dict(section, where=f"{directory / MANIFEST_NAME}: generation")
+    if layout is None:
+        try:
+            section = generation_section(directory, model, max_context_length=max_context_length)
+            layout = GenerationLayout.from_dict(section)
+        except ManifestError as exc:  # our own inference produced it: a model problem
+            raise ModelContractError(str(exc)) from exc
+    if manifest is not None and manifest.max_sequence_length:
+        context = min(layout.max_context_length, manifest.max_sequence_length)
+        layout = dataclasses.replace(layout, max_context_length=context)
+    return layout, manifest
