@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,26 +179,17 @@ class ExportTokenizer:
         return lambda ids: tok.decode(list(ids), skip_special_tokens=True)
 
 
+@dataclass
 class RequestFactory:
     """Checks a prompt and its parameters against the model's limits; builds the request."""
 
-    def __init__(
-        self,
-        tokenizer: ExportTokenizer,
-        *,
-        vocab_size: int,
-        max_context_length: int,
-        max_tokens_in_flight: int,
-        default_max_new_tokens: int,
-        default_timeout_s: float | None,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.max_context_length = max_context_length
-        self.max_tokens_in_flight = max_tokens_in_flight
-        self.default_max_new_tokens = default_max_new_tokens
-        self.default_timeout_s = default_timeout_s
-        self._ids = itertools.count(1)
+    tokenizer: ExportTokenizer
+    vocab_size: int
+    max_context_length: int
+    max_tokens_in_flight: int
+    default_max_new_tokens: int
+    default_timeout_s: float | None
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False, repr=False)
 
     def build(
         self,

@@ -32,7 +32,7 @@ from ortbatch import (
     RequestTimeoutError,
     SessionClosedError,
 )
-from ortbatch.generation import StreamToken, generation_section
+from ortbatch.generation import SamplingParams, StreamToken, generation_section
 
 from .fake_decoder import CONTEXT, EOS, VOCAB, reference
 
@@ -562,3 +562,18 @@ def test_stats_are_current_when_the_future_is_done(fake_dir: Path) -> None:
 
     with BatchedGenerator(fake_dir) as gen:
         asyncio.run(main(gen))
+
+
+def test_sampling_params_object_and_keywords_are_the_same_request(fake_dir: Path) -> None:
+    params = SamplingParams(temperature=0.9, top_k=20, seed=5, max_new_tokens=12)
+    with BatchedGenerator(fake_dir) as gen:
+        by_object = gen.generate([4, 5, 6], params=params)
+        by_keywords = gen.generate([4, 5, 6], 12, temperature=0.9, top_k=20, seed=5)
+        overridden = gen.generate([4, 5, 6], 3, params=params)  # the keyword wins over the object
+        with pytest.raises(InvalidInputError, match="seed must be a non-negative integer"):
+            gen.submit([4, 5], 3, temperature=1.0, seed=-1)
+        with pytest.raises(TypeError, match="temprature"):
+            gen.submit([4, 5], 3, temprature=1.0)  # type: ignore[call-arg]
+    assert by_object.token_ids == by_keywords.token_ids  # (12 tokens, or fewer if eos came first)
+    assert by_object.completion_tokens <= 12 and overridden.completion_tokens <= 3
+    assert overridden.token_ids == by_object.token_ids[: overridden.completion_tokens]
