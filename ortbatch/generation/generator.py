@@ -1,22 +1,13 @@
 """BatchedGenerator: many callers, one batched decode step per iteration.
 
-The public face and the step loop. One thread owns the model, the KV cache and every
-active row; callers only queue requests and wait on their own future. The rooms:
-
-- :mod:`.requests`: prompt and :class:`SamplingParams` checks, the request object;
-- :mod:`.scheduler`: pending and active rows, admission, deadlines, cancellation, where
-  joining rows go in the cache, and every request's outcome (pure Python);
-- :mod:`.runner`: the ONNX Runtime session, its contract, prefill and decode runs, the cache;
-- :mod:`.stats`: the counters behind :meth:`BatchedGenerator.stats`.
-
-Each iteration of the loop: admit (oldest first, under the token budget); reap rows that
-were cancelled or expired; prefill the admitted prompts (grouped by length), sample their
-first token and seat them in the cache (left-padded); run ONE decode step for all active
-rows (input = each row's last token, attention mask = each row's mask plus one column,
-positions = cumulative mask - 1, past = the cache); record one token per row.
-
-Every request ends in exactly one of: a :class:`Completion`; or a typed error from
-:mod:`ortbatch.errors`. Nothing waits without a timeout and close() joins the thread.
+The public face, the step loop and the lifecycle. One thread owns the model, the KV cache
+and every active row; callers only queue requests (:mod:`.requests` checks them) and wait
+on their own future. Each iteration asks the :mod:`.scheduler` what to admit, reap and
+where joining rows go, runs prefill and ONE decode step for all active rows on the
+:mod:`.runner` (input = each row's last token, mask = its mask plus one column, positions
+= cumulative mask - 1, past = the cache), and records one token per row. Every request
+ends in exactly one of: a :class:`Completion`; or a typed error from :mod:`ortbatch.errors`.
+Nothing waits without a timeout and close() joins the thread.
 """
 
 from __future__ import annotations
@@ -35,7 +26,7 @@ import numpy as np
 from .._lifecycle import check_positive, check_timeout, track_live
 from ..errors import InferenceError, OrtBatchError, SessionClosedError
 from .cache import KVCache
-from .layout import GenerationLayout, load_layout
+from .layout import load_layout
 from .requests import (
     Completion,
     ExportTokenizer,
@@ -126,14 +117,13 @@ class BatchedGenerator:
         compaction_cost: CompactionCost | None = None,
         session_factory: SessionFactory | None = None,
     ) -> None:
-        for name, value in (("max_batch_size", max_batch_size), ("max_queue", max_queue)):
-            check_positive(name, value)
+        check_positive("max_batch_size", max_batch_size)
+        check_positive("max_queue", max_queue)
         check_positive("max_new_tokens", max_new_tokens)
         check_timeout("timeout_s", timeout_s)
         if max_context_length is not None and max_context_length < 2:
             raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
         self._dir = Path(export_dir)
-        self.layout: GenerationLayout
         self.layout, manifest = load_layout(self._dir, max_context_length)
         if manifest is not None and manifest.max_batch_size:
             max_batch_size = min(max_batch_size, manifest.max_batch_size)
@@ -162,14 +152,8 @@ class BatchedGenerator:
         self.default_max_new_tokens = max_new_tokens
         self.prefill_padding = prefill_padding
         self._tokenizer = ExportTokenizer(self._dir, self.layout.tokenizer)
-        self._requests = RequestFactory(
-            self._tokenizer,
-            vocab_size=self.layout.vocab_size,
-            max_context_length=context,
-            max_tokens_in_flight=self.max_tokens_in_flight,
-            default_max_new_tokens=max_new_tokens,
-            default_timeout_s=timeout_s,
-        )
+        limits = (self.layout.vocab_size, context, self.max_tokens_in_flight, max_new_tokens, timeout_s)
+        self._requests = RequestFactory(self._tokenizer, *limits)
         self._stats = GenerationStatsRecorder()
         self._scheduler = Scheduler(
             max_batch_size=max_batch_size,
@@ -297,10 +281,7 @@ class BatchedGenerator:
             while True:
                 item = await queue.get()
                 if item is None:
-                    if fut.cancelled():
-                        return
-                    exc = fut.exception()
-                    if exc is not None:
+                    if not fut.cancelled() and (exc := fut.exception()) is not None:
                         raise exc
                     return
                 yield item
@@ -340,7 +321,10 @@ class BatchedGenerator:
                     break
                 keep = sched.reap()
                 joining, joined = self._prefill(admitted) if admitted else ([], [])
-                self._seat(keep, joining, joined)
+                lens = [int(n) for c in joining for n in c.lens]
+                plan = sched.place(keep, joined, lens, runner.cache.length, runner.cache_bytes)
+                if (copy_s := runner.seat(plan, joining)) is not None:  # learn what a copy costs
+                    sched.cost.observe_copy(plan.copy_bytes, copy_s)
                 if sched.rows:
                     self._decode_step()
                 if not sched.live():
@@ -383,25 +367,10 @@ class BatchedGenerator:
                 self._scheduler.fail(group[0], exc)
             return None
         self._stats.prefill(time.perf_counter() - t0, int(cache.lens.sum()))
-        keep = [i for i, req in enumerate(group) if not self._add_token(req, logits[i, -1])]
+        record = self._scheduler.record_token
+        keep = [i for i, r in enumerate(group) if not record(r, choose_token(logits[i, -1], r.params, r.rng))]
         cache.keep(keep)
         return cache, [group[i] for i in keep]
-
-    def _seat(self, keep: list[int], joining: list[KVCache], joined: list[GenerationRequest]) -> None:
-        """Carry out the scheduler's placement of the rows that join on the cache."""
-        runner = self.runner
-        incoming = [(c, r) for c in joining for r in range(c.rows)]
-        lens = [int(c.lens[r]) for c, r in incoming]
-        plan = self._scheduler.place(keep, joined, lens, runner.cache.length, runner.cache_bytes)
-        if plan.reset:
-            runner.reset_cache()
-            return
-        for (c, r), slot in zip(incoming, plan.slots, strict=False):
-            runner.cache.place(slot, c, r)
-        if plan.rebuild is not None:
-            t0 = time.perf_counter()
-            runner.cache.rebuild(plan.rebuild, joining if plan.append else ())
-            self._scheduler.cost.observe_copy(plan.copy_bytes, time.perf_counter() - t0)
 
     def _decode_step(self) -> None:
         sched, cache = self._scheduler, self.runner.cache
@@ -414,12 +383,10 @@ class BatchedGenerator:
         try:
             logits = self.runner.decode([r.generated[-1] for r in rows])
         except OrtBatchError as exc:
-            # A failed decode step cannot be pinned on one row: every row in it fails,
-            # and the generator carries on with the next requests.
+            # A failed decode step cannot be pinned on one row: every row in it fails (the
+            # loop then drops them all), and the generator carries on with the next requests.
             for i in live:
                 sched.fail(rows[i], exc)
-            sched.rows = []
-            self.runner.reset_cache()
             return
         finally:
             elapsed = time.perf_counter() - t0
@@ -428,8 +395,4 @@ class BatchedGenerator:
         # Finished rows are settled now; at the next step boundary their slots go to rows
         # that join, or are dropped when that is worth a copy (see Scheduler.place).
         for i in live:
-            self._add_token(rows[i], logits[i, -1])
-
-    def _add_token(self, req: GenerationRequest, logits: np.ndarray) -> bool:
-        """Choose and record one token for ``req``; True when it is done."""
-        return self._scheduler.record_token(req, choose_token(logits, req.params, req.rng))
+            sched.record_token(rows[i], choose_token(logits[i, -1], rows[i].params, rows[i].rng))

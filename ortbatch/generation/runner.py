@@ -10,6 +10,7 @@ IOBinding on a GPU provider the cache stays on the device between steps.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ..errors import InferenceError, ModelContractError, OrtBatchError, Provider
 from .cache import KVCache
 from .layout import GenerationLayout
 from .rewrites import LAST_POSITION_LOGITS, rewrite_decoder
+from .scheduler import Placement
 
 log = logging.getLogger("ortbatch")
 
@@ -257,6 +259,21 @@ class DecoderRunner:
 
     def cache_bytes(self) -> int:
         return self.cache.nbytes(self.cache_itemsize)
+
+    def seat(self, plan: Placement, joining: Sequence[KVCache]) -> float | None:
+        """Carry out a :class:`Placement` with the joining rows of ``joining`` (in order);
+        returns how long its rebuild took (``None``: no rebuild)."""
+        if plan.reset:
+            self.reset_cache()
+            return None
+        incoming = [(c, r) for c in joining for r in range(c.rows)]
+        for (c, r), slot in zip(incoming, plan.slots, strict=False):
+            self.cache.place(slot, c, r)
+        if plan.rebuild is None:
+            return None
+        t0 = time.perf_counter()
+        self.cache.rebuild(plan.rebuild, joining if plan.append else ())
+        return time.perf_counter() - t0
 
     # -- model runs ------------------------------------------------------------------------
     def prefill(self, prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, KVCache]:
