@@ -48,7 +48,7 @@ def _close_all_at_exit() -> None:  # pragma: no cover - exercised in a subproces
 def settle(fut: Any, *, result: Any = None, error: BaseException | None = None) -> bool:
     """Set ``fut``'s outcome unless it is already done (cancelled or settled meanwhile).
 
-    Works for :class:`concurrent.futures.Future` and the runtime's ``Slot``, which both
+    Works for :class:`concurrent.futures.Future` and the runtime's ``LightFuture``, which both
     raise :class:`InvalidStateError` when set twice or after a cancel. Returns whether
     this call settled it.
     """

@@ -1,7 +1,7 @@
 """Running a stacked batch on ONNX Runtime: providers, session options, IOBinding.
 
 One :class:`Executor` per session; each worker thread asks it for its own
-:class:`Binding` (an ``io_binding`` is never shared across threads).
+:class:`WorkerBinding` (an ``io_binding`` is never shared across threads).
 
 * CPU: the stacked numpy arrays go to ``session.run``, which binds them in place (no
   copy); it is cheaper per call than the IOBinding API there (see ``Executor.binding``).
@@ -22,7 +22,7 @@ import numpy as np
 from .._extras import require
 from ..errors import ProviderError
 
-__all__ = ["GPU_PROVIDERS", "Binding", "Executor", "build_session", "resolve_providers"]
+__all__ = ["GPU_PROVIDERS", "WorkerBinding", "Executor", "build_session", "resolve_providers"]
 
 log = logging.getLogger("ortbatch")
 
@@ -151,7 +151,7 @@ def build_session(
     return ort.InferenceSession(os.fspath(path), sess_options=so, providers=list(providers))
 
 
-class Binding:
+class WorkerBinding:
     """A worker's own IOBinding (or nothing, for sessions without IOBinding)."""
 
     __slots__ = ("io",)
@@ -176,18 +176,20 @@ class Executor:
         self.use_binding = hasattr(session, "io_binding") and hasattr(session, "run_with_iobinding")
         self._ort: Any = require("onnxruntime") if self.use_binding else None
 
-    def binding(self) -> Binding:
+    def binding(self) -> WorkerBinding:
         # On CPU, session.run already binds the stacked numpy arrays in place (no input copy)
         # and is measurably cheaper per call than the IOBinding API's five Python round trips
         # (identity model: ~15 us vs ~77 us per batch), so IOBinding is used where it pays:
         # on the device, where it keeps inputs and outputs off the host between copies.
-        return Binding(self.session.io_binding() if self.use_binding and self.device != "cpu" else None)
+        return WorkerBinding(self.session.io_binding() if self.use_binding and self.device != "cpu" else None)
 
     def run_plain(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """``session.run`` without IOBinding (typed ORT errors; string tensors)."""
         return list(self.session.run(list(output_names), dict(feed)))
 
-    def run(self, binding: Binding, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run(
+        self, binding: WorkerBinding, feed: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
         io = binding.io
         if io is None or any(a.dtype == object for a in feed.values()):
             return self.run_plain(feed, output_names)

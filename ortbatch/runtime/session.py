@@ -41,14 +41,14 @@ from ..manifest import MANIFEST_NAME, Manifest
 from .collate import Collator, PaddingCollator
 from .executor import (
     GPU_PROVIDERS,
-    Binding,
     Executor,
+    WorkerBinding,
     build_session,
     check_providers,
     cpu_count,
     resolve_providers,
 )
-from .scheduler import BatchPolicy, CostModel, Request, Scheduler, Slot
+from .scheduler import BatchPolicy, CostModel, LightFuture, Request, Scheduler
 from .signature import ModelSignature
 from .stats import Stats, StatsRecorder
 
@@ -232,7 +232,7 @@ class BatchedSession:
             raise InvalidInputError(
                 "run_options apply to a whole batch and cannot be set per request in a BatchedSession"
             )
-        req = self._request(input_feed, output_names, timeout_s, Slot())
+        req = self._request(input_feed, output_names, timeout_s, LightFuture())
         fut = req.future
         if self._sched.put(req, inline_ok=True):
             # Idle: run it here, on the caller's thread, skipping two thread hand-offs.
@@ -369,7 +369,7 @@ class BatchedSession:
         input_feed: Mapping[str, Any],
         output_names: Sequence[str] | None,
         timeout_s: float | None,
-        future: concurrent.futures.Future[Any] | Slot,
+        future: concurrent.futures.Future[Any] | LightFuture,
     ) -> Request:
         if self._state != _OPEN:
             raise SessionClosedError("the session is closed; no new requests are accepted")
@@ -392,7 +392,7 @@ class BatchedSession:
         alone_binding = self._alone_executor.binding() if self._alone_executor is not self._executor else binding
         sched = self._sched
         while True:
-            taken = sched.take_batch()
+            taken = sched.start_batch()
             if taken is None:
                 return
             batch, alone = taken
@@ -416,7 +416,7 @@ class BatchedSession:
             finally:
                 sched.finished()
 
-    def _run(self, reqs: list[Request], binding: Binding, waits: list[float] | None, executor: Executor) -> None:
+    def _run(self, reqs: list[Request], binding: WorkerBinding, waits: list[float] | None, executor: Executor) -> None:
         """Collate, run and split ``reqs``; on failure split the group and retry halves,
         so only the request(s) that fail on their own get the error."""
         t0 = time.perf_counter()
