@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._lifecycle import check_positive, check_timeout, track_live
+from .._lifecycle import check_positive, check_timeout, forget_live, track_live
 from ..errors import InferenceError, OrtBatchError, SessionClosedError
 from .cache import KVCache
 from .layout import load_layout
@@ -299,6 +299,8 @@ class BatchedGenerator:
         self._scheduler.close(drain)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+        if not self._thread.is_alive():
+            forget_live(self)
 
     @property
     def closed(self) -> bool:
