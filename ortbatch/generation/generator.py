@@ -169,7 +169,6 @@ class BatchedGenerator:
         self._thread.start()
         track_live(self)
 
-    # -- tokenizer ---------------------------------------------------------------------
     @property
     def export_dir(self) -> Path:
         """The export directory this generator serves."""
