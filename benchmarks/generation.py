@@ -17,7 +17,7 @@ mixed new-token counts, greedy), all arriving at t=0, on the same machine in one
   the baselines run, to separate scheduling from the rewrites.
 
 By default the baselines run the graph :class:`BatchedGenerator` runs
-(:func:`ortbatch.generation.graph.rewrite_decoder`), so the ratios measure batching alone;
+(:func:`ortbatch.generation.rewrites.rewrite_decoder`), so the ratios measure batching alone;
 ``--baseline-graph export`` runs them on the export as it is (what a plain ORT loop has).
 
 Reported per mode: generated tokens/s (wall clock), time to first token p50/p99 and
@@ -226,8 +226,8 @@ class DirectLoop:
         import onnxruntime as ort
 
         from ortbatch._ort import build_session, resolve_providers
-        from ortbatch.generation.graph import rewrite_decoder
         from ortbatch.generation.layout import GenerationLayout, generation_section
+        from ortbatch.generation.rewrites import rewrite_decoder
 
         self.layout = GenerationLayout.from_dict(generation_section(export))
         so = ort.SessionOptions()

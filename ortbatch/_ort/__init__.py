@@ -14,7 +14,7 @@ is imported when a session is built.
 
 from __future__ import annotations
 
-from .binding import Binding, DeviceRunner
+from .binding import DeviceRunner, WorkerBinding
 from .providers import (
     CPU,
     CUDA,
@@ -45,7 +45,7 @@ __all__ = [
     "GPU_PROVIDERS",
     "SHORTCUTS",
     "TRT",
-    "Binding",
+    "WorkerBinding",
     "arithmetic",
     "DeviceRunner",
     "ProviderChain",

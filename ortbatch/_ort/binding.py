@@ -1,7 +1,7 @@
 """Running a stacked batch on a session: plain ``run`` on CPU, IOBinding on a device.
 
 One :class:`DeviceRunner` per session; each worker thread asks it for its own
-:class:`Binding` (an ``io_binding`` is never shared across threads).
+:class:`WorkerBinding` (an ``io_binding`` is never shared across threads).
 
 * CPU: the stacked numpy arrays go to ``session.run``, which binds them in place (no
   copy); it is cheaper per call than the IOBinding API there (see ``binding``).
@@ -21,10 +21,10 @@ import numpy as np
 
 from .session import device_of
 
-__all__ = ["Binding", "DeviceRunner"]
+__all__ = ["WorkerBinding", "DeviceRunner"]
 
 
-class Binding:
+class WorkerBinding:
     """A worker's own IOBinding (or nothing, for sessions run without IOBinding)."""
 
     __slots__ = ("io",)
@@ -41,18 +41,20 @@ class DeviceRunner:
         self.device, self.device_id = device_of(session)
         self.use_binding = hasattr(session, "io_binding") and hasattr(session, "run_with_iobinding")
 
-    def binding(self) -> Binding:
+    def binding(self) -> WorkerBinding:
         # On CPU, session.run already binds the stacked numpy arrays in place (no input copy)
         # and is measurably cheaper per call than the IOBinding API's five Python round trips
         # (identity model: ~15 us vs ~77 us per batch), so IOBinding is used where it pays:
         # on the device, where it keeps outputs off the host until one copy back.
-        return Binding(self.session.io_binding() if self.use_binding and self.device != "cpu" else None)
+        return WorkerBinding(self.session.io_binding() if self.use_binding and self.device != "cpu" else None)
 
     def run_plain(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """``session.run`` without IOBinding (typed ORT errors; string tensors)."""
         return list(self.session.run(list(output_names), dict(feed)))
 
-    def run(self, binding: Binding, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run(
+        self, binding: WorkerBinding, feed: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
         io = binding.io
         if io is None or any(a.dtype == object for a in feed.values()):
             return self.run_plain(feed, output_names)

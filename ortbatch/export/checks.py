@@ -680,7 +680,7 @@ def _sessions(
 # -- the checks ------------------------------------------------------------------------
 
 
-class _Ctx:
+class _CheckContext:
     def __init__(
         self,
         model: _Model,
@@ -725,7 +725,7 @@ def _case(label: str, fn: Callable[[Case], None]) -> Case:
     return case
 
 
-def _reference_parity(ctx: _Ctx) -> list[Case]:
+def _reference_parity(ctx: _CheckContext) -> list[Case]:
     m, ref, tol = ctx.model, ctx.ref, ctx.tol
     assert ref is not None
     rows = ctx.samples
@@ -785,13 +785,13 @@ def _reference_parity(ctx: _Ctx) -> list[Case]:
     return cases
 
 
-def _shape_cases(ctx: _Ctx) -> list[tuple[int, int]]:
+def _shape_cases(ctx: _CheckContext) -> list[tuple[int, int]]:
     top = ctx.max_seq
     shapes = [(1, 7), (3, 13), (8, 5), (2, max(1, top - 1)), (1, top)]
     return [(b, min(length, top)) for b, length in shapes]
 
 
-def _shape_generalisation(ctx: _Ctx) -> list[Case]:
+def _shape_generalisation(ctx: _CheckContext) -> list[Case]:
     m, ref, tol = ctx.model, ctx.ref, ctx.tol
     if ctx.quantized:  # random token ids are far from real text: int8 has its own floors there
         tol = {
@@ -837,7 +837,7 @@ def _shape_generalisation(ctx: _Ctx) -> list[Case]:
     return cases
 
 
-def _decode_step(ctx: _Ctx, case: Case, batch: int, past: int) -> None:
+def _decode_step(ctx: _CheckContext, case: Case, batch: int, past: int) -> None:
     m, ref, tol = ctx.model, ctx.ref, ctx.tol
     ids = ctx.random_ids(batch, past + 1)
     mask = np.ones_like(ids)
@@ -867,7 +867,7 @@ def _check_dims(case: Case, name: str, value: np.ndarray, axes: Sequence[str | N
         case.comparisons.append(Comparison(name, list(value.shape), False, message="; ".join(problems)))
 
 
-def _batching_invariance(ctx: _Ctx) -> list[Case]:
+def _batching_invariance(ctx: _CheckContext) -> list[Case]:
     m, tol = ctx.model, ctx.tol
     rows = ctx.samples
     comp_name = "encoder" if m.family == "seq2seq" else "model"
@@ -928,7 +928,7 @@ def _batching_invariance(ctx: _Ctx) -> list[Case]:
     return cases
 
 
-def _provider_parity(ctx: _Ctx, cpu: _Model) -> list[Case]:
+def _provider_parity(ctx: _CheckContext, cpu: _Model) -> list[Case]:
     m, tol = ctx.model, ctx.tol
     rows = ctx.samples
     comp_name = "encoder" if m.family == "seq2seq" else "model"
@@ -1040,7 +1040,7 @@ def validate(
         model = _Model(manifest, sessions, tokenizer)
         # from the arithmetic really used: TF32 (TensorRT fp32), fp16 inside an fp16 engine
         tol = parity_tolerances(arithmetic(provider, opts, dtype), base_tol, fp16_tol)
-        ctx = _Ctx(model, ref, tol, rows, max_seq, vocab, seed, quantized=variant is not None)
+        ctx = _CheckContext(model, ref, tol, rows, max_seq, vocab, seed, quantized=variant is not None)
         short = provider.replace("ExecutionProvider", "")
         if ref is not None:
             say(f"[{short}] reference parity")

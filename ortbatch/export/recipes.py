@@ -60,6 +60,7 @@ __all__ = [
     "INT8_TOLERANCES",
     "OPTIMIZE_LEVELS",
     "Recipe",
+    "bundled_recipe",
     "load_recipe",
     "resolve_model_ref",
     "tolerances_for",
@@ -218,6 +219,24 @@ _SECTIONS = {
     "tensorrt": {"enabled", "fp16", "opt_batch_size", "opt_sequence_length"},
     "quantization": {f.name for f in fields(QuantizeConfig)},
 }
+
+
+def bundled_recipe(name: str) -> Path:
+    """The path of a recipe shipped with ortbatch, by name (``"minilm"``).
+
+    The recipes live in the repository's top-level ``export/`` folder; a wheel installs
+    them as ``ortbatch/recipes/`` (see setup.py). Both places are looked in, so a source
+    checkout and an installed package find the same files.
+    """
+    package = Path(__file__).resolve().parents[1]
+    for folder in (package / "recipes", package.parent / "export"):
+        path = folder / f"{name}.toml"
+        if path.is_file():
+            return path
+    shipped = sorted(
+        {p.stem for folder in (package / "recipes", package.parent / "export") for p in folder.glob("*.toml")}
+    )
+    raise ExportError(f"no bundled recipe {name!r}; the bundled recipes are {shipped}")
 
 
 def load_recipe(path: str | os.PathLike[str]) -> Recipe:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from .chat import ChatTemplate
 from .generator import BatchedGenerator, Completion, GenerationStats, StreamToken
-from .graph import RewrittenGraph, rewrite_decoder
 from .layout import GenerationLayout, generation_section
+from .rewrites import RewrittenGraph, rewrite_decoder
 from .sampling import SamplingParams
+from .scheduler import CompactionCost
 
 __all__ = [
     "BatchedGenerator",
     "ChatTemplate",
+    "CompactionCost",
     "Completion",
     "GenerationLayout",
     "GenerationStats",

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._extras import require
 from ..errors import InvalidInputError
-from .layout import _token_text
+from .layout import token_text
 
 __all__ = ["ChatTemplate"]
 
@@ -96,7 +96,7 @@ class ChatTemplate:
                 source = named.get("default")
         if not isinstance(source, str) or not source.strip():
             return None
-        specials = {k: text for k in _SPECIAL if (text := _token_text(config.get(k))) is not None}
+        specials = {k: text for k in _SPECIAL if (text := token_text(config.get(k))) is not None}
         return cls(source, specials)
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **extra: Any) -> str:

@@ -20,6 +20,7 @@ standard library (plus onnx or onnxruntime to read the graph's inputs) is used.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -28,8 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ManifestError, ModelContractError
+from ..manifest import MANIFEST_NAME, Manifest
 
-__all__ = ["LAYOUT_FORMAT", "GenerationLayout", "generation_section", "layout_from_io"]
+__all__ = [
+    "LAYOUT_FORMAT",
+    "GenerationLayout",
+    "generation_section",
+    "layout_from_io",
+    "load_layout",
+    "read_io",
+    "token_text",
+]
 
 LAYOUT_FORMAT = 1
 
@@ -184,7 +194,7 @@ def generation_section(
     path = d / model
     if not path.is_file():
         raise ModelContractError(f"{path}: no such model file in the export directory")
-    inputs, outputs = _read_io(path)
+    inputs, outputs = read_io(path)
     config = _read_json(d / "config.json")
     gen_config = _read_json(d / "generation_config.json")
     tok_config = _read_json(d / "tokenizer_config.json")
@@ -223,84 +233,17 @@ def layout_from_io(
     in_by_name = {name: (dtype, list(shape)) for name, dtype, shape in inputs}
     out_by_name = {name: (dtype, list(shape)) for name, dtype, shape in outputs}
 
-    for required in ("input_ids", "attention_mask"):
-        if required not in in_by_name:
-            raise ModelContractError(
-                f"{where}: no {required!r} input; a decoder export with inputs input_ids, "
-                f"attention_mask, position_ids and past_key_values.N.key/value is needed "
-                f"(export with --task text-generation-with-past). Inputs: {sorted(in_by_name)}"
-            )
-    if "logits" not in out_by_name:
-        raise ModelContractError(
-            f"{where}: no 'logits' output (outputs are {sorted(out_by_name)}); a decoder export "
-            "is needed (--task text-generation-with-past)"
-        )
-
-    past = _indexed(in_by_name, _PAST_RE)
-    present = _indexed(out_by_name, _PRESENT_RE)
-    if not past or not present:
-        raise ModelContractError(
-            f"{where}: the graph has no KV-cache inputs/outputs (past_key_values.N.key / present.N.key); "
-            "export with --task text-generation-with-past (not text-generation)"
-        )
-    if sorted(past) != list(range(len(past))) or sorted(present) != sorted(past):
-        raise ModelContractError(
-            f"{where}: cache layers do not line up: past layers {sorted(past)}, present layers {sorted(present)}"
-        )
-    layers = sorted(past)
-    for i in layers:
-        if set(past[i]) != {"key", "value"} or set(present[i]) != {"key", "value"}:
-            raise ModelContractError(f"{where}: layer {i} lacks a key or value cache tensor")
-
-    key0 = in_by_name[past[0]["key"]]
-    cache_dtype, shape = key0
-    if len(shape) != 4:
-        raise ModelContractError(
-            f"{where}: {past[0]['key']} has rank {len(shape)}; expected [batch, kv_heads, past_sequence, head_dim]"
-        )
-    heads, head_dim = shape[1], shape[3]
-    if not isinstance(heads, int) or not isinstance(head_dim, int):
-        heads = heads if isinstance(heads, int) else _config_kv_heads(config)
-        head_dim = head_dim if isinstance(head_dim, int) else _config_head_dim(config, heads)
-    if not heads or not head_dim:
-        raise ModelContractError(f"{where}: cannot tell the cache's kv heads / head dim from {shape}")
-    for i in layers:
-        for kind in ("key", "value"):
-            dt, shp = in_by_name[past[i][kind]]
-            if dt != cache_dtype or len(shp) != 4:
-                raise ModelContractError(
-                    f"{where}: {past[i][kind]} is {dt}{shp}; expected the same layout as {past[0]['key']}"
-                )
-
+    _check_decoder_io(in_by_name, out_by_name, where)
+    past, present, layers = _cache_layers(in_by_name, out_by_name, where)
+    cache_dtype, heads, head_dim = _cache_shape(in_by_name, past, layers, config, where)
     vocab = out_by_name["logits"][1][-1]
     if not isinstance(vocab, int):
         vocab = config.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise ModelContractError(f"{where}: cannot tell the vocabulary size from logits or config.json")
 
-    eos = _ids(generation_config.get("eos_token_id"))
-    if not eos:
-        eos = _ids(config.get("eos_token_id"))
-    if not eos and tokenizer_config and tokenizer_json:
-        token = _token_text(tokenizer_config.get("eos_token"))
-        eos = _ids(_token_id(tokenizer_json, token)) if token else []
-    bos = _first(_ids(generation_config.get("bos_token_id")) or _ids(config.get("bos_token_id")))
-    pad = _first(_ids(generation_config.get("pad_token_id")) or _ids(config.get("pad_token_id")))
-    if pad is None:
-        # The pad id never reaches the model unmasked; any valid id will do.
-        pad = eos[0] if eos else 0
-
-    context = max_context_length
-    for key in _CONTEXT_KEYS if context is None else ():
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
-            context = value
-            break
-    if context is None:
-        raise ModelContractError(
-            f"{where}: config.json does not say the model's context length ({' / '.join(_CONTEXT_KEYS)}); "
-            "give it as max_context_length (--max-context-length on the command line)"
-        )
+    eos, bos, pad = _special_ids(config, generation_config, tokenizer_config, tokenizer_json)
+    context = _context_length(config, max_context_length, where)
 
     return GenerationLayout(
         input_ids="input_ids",
@@ -321,6 +264,109 @@ def layout_from_io(
         bos_token_id=bos,
         model_type=config.get("model_type"),
     )
+
+
+def _check_decoder_io(in_by_name: Mapping[str, Any], out_by_name: Mapping[str, Any], where: str) -> None:
+    for required in ("input_ids", "attention_mask"):
+        if required not in in_by_name:
+            raise ModelContractError(
+                f"{where}: no {required!r} input; a decoder export with inputs input_ids, "
+                f"attention_mask, position_ids and past_key_values.N.key/value is needed "
+                f"(export with --task text-generation-with-past). Inputs: {sorted(in_by_name)}"
+            )
+    if "logits" not in out_by_name:
+        raise ModelContractError(
+            f"{where}: no 'logits' output (outputs are {sorted(out_by_name)}); a decoder export "
+            "is needed (--task text-generation-with-past)"
+        )
+
+
+def _cache_layers(
+    in_by_name: Mapping[str, Any], out_by_name: Mapping[str, Any], where: str
+) -> tuple[dict[int, dict[str, str]], dict[int, dict[str, str]], list[int]]:
+    """The past and present tensor names by layer and kind, and the layer indices."""
+    past = _indexed(in_by_name, _PAST_RE)
+    present = _indexed(out_by_name, _PRESENT_RE)
+    if not past or not present:
+        raise ModelContractError(
+            f"{where}: the graph has no KV-cache inputs/outputs (past_key_values.N.key / present.N.key); "
+            "export with --task text-generation-with-past (not text-generation)"
+        )
+    if sorted(past) != list(range(len(past))) or sorted(present) != sorted(past):
+        raise ModelContractError(
+            f"{where}: cache layers do not line up: past layers {sorted(past)}, present layers {sorted(present)}"
+        )
+    layers = sorted(past)
+    for i in layers:
+        if set(past[i]) != {"key", "value"} or set(present[i]) != {"key", "value"}:
+            raise ModelContractError(f"{where}: layer {i} lacks a key or value cache tensor")
+    return past, present, layers
+
+
+def _cache_shape(
+    in_by_name: Mapping[str, Any],
+    past: Mapping[int, Mapping[str, str]],
+    layers: list[int],
+    config: Mapping[str, Any],
+    where: str,
+) -> tuple[str, int, int]:
+    """The cache's dtype, kv heads and head dim (the same for every layer)."""
+    key0 = in_by_name[past[0]["key"]]
+    cache_dtype, shape = key0
+    if len(shape) != 4:
+        raise ModelContractError(
+            f"{where}: {past[0]['key']} has rank {len(shape)}; expected [batch, kv_heads, past_sequence, head_dim]"
+        )
+    heads, head_dim = shape[1], shape[3]
+    if not isinstance(heads, int) or not isinstance(head_dim, int):
+        heads = heads if isinstance(heads, int) else _config_kv_heads(config)
+        head_dim = head_dim if isinstance(head_dim, int) else _config_head_dim(config, heads)
+    if not heads or not head_dim:
+        raise ModelContractError(f"{where}: cannot tell the cache's kv heads / head dim from {shape}")
+    for i in layers:
+        for kind in ("key", "value"):
+            dt, shp = in_by_name[past[i][kind]]
+            if dt != cache_dtype or len(shp) != 4:
+                raise ModelContractError(
+                    f"{where}: {past[i][kind]} is {dt}{shp}; expected the same layout as {past[0]['key']}"
+                )
+    return cache_dtype, int(heads), int(head_dim)
+
+
+def _special_ids(
+    config: Mapping[str, Any],
+    generation_config: Mapping[str, Any],
+    tokenizer_config: Mapping[str, Any] | None,
+    tokenizer_json: Mapping[str, Any] | None,
+) -> tuple[list[int], int | None, int]:
+    """eos ids, bos id and pad id, from generation_config.json, config.json or the tokenizer."""
+    eos = _ids(generation_config.get("eos_token_id"))
+    if not eos:
+        eos = _ids(config.get("eos_token_id"))
+    if not eos and tokenizer_config and tokenizer_json:
+        token = token_text(tokenizer_config.get("eos_token"))
+        eos = _ids(_token_id(tokenizer_json, token)) if token else []
+    bos = _first(_ids(generation_config.get("bos_token_id")) or _ids(config.get("bos_token_id")))
+    pad = _first(_ids(generation_config.get("pad_token_id")) or _ids(config.get("pad_token_id")))
+    if pad is None:
+        # The pad id never reaches the model unmasked; any valid id will do.
+        pad = eos[0] if eos else 0
+    return eos, bos, pad
+
+
+def _context_length(config: Mapping[str, Any], max_context_length: int | None, where: str) -> int:
+    context = max_context_length
+    for key in _CONTEXT_KEYS if context is None else ():
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            context = value
+            break
+    if context is None:
+        raise ModelContractError(
+            f"{where}: config.json does not say the model's context length ({' / '.join(_CONTEXT_KEYS)}); "
+            "give it as max_context_length (--max-context-length on the command line)"
+        )
+    return int(context)
 
 
 def _indexed(by_name: Mapping[str, Any], pattern: re.Pattern[str]) -> dict[int, dict[str, str]]:
@@ -363,7 +409,7 @@ def _first(values: list[int]) -> int | None:
     return values[0] if values else None
 
 
-def _token_text(value: Any) -> str | None:
+def token_text(value: Any) -> str | None:
     """A special token's text from tokenizer_config.json: a string or ``{"content": ...}``."""
     if isinstance(value, str):
         return value
@@ -392,7 +438,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _read_io(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
+def read_io(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
     """The graph's inputs and outputs as (name, dtype, shape), without running it."""
     try:
         import onnx
@@ -430,5 +476,32 @@ def _read_io_ort(path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
     )
 
 
-#: public name of the export reader other packages use (ortbatch.serve)
-read_io = _read_io
+def load_layout(directory: Path, max_context_length: int | None = None) -> tuple[GenerationLayout, Manifest | None]:
+    """The generation layout of an export directory (from the manifest's ``generation``
+    section, else read from the export), with ``max_context_length`` in place of the
+    export's when given and the manifest's ``limits.max_sequence_length`` (e.g. TensorRT
+    profile shapes) capping it; and the manifest, if there is one."""
+    if not directory.is_dir():
+        raise ModelContractError(f"{directory}: not an export directory")
+    model = "model.onnx"
+    manifest = None
+    layout = None
+    if (directory / MANIFEST_NAME).is_file():
+        manifest = Manifest.load(directory)
+        model = manifest.model
+        if manifest.generation:
+            section = dict(manifest.generation)
+            section.setdefault("model", model)
+            if max_context_length is not None:
+                section["max_context_length"] = max_context_length
+            layout = GenerationLayout.from_dict(section, where=f"{directory / MANIFEST_NAME}: generation")
+    if layout is None:
+        try:
+            section = generation_section(directory, model, max_context_length=max_context_length)
+            layout = GenerationLayout.from_dict(section)
+        except ManifestError as exc:  # our own inference produced it: a model problem
+            raise ModelContractError(str(exc)) from exc
+    if manifest is not None and manifest.max_sequence_length:
+        context = min(layout.max_context_length, manifest.max_sequence_length)
+        layout = dataclasses.replace(layout, max_context_length=context)
+    return layout, manifest

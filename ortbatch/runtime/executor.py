@@ -2,14 +2,14 @@
 
 Everything that builds and runs sessions lives once in :mod:`ortbatch._ort`; this module
 names the pieces BatchedSession uses (an :class:`Executor` per session, a
-:class:`Binding` per worker thread).
+:class:`WorkerBinding` per worker thread).
 """
 
 from __future__ import annotations
 
 from .._ort import (
     GPU_PROVIDERS,
-    Binding,
+    WorkerBinding,
     build_session,
     check_active,
     cpu_count,
@@ -17,4 +17,12 @@ from .._ort import (
 )
 from .._ort import DeviceRunner as Executor
 
-__all__ = ["GPU_PROVIDERS", "Binding", "Executor", "build_session", "check_active", "cpu_count", "resolve_providers"]
+__all__ = [
+    "GPU_PROVIDERS",
+    "WorkerBinding",
+    "Executor",
+    "build_session",
+    "check_active",
+    "cpu_count",
+    "resolve_providers",
+]

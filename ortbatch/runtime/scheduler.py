@@ -35,12 +35,12 @@ import numpy as np
 
 from ..errors import QueueFullError, RequestTimeoutError, SessionClosedError
 
-__all__ = ["BatchPolicy", "CostModel", "Request", "Scheduler", "Slot"]
+__all__ = ["BatchPolicy", "CostModel", "Request", "Scheduler", "LightFuture"]
 
 _PENDING, _RUNNING, _CANCELLED, _FINISHED = 0, 1, 2, 3
 
 
-class Slot:
+class LightFuture:
     """A one-shot result for a caller blocked in ``BatchedSession.run``.
 
     The subset of :class:`concurrent.futures.Future` that the runtime uses, built on two
@@ -127,14 +127,14 @@ class Request:
         length: int,
         output_names: Any = None,
         deadline: float | None = None,
-        future: Future[Any] | Slot | None = None,
+        future: Future[Any] | LightFuture | None = None,
     ) -> None:
         self.item = item
         self.rows = rows
         self.length = length
         self.output_names = output_names
         self.deadline = deadline
-        self.future: Future[Any] | Slot = future if future is not None else Slot()
+        self.future: Future[Any] | LightFuture = future if future is not None else LightFuture()
         self.enqueued = 0.0
 
 
@@ -335,7 +335,7 @@ class Scheduler:
         self._closed = False
         self._drain = True
         self._busy = 0  # batches taken and not yet finished, inline runs included
-        self._idle = 0  # workers waiting in take_batch (put notifies only when there is one)
+        self._idle = 0  # workers waiting in start_batch (put notifies only when there is one)
         # Set when a queued request's future was cancelled directly: only then may a full
         # queue hold dead entries worth a scan, so refusing stays O(1) otherwise.
         self._maybe_cancelled = False
@@ -391,7 +391,7 @@ class Scheduler:
         return True
 
     def finished(self) -> None:
-        """A batch taken by :meth:`take_batch` (or an inline run, see :meth:`put`) is over."""
+        """A batch taken by :meth:`start_batch` (or an inline run, see :meth:`put`) is over."""
         with self._cond:
             self._busy -= 1
 
@@ -400,19 +400,19 @@ class Scheduler:
         return len(self._pending)
 
     # -- workers -----------------------------------------------------------------------
-    def take(self) -> list[Request] | None:
+    def take_and_finish(self) -> list[Request] | None:
         """Block until a batch is ready; None once closed and (if draining) empty.
 
         For callers that do not track running batches (tests, tools): the batch counts as
         finished at once."""
-        taken = self.take_batch()
+        taken = self.start_batch()
         if taken is None:
             return None
         self.finished()
         return taken[0]
 
-    def take_batch(self) -> tuple[list[Request], bool] | None:
-        """Like :meth:`take`, plus whether the batch runs *alone* (nothing else running,
+    def start_batch(self) -> tuple[list[Request], bool] | None:
+        """Like :meth:`take_and_finish`, plus whether the batch runs *alone* (nothing else running,
         nothing left queued). Call :meth:`finished` after running it."""
         expired: list[Request] = []
         try:
@@ -471,7 +471,7 @@ class Scheduler:
 
     def _watch(self, req: Request) -> None:
         fut = req.future
-        if isinstance(fut, Slot):
+        if isinstance(fut, LightFuture):
             fut.on_cancel = self._note_cancelled
         else:
             fut.add_done_callback(self._note_if_cancelled)

@@ -14,7 +14,6 @@ workers pad and stack whatever is queued into one IOBinding run.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import glob
 import logging
@@ -22,7 +21,6 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._extras import require
+from .._lifecycle import check_positive, forget_live, settle, track_live
 from ..errors import (
     InferenceError,
     InvalidInputError,
@@ -42,14 +41,14 @@ from ..manifest import MANIFEST_NAME, Manifest
 from .collate import Collator, PaddingCollator
 from .executor import (
     GPU_PROVIDERS,
-    Binding,
     Executor,
+    WorkerBinding,
     build_session,
     check_active,
     cpu_count,
     resolve_providers,
 )
-from .scheduler import BatchPolicy, CostModel, Request, Scheduler, Slot
+from .scheduler import BatchPolicy, CostModel, LightFuture, Request, Scheduler
 from .signature import ModelSignature
 from .stats import Stats, StatsRecorder
 
@@ -58,17 +57,7 @@ __all__ = ["BatchedSession", "deadline_seconds"]
 log = logging.getLogger("ortbatch")
 
 _OPEN, _CLOSING, _CLOSED = "open", "closing", "closed"
-_LIVE: weakref.WeakSet[BatchedSession] = weakref.WeakSet()
 _LATENCY_SESSION_MAX_BYTES = 1 << 30  # auto-build the latency session only for models up to 1 GiB
-
-
-@atexit.register
-def _close_all_at_exit() -> None:  # pragma: no cover - exercised in a subprocess test
-    for bs in list(_LIVE):
-        try:
-            bs.close(drain=False, timeout=1.0)
-        except Exception:
-            pass
 
 
 class BatchedSession:
@@ -141,12 +130,12 @@ class BatchedSession:
             max_batch_tokens = tuned.get("max_batch_tokens")
         if workers is None:
             workers = tuned.get("workers")
-        _check_positive("max_batch_size", max_batch_size)
-        _check_positive("max_queue", max_queue)
+        check_positive("max_batch_size", max_batch_size)
+        check_positive("max_queue", max_queue)
         if max_batch_tokens is not None:
-            _check_positive("max_batch_tokens", max_batch_tokens)
+            check_positive("max_batch_tokens", max_batch_tokens)
         if workers is not None:
-            _check_positive("workers", workers)
+            check_positive("workers", workers)
         if max_delay_ms < 0:
             raise ValueError(f"max_delay_ms must be >= 0, got {max_delay_ms}")
         timeout_s = deadline_seconds(timeout_s, "timeout_s")
@@ -216,7 +205,7 @@ class BatchedSession:
         ]
         for t in self._threads:
             t.start()
-        _LIVE.add(self)
+        track_live(self)
 
     # -- the InferenceSession-like face ---------------------------------------------------
     def get_inputs(self) -> list[Any]:
@@ -252,7 +241,7 @@ class BatchedSession:
             raise InvalidInputError(
                 "run_options apply to a whole batch and cannot be set per request in a BatchedSession"
             )
-        req = self._request(input_feed, output_names, timeout_s, Slot())
+        req = self._request(input_feed, output_names, timeout_s, LightFuture())
         fut = req.future
         if self._sched.put(req, inline_ok=True):
             # Idle: run it here, on the caller's thread, skipping two thread hand-offs.
@@ -374,7 +363,7 @@ class BatchedSession:
         with self._state_lock:
             if not any(t.is_alive() for t in self._threads):
                 self._state = _CLOSED
-        _LIVE.discard(self)
+        forget_live(self)
 
     def __enter__(self) -> BatchedSession:
         return self
@@ -413,7 +402,7 @@ class BatchedSession:
         input_feed: Mapping[str, Any],
         output_names: Sequence[str] | None,
         timeout_s: float | None,
-        future: concurrent.futures.Future[Any] | Slot,
+        future: concurrent.futures.Future[Any] | LightFuture,
     ) -> Request:
         if self._state != _OPEN:
             raise SessionClosedError("the session is closed; no new requests are accepted")
@@ -436,7 +425,7 @@ class BatchedSession:
         alone_binding = self._alone_executor.binding() if self._alone_executor is not self._executor else binding
         sched = self._sched
         while True:
-            taken = sched.take_batch()
+            taken = sched.start_batch()
             if taken is None:
                 return
             batch, alone = taken
@@ -454,13 +443,13 @@ class BatchedSession:
                         self._run(live, binding, waits, self._executor)
             except BaseException as exc:  # never let a worker die with futures unsettled
                 for r in batch:
-                    _settle_error(r.future, InferenceError(f"internal error: {exc!r}"))
+                    settle(r.future, error=InferenceError(f"internal error: {exc!r}"))
                 if not isinstance(exc, Exception):
                     raise
             finally:
                 sched.finished()
 
-    def _run(self, reqs: list[Request], binding: Binding, waits: list[float] | None, executor: Executor) -> None:
+    def _run(self, reqs: list[Request], binding: WorkerBinding, waits: list[float] | None, executor: Executor) -> None:
         """Collate, run and split ``reqs``; on failure split the group and retry halves,
         so only the request(s) that fail on their own get the error."""
         t0 = time.perf_counter()
@@ -495,7 +484,7 @@ class BatchedSession:
             if err is not exc:
                 err.__cause__ = exc
             self._stats.error(err)
-            _settle_error(reqs[0].future, err)
+            settle(reqs[0].future, error=err)
             return
         elapsed = time.perf_counter() - t0
         rows = sum(r.rows for r in reqs)
@@ -509,7 +498,7 @@ class BatchedSession:
                 req.future.set_result([res[n] for n in req.output_names])
                 ok += 1
             except KeyError as exc:
-                _settle_error(req.future, InferenceError(f"collator gave no output {exc}"))
+                settle(req.future, error=InferenceError(f"collator gave no output {exc}"))
             except concurrent.futures.InvalidStateError:
                 pass
         self._stats.finished(ok)
@@ -534,13 +523,6 @@ def _want_latency_session(
     return weight_bytes <= _LATENCY_SESSION_MAX_BYTES
 
 
-def _settle_error(fut: concurrent.futures.Future[Any] | Slot, exc: BaseException) -> None:
-    try:
-        fut.set_exception(exc)
-    except concurrent.futures.InvalidStateError:
-        pass
-
-
 # Deadlines past this many seconds (about 31 years) are no deadline at all; waits on
 # locks and futures reject timeouts above threading.TIMEOUT_MAX (~292 years on Linux).
 _NO_DEADLINE_BEYOND_S = 1e9
@@ -561,11 +543,6 @@ def deadline_seconds(value: Any, name: str) -> float | None:
     if math.isnan(seconds) or seconds <= 0:
         raise InvalidInputError(f"{name} must be > 0 seconds (or None for no deadline), got {value!r}", input_name=name)
     return None if seconds > _NO_DEADLINE_BEYOND_S else seconds
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _find_manifest(sess_or_path: Any) -> Manifest | None:

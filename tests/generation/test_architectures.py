@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ortbatch import BatchedGenerator
-from ortbatch.generation.graph import ATTENTION_SCALE
+from ortbatch.generation.rewrites import ATTENTION_SCALE
 
 from .conftest import EOS, TinyModel, _tokenizer, random_prompts
 

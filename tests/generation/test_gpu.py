@@ -32,10 +32,11 @@ def test_cuda_cache_stays_on_device_and_tokens_match(fake_dir: Path, no_thread_l
     seen: list[str] = []
 
     with BatchedGenerator(fake_dir, providers="cuda", max_batch_size=4) as gen:
-        assert gen._io_binding and gen._device[0] == "cuda"
+        assert gen.runner.io_binding and gen.runner.device[0] == "cuda"
 
         def peek(_tok: StreamToken) -> None:  # runs on the scheduler thread, between steps
-            seen.append(type(gen._cache.tensors[0]).__name__ if gen._cache.rows else "empty")
+            cache = gen.runner.cache
+            seen.append(type(cache.tensors[0]).__name__ if cache.rows else "empty")
 
         futs = [gen.submit(p, 25, on_token=peek if i == 0 else None) for i, p in enumerate(prompts)]
         outs = [f.result(60) for f in futs]

@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from ortbatch import BatchedGenerator
-from ortbatch.generation.graph import ATTENTION_SCALE, LAST_POSITION_LOGITS
+from ortbatch.generation import CompactionCost
+from ortbatch.generation.rewrites import ATTENTION_SCALE, LAST_POSITION_LOGITS
 
 from .conftest import EOS, TinyModel, random_prompts
 
@@ -90,8 +91,8 @@ def test_greedy_when_rows_that_left_linger_and_when_they_are_compacted(tiny: Tin
     tokens are unchanged either way, whether the copy never comes or comes at once."""
     prompts, news = PROMPTS[:6], [4, 30, 6, 25, 3, 28]
     for copy_s_per_byte in (1.0, 0.0):  # a copy never worth it / always worth it
-        with BatchedGenerator(tiny.export, max_batch_size=6) as gen:
-            gen._copy_s_per_byte = copy_s_per_byte
+        cost = CompactionCost(copy_s_per_byte=copy_s_per_byte)
+        with BatchedGenerator(tiny.export, max_batch_size=6, compaction_cost=cost) as gen:
             results = submit_together(gen, prompts, news)
             stats = gen.stats()
         for prompt, n, out in zip(prompts, news, results, strict=True):

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from ortbatch import BatchedGenerator, ModelLoadError
-from ortbatch._ort import CPU
+from ortbatch._ort import CPU, build_session
 from ortbatch._ort.trt import TrtShapes, tensorrt_provider_options
 from ortbatch.errors import ProviderError
-from ortbatch.generation import generator as generator_module
 
 from .fake_decoder import reference
 
@@ -29,17 +28,17 @@ def _export(fake_dir: Path, tmp_path: Path, providers: list) -> Path:
     return d
 
 
-def test_manifest_provider_options_reach_the_session_merged_per_key(fake_dir, tmp_path, monkeypatch):
+def test_manifest_provider_options_reach_the_session_merged_per_key(fake_dir, tmp_path):
     d = _export(fake_dir, tmp_path, [[CUDA, {"device_id": 1, "cudnn_conv_algo_search": "HEURISTIC"}], [CPU, {}]])
     seen = []
-    real = generator_module.build_session
+    real = build_session
 
     def recording(model, providers, **kw):  # record what was asked; build it on CPU here
         seen.append(providers)
         return real(model, [(CPU, {})], **kw)
 
-    monkeypatch.setattr(generator_module, "build_session", recording)
-    with BatchedGenerator(d, providers=[(CUDA, {"use_tf32": "0"}), CPU], last_position_logits=False) as gen:
+    providers = [(CUDA, {"use_tf32": "0"}), CPU]
+    with BatchedGenerator(d, providers=providers, last_position_logits=False, session_factory=recording) as gen:
         assert list(gen.generate([5, 6], 4).token_ids) == reference([5, 6], 4)
     assert seen[0][0] == (CUDA, {"device_id": 1, "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"})
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from ortbatch import (
@@ -31,7 +32,8 @@ from ortbatch import (
     RequestTimeoutError,
     SessionClosedError,
 )
-from ortbatch.generation import StreamToken, generation_section
+from ortbatch._ort import build_session
+from ortbatch.generation import SamplingParams, StreamToken, generation_section
 
 from .fake_decoder import CONTEXT, EOS, VOCAB, reference
 
@@ -334,10 +336,12 @@ def test_on_token_error_fails_only_that_request(fake_dir: Path, no_thread_leak: 
 
 
 class _FailingSession:
-    """Wraps the real session; fails prefills that contain a poisoned id, or the n-th decode."""
+    """Wraps the real session; fails prefills that contain a poisoned id, or the n-th decode
+    counted from :meth:`arm` (the construction-time position probe is not counted)."""
 
     def __init__(self, real: object, poison: int | None = None, fail_decode_at: int | None = None) -> None:
         self._real, self.poison, self.fail_decode_at, self.decodes = real, poison, fail_decode_at, 0
+        self.armed = False
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._real, name)
@@ -346,16 +350,33 @@ class _FailingSession:
         ids = feed["input_ids"]
         if ids.shape[1] > 1 and self.poison is not None and (ids == self.poison).any():
             raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : poisoned prompt")
-        if ids.shape[1] == 1:
+        if ids.shape[1] == 1 and self.armed:
             self.decodes += 1
             if self.decodes == self.fail_decode_at:
                 raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : decode failed")
         return self._real.run(names, feed)
 
 
+class _FailingFactory:
+    """``BatchedGenerator(session_factory=...)``: builds the real session, wrapped."""
+
+    def __init__(self, **how: int) -> None:
+        self.how = how
+        self.session: _FailingSession | None = None
+
+    def __call__(self, *args: object, **kwargs: object) -> _FailingSession:
+        self.session = _FailingSession(build_session(*args, **kwargs), **self.how)
+        return self.session
+
+    def arm(self) -> None:
+        assert self.session is not None
+        self.session.armed = True
+
+
 def test_failed_prefill_fails_only_its_request(fake_dir: Path, no_thread_leak: None) -> None:
-    with BatchedGenerator(fake_dir) as gen:
-        gen._session = _FailingSession(gen._session, poison=13)
+    failing = _FailingFactory(poison=13)
+    with BatchedGenerator(fake_dir, session_factory=failing) as gen:
+        failing.arm()
         gate = Gate(at=0)
         blocker = gen.submit([5], 1, on_token=gate)
         gate.hold()
@@ -371,8 +392,9 @@ def test_failed_prefill_fails_only_its_request(fake_dir: Path, no_thread_leak: N
 
 
 def test_failed_decode_fails_its_rows_and_serving_continues(fake_dir: Path, no_thread_leak: None) -> None:
-    with BatchedGenerator(fake_dir) as gen:
-        gen._session = _FailingSession(gen._session, fail_decode_at=3)
+    failing = _FailingFactory(fail_decode_at=3)
+    with BatchedGenerator(fake_dir, session_factory=failing) as gen:
+        failing.arm()
         futs = [gen.submit([4 + i, 9], 20) for i in range(3)]
         for f in futs:
             with pytest.raises(InferenceError, match="decode failed"):
@@ -424,7 +446,6 @@ def test_not_a_decoder_is_a_contract_error(echo_path: Path, tmp_path: Path) -> N
 
 
 def test_missing_gpu_provider_is_an_error(fake_dir: Path) -> None:
-    import onnxruntime as ort
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("CUDA is available here")
@@ -435,7 +456,7 @@ def test_missing_gpu_provider_is_an_error(fake_dir: Path) -> None:
 def test_layout_without_onnx_package_reads_the_graph_with_ort(fake_dir: Path) -> None:
     from ortbatch.generation import layout
 
-    with_onnx = layout._read_io(fake_dir / "model.onnx")
+    with_onnx = layout.read_io(fake_dir / "model.onnx")
     with_ort = layout._read_io_ort(fake_dir / "model.onnx")
     assert [(n, d) for n, d, _ in with_onnx[0]] == [(n, d) for n, d, _ in with_ort[0]]
     assert [(n, d) for n, d, _ in with_onnx[1]] == [(n, d) for n, d, _ in with_ort[1]]
@@ -541,3 +562,18 @@ def test_stats_are_current_when_the_future_is_done(fake_dir: Path) -> None:
 
     with BatchedGenerator(fake_dir) as gen:
         asyncio.run(main(gen))
+
+
+def test_sampling_params_object_and_keywords_are_the_same_request(fake_dir: Path) -> None:
+    params = SamplingParams(temperature=0.9, top_k=20, seed=5, max_new_tokens=12)
+    with BatchedGenerator(fake_dir) as gen:
+        by_object = gen.generate([4, 5, 6], params=params)
+        by_keywords = gen.generate([4, 5, 6], 12, temperature=0.9, top_k=20, seed=5)
+        overridden = gen.generate([4, 5, 6], 3, params=params)  # the keyword wins over the object
+        with pytest.raises(InvalidInputError, match="seed must be a non-negative integer"):
+            gen.submit([4, 5], 3, temperature=1.0, seed=-1)
+        with pytest.raises(TypeError, match="temprature"):
+            gen.submit([4, 5], 3, temprature=1.0)  # type: ignore[call-arg]
+    assert by_object.token_ids == by_keywords.token_ids  # (12 tokens, or fewer if eos came first)
+    assert by_object.completion_tokens <= 12 and overridden.completion_tokens <= 3
+    assert overridden.token_ids == by_object.token_ids[: overridden.completion_tokens]

@@ -159,4 +159,4 @@ def test_a_cancelled_future_frees_its_place_for_a_later_put():
         sched.put(Request(item=2, rows=1, length=1))
     a.future.cancel()
     sched.put_many([Request(item=3, rows=1, length=1)])  # room again
-    assert [r.item for r in sched.take()] == [1, 3]
+    assert [r.item for r in sched.take_and_finish()] == [1, 3]

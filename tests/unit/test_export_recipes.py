@@ -76,3 +76,44 @@ def test_pkg_model_refs() -> None:
         resolve_model_ref("pkg:no_such_model_pkg")
     with pytest.raises(ExportError, match="has no MODEL_DIR"):
         resolve_model_ref("pkg:json")
+
+
+def test_the_demo_runs_the_shipped_minilm_recipe() -> None:
+    from ortbatch.commands.demo import demo_recipe
+    from ortbatch.export.recipes import bundled_recipe
+
+    assert bundled_recipe("minilm") == ROOT / "export" / "minilm.toml"
+    assert demo_recipe() == load_recipe(ROOT / "export" / "minilm.toml")
+    with pytest.raises(ExportError, match=r"no bundled recipe 'nope'.*'minilm'"):
+        bundled_recipe("nope")
+
+
+@pytest.mark.slow
+def test_a_built_wheel_ships_the_recipes_and_finds_them(tmp_path: Path) -> None:
+    """The recipes of export/ are in the wheel as ortbatch/recipes/*.toml, and an installed
+    package (the wheel's files, with no export/ folder beside them) finds them there."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 68:  # what pyproject.toml's build-system asks for
+        pytest.skip(f"building the wheel here needs setuptools >= 68, found {setuptools.__version__}")
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "tests", "benchmarks", "docs", "*.egg-info"))
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
+    subprocess.run([*build, str(src)], check=True, capture_output=True, timeout=240)
+    (wheel,) = tmp_path.glob("ortbatch-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        shipped = {n for n in z.namelist() if n.startswith("ortbatch/recipes/")}
+        assert shipped == {f"ortbatch/recipes/{p.name}" for p in (ROOT / "export").glob("*.toml")}
+        assert z.read("ortbatch/recipes/minilm.toml") == (ROOT / "export" / "minilm.toml").read_bytes()
+        z.extractall(tmp_path / "site")
+    code = "from ortbatch.export.recipes import bundled_recipe; print(bundled_recipe('minilm'))"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "site")}
+    # -S and cwd: neither an editable install nor the checkout itself can answer instead
+    run = {"capture_output": True, "text": True, "env": env, "cwd": tmp_path, "timeout": 60}
+    out = subprocess.run([sys.executable, "-S", "-c", code], **run)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()) == tmp_path / "site" / "ortbatch" / "recipes" / "minilm.toml"

@@ -75,7 +75,7 @@ def test_grouping_pads_less_than_fifo_on_a_fixed_arrival_set():
     padded = 0
     batches = []
     while sched.queued:
-        batch = sched.take()
+        batch = sched.take_and_finish()
         batches.append([r.length for r in batch])
         padded += len(batch) * max(r.length for r in batch)
     assert sum(len(b) for b in batches) == len(lengths)
@@ -119,7 +119,7 @@ def test_queue_full_and_closed():
     assert len(dropped) == 2
     with pytest.raises(SessionClosedError):
         sched.put(Request(3, 1, 1))
-    assert sched.take() is None
+    assert sched.take_and_finish() is None
 
 
 def test_cancelled_requests_free_queue_space_and_are_skipped():
@@ -129,7 +129,7 @@ def test_cancelled_requests_free_queue_space_and_are_skipped():
     sched.put(b)
     a.future.cancel()
     sched.put(Request(2, 1, 1))  # room again
-    batch = sched.take()
+    batch = sched.take_and_finish()
     assert [r.item for r in batch] == [1, 2]
 
 
@@ -141,7 +141,7 @@ def test_expired_requests_are_failed_not_run():
     sched.put(old)
     sched.put(new)
     clock.t += 5
-    batch = sched.take()
+    batch = sched.take_and_finish()
     assert [r.item for r in batch] == [1]
     with pytest.raises(RequestTimeoutError):
         old.future.result(0)
@@ -152,9 +152,9 @@ def test_drain_then_stop():
     for i in range(3):
         sched.put(Request(i, 1, 1))
     sched.close(drain=True)
-    assert [r.item for r in sched.take()] == [0, 1]
-    assert [r.item for r in sched.take()] == [2]
-    assert sched.take() is None
+    assert [r.item for r in sched.take_and_finish()] == [0, 1]
+    assert [r.item for r in sched.take_and_finish()] == [2]
+    assert sched.take_and_finish() is None
 
 
 def test_cost_model_learns_superlinear_batches_and_then_prefers_moderate_ones():
@@ -173,14 +173,14 @@ def test_cost_model_learns_superlinear_batches_and_then_prefers_moderate_ones():
     assert picked == list(range(peak))  # equal lengths: FIFO, stopping at the peak
 
 
-# -- Slot: the light future behind BatchedSession.run ------------------------------------
+# -- LightFuture: the light future behind BatchedSession.run ------------------------------------
 def test_slot_result_exception_and_timeout():
     import concurrent.futures
     import threading
 
-    from ortbatch.runtime.scheduler import Slot
+    from ortbatch.runtime.scheduler import LightFuture
 
-    s = Slot()
+    s = LightFuture()
     with pytest.raises(concurrent.futures.TimeoutError):
         s.result(timeout=0.01)
     assert s.set_running_or_notify_cancel()
@@ -191,7 +191,7 @@ def test_slot_result_exception_and_timeout():
     with pytest.raises(concurrent.futures.InvalidStateError):
         s.set_result(3)
 
-    e = Slot()
+    e = LightFuture()
     e.set_running_or_notify_cancel()
     e.set_exception(RequestTimeoutError("late"))
     with pytest.raises(RequestTimeoutError, match="late"):
@@ -201,9 +201,9 @@ def test_slot_result_exception_and_timeout():
 def test_slot_cancel_before_running():
     import concurrent.futures
 
-    from ortbatch.runtime.scheduler import Slot
+    from ortbatch.runtime.scheduler import LightFuture
 
-    s = Slot()
+    s = LightFuture()
     assert s.cancel() and s.cancel() and s.cancelled() and s.done()
     assert not s.set_running_or_notify_cancel()
     with pytest.raises(concurrent.futures.CancelledError):
@@ -219,7 +219,7 @@ def test_put_inline_claims_only_an_idle_scheduler():
     assert sched.accepted == 2 and sched.queued == 1
     sched.finished()
     assert not sched.put(Request(2, 1, 1), inline_ok=True)  # something is queued: queue
-    assert [r.item for r in sched.take()] == [1, 2]
+    assert [r.item for r in sched.take_and_finish()] == [1, 2]
     assert sched.put(Request(3, 1, 1), inline_ok=True)
     delayed = Scheduler(BatchPolicy(max_delay_s=0.01), max_queue=10)
     assert not delayed.put(Request(0, 1, 1), inline_ok=True)  # max_delay asks for company

@@ -1,4 +1,4 @@
-"""The decoder graph rewrites (ortbatch.generation.graph): where they apply, where they
+"""The decoder graph rewrites (ortbatch.generation.rewrites): where they apply, where they
 must not, and that a rewritten graph computes what the export computes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortbatch.generation.graph import ATTENTION_SCALE, LAST_POSITION_LOGITS, rewrite_decoder
+from ortbatch.generation.rewrites import ATTENTION_SCALE, LAST_POSITION_LOGITS, rewrite_decoder
 
 from .conftest import TinyModel
 
@@ -209,13 +209,13 @@ def test_generator_runs_the_export_when_the_rewritten_graph_does_not_load(
 ) -> None:
     """A rewrite must never cost a working export: a rewritten graph ONNX Runtime refuses
     falls back to the export as it is (unless the rewrite was required)."""
-    import ortbatch.generation.generator as generator_module
+    import ortbatch.generation.runner as runner_module
     from ortbatch import BatchedGenerator
     from ortbatch.errors import OrtBatchError
-    from ortbatch.generation.graph import RewrittenGraph
+    from ortbatch.generation.rewrites import RewrittenGraph
 
     broken = RewrittenGraph(b"\x08\x07not a model", {LAST_POSITION_LOGITS: 1, ATTENTION_SCALE: 2})
-    monkeypatch.setattr(generator_module, "rewrite_decoder", lambda *a, **k: broken)
+    monkeypatch.setattr(runner_module, "rewrite_decoder", lambda *a, **k: broken)
     with BatchedGenerator(tiny_gpt2.export, max_batch_size=2) as gen:
         assert gen.graph_rewrites == {} and not gen.last_position_logits
         assert list(gen.generate([5, 6, 7], 6).token_ids) == tiny_gpt2.reference([5, 6, 7], 6)

@@ -1,0 +1,272 @@
+"""From a caller's prompt and parameters to a checked request; what a request returns.
+
+Pure Python and numpy. :class:`RequestFactory` turns a prompt (text or token ids) and
+one :class:`SamplingParams` into a :class:`GenerationRequest`, raising
+:class:`InvalidInputError` at submit for anything that could never run (empty prompt,
+ids outside the vocabulary, longer than the context or the token budget, stop strings
+without a tokenizer). The request then carries its own state (tokens so far, text,
+future) through the scheduler until it is settled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+import numpy as np
+
+from .._extras import require
+from ..errors import InvalidInputError
+from .sampling import SamplingParams
+from .text import TextTracker
+
+__all__ = [
+    "Completion",
+    "ExportTokenizer",
+    "GenerationRequest",
+    "RequestFactory",
+    "SamplingOptions",
+    "StreamToken",
+    "sampling_params",
+]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The result of one request.
+
+    ``token_ids`` are the generated ids (the eos id included when generation ended on
+    it, as transformers' ``generate`` returns it); ``text`` is their decoded text, without
+    special tokens and cut before a matched stop string. ``finish_reason`` is ``"stop"``
+    (eos or a stop string; ``stop_sequence`` says which string) or ``"length"``
+    (``max_new_tokens`` reached).
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    stop_sequence: str | None = None
+    time_to_first_token_s: float = 0.0
+    total_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StreamToken:
+    """One generated token as streamed: its id, the text that became final with it
+    (may be empty while a multi-byte character or a possible stop string is incomplete),
+    its index, and ``finish_reason`` on the last one."""
+
+    token_id: int
+    text: str
+    index: int
+    finish_reason: str | None = None
+
+
+class SamplingOptions(TypedDict, total=False):
+    """The fields of :class:`SamplingParams` that ``submit`` / ``generate`` / ``stream``
+    also take as keyword arguments (``max_new_tokens`` is their second positional one)."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    stop: str | Sequence[str] | None
+    seed: int | None
+
+
+_OPTION_NAMES = frozenset(SamplingOptions.__annotations__)
+
+
+def sampling_params(
+    params: SamplingParams | None, max_new_tokens: int | None, options: Mapping[str, Any]
+) -> SamplingParams:
+    """``params`` (default: greedy) with the keyword ``options`` and ``max_new_tokens`` in
+    place of its own values where given: the keyword arguments are a shorthand for it."""
+    unknown = sorted(set(options) - _OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {unknown}; sampling takes {sorted(_OPTION_NAMES)}")
+    changes: dict[str, Any] = {k: (() if k == "stop" and v is None else v) for k, v in options.items()}
+    if max_new_tokens is not None:
+        changes["max_new_tokens"] = max_new_tokens
+    if params is None:
+        return SamplingParams(**changes)
+    return dataclasses.replace(params, **changes) if changes else params
+
+
+@dataclass(eq=False)
+class GenerationRequest:
+    """One request from submit to its last token: owned by the scheduler once queued."""
+
+    id: int
+    prompt: np.ndarray
+    max_new_tokens: int
+    params: SamplingParams
+    rng: np.random.Generator | None
+    tracker: TextTracker
+    future: Future[Completion]
+    deadline: float | None
+    on_token: Callable[[StreamToken], None] | None
+    submitted_at: float
+    generated: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+    done: bool = False  # settled (result, error or cancelled): its row leaves at the next step
+
+    @property
+    def reserved_tokens(self) -> int:
+        """What the request may occupy of the cache: its prompt and every token it may add."""
+        return int(self.prompt.shape[0]) + self.max_new_tokens
+
+    def completion(self, finish_reason: str, now: float | None = None) -> Completion:
+        now = time.monotonic() if now is None else now
+        first = self.first_token_at if self.first_token_at is not None else now
+        return Completion(
+            text=self.tracker.text,
+            token_ids=tuple(self.generated),
+            finish_reason=finish_reason,
+            prompt_tokens=int(self.prompt.shape[0]),
+            completion_tokens=len(self.generated),
+            stop_sequence=self.tracker.stop_string,
+            time_to_first_token_s=first - self.submitted_at,
+            total_time_s=now - self.submitted_at,
+        )
+
+
+class ExportTokenizer:
+    """The export's ``tokenizer.json``, loaded on first use (``tokenizers`` is optional:
+    token-id prompts need none)."""
+
+    def __init__(self, directory: Path, name: str | None) -> None:
+        self._directory = directory
+        self._path = directory / name if name else None
+        self._tokenizer: Any = None
+        #: Why there is no tokenizer (``None`` while there may be one).
+        self.error: str | None = None
+
+    def get(self) -> Any:
+        """The ``tokenizers.Tokenizer``, or ``None`` when the export has none."""
+        if self._tokenizer is None and self.error is None:
+            if self._path is None or not self._path.is_file():
+                self.error = f"{self._directory} has no tokenizer.json"
+            else:
+                tokenizers = require("tokenizers", "serve")
+                self._tokenizer = tokenizers.Tokenizer.from_file(str(self._path))
+        return self._tokenizer
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        tok = self.get()
+        if tok is None:
+            raise InvalidInputError(f"text prompt given but {self.error}: pass token ids", input_name="prompt")
+        return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        tok = self.get()
+        if tok is None:
+            raise InvalidInputError(f"{self.error}: cannot decode", input_name="prompt")
+        return str(tok.decode(list(ids), skip_special_tokens=True))
+
+    def decode_fn(self) -> Callable[[Sequence[int]], str] | None:
+        tok = self.get()
+        if tok is None:
+            return None
+        return lambda ids: tok.decode(list(ids), skip_special_tokens=True)
+
+
+@dataclass
+class RequestFactory:
+    """Checks a prompt and its parameters against the model's limits; builds the request."""
+
+    tokenizer: ExportTokenizer
+    vocab_size: int
+    max_context_length: int
+    max_tokens_in_flight: int
+    default_max_new_tokens: int
+    default_timeout_s: float | None
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False, repr=False)
+
+    def build(
+        self,
+        prompt: Any,
+        params: SamplingParams,
+        timeout_s: float | None,
+        on_token: Callable[[StreamToken], None] | None,
+        now: float,
+    ) -> GenerationRequest:
+        ids = self.prompt_ids(prompt)
+        n_new = self.default_max_new_tokens if params.max_new_tokens is None else params.max_new_tokens
+        self._check_fits(int(ids.shape[0]), n_new)
+        decode = self.tokenizer.decode_fn()
+        stops = tuple(params.stop)
+        if stops and decode is None:
+            raise InvalidInputError(f"stop strings need a tokenizer but {self.tokenizer.error}", input_name="stop")
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        if timeout is not None and not timeout > 0:
+            raise InvalidInputError(f"timeout_s must be positive, got {timeout!r}", input_name="timeout_s")
+        rng = None
+        if not params.greedy:
+            seed = secrets.randbits(64) if params.seed is None else params.seed
+            rng = np.random.Generator(np.random.PCG64(seed))
+        return GenerationRequest(
+            id=next(self._ids),
+            prompt=ids,
+            max_new_tokens=n_new,
+            params=params,
+            rng=rng,
+            tracker=TextTracker(decode, stops),
+            future=Future(),
+            deadline=None if timeout is None else now + timeout,
+            on_token=on_token,
+            submitted_at=now,
+        )
+
+    def _check_fits(self, prompt_tokens: int, n_new: int) -> None:
+        if prompt_tokens + n_new > self.max_context_length:
+            raise InvalidInputError(
+                f"prompt ({prompt_tokens} tokens) + max_new_tokens ({n_new}) exceeds the model's "
+                f"context of {self.max_context_length} tokens",
+                input_name="prompt",
+            )
+        if prompt_tokens + n_new > self.max_tokens_in_flight:
+            raise InvalidInputError(
+                f"prompt ({prompt_tokens} tokens) + max_new_tokens ({n_new}) exceeds "
+                f"max_tokens_in_flight={self.max_tokens_in_flight}: it could never be admitted",
+                input_name="prompt",
+            )
+
+    def prompt_ids(self, prompt: Any) -> np.ndarray:
+        """The prompt as 1-D int64 token ids, each inside the vocabulary."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidInputError("prompt is empty", input_name="prompt")
+            ids = np.asarray(self.tokenizer.encode(prompt), dtype=np.int64)
+        else:
+            try:
+                arr = np.asarray(prompt)
+            except (TypeError, ValueError) as exc:
+                raise InvalidInputError(f"prompt must be text or token ids: {exc}", input_name="prompt") from exc
+            if arr.ndim == 2 and arr.shape[0] == 1:
+                arr = arr[0]
+            if arr.ndim != 1:
+                raise InvalidInputError(
+                    f"token-id prompt must be 1-D (or [1, n]), got shape {arr.shape}", input_name="prompt"
+                )
+            if arr.size and not np.issubdtype(arr.dtype, np.integer):
+                raise InvalidInputError(f"token ids must be integers, got dtype {arr.dtype}", input_name="prompt")
+            ids = arr.astype(np.int64)
+        if ids.size == 0:
+            raise InvalidInputError("prompt has no tokens", input_name="prompt")
+        bad = (ids < 0) | (ids >= self.vocab_size)
+        if bad.any():
+            pos = int(np.argmax(bad))
+            raise InvalidInputError(
+                f"prompt token {pos} is id {int(ids[pos])}, outside the vocabulary [0, {self.vocab_size})",
+                input_name="prompt",
+            )
+        return ids

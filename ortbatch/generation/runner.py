@@ -1,0 +1,324 @@
+"""The decoder on ONNX Runtime: its session, its contract, and the model runs of a step.
+
+:class:`DecoderRunner` builds the session (providers, the load-time graph rewrites with
+their fallback to the export as it is), checks that the graph is the decoder the layout
+describes (and, for a graph without ``position_ids``, that it counts positions from the
+attention mask), and runs prefill and decode steps. It holds the batch's KV cache; with
+IOBinding on a GPU provider the cache stays on the device between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._extras import require
+from .._ort import build_session, device_of, resolve_providers
+from .._ort.trt import check_generation_profiles
+from ..errors import InferenceError, ModelContractError, ModelLoadError, OrtBatchError, map_ort_error
+from .cache import KVCache
+from .layout import GenerationLayout
+from .rewrites import LAST_POSITION_LOGITS, rewrite_decoder
+from .scheduler import Placement
+
+log = logging.getLogger("ortbatch")
+
+__all__ = ["DecoderRunner", "SessionFactory"]
+
+#: Builds the ONNX Runtime session: ``(model path or bytes, providers, session_options=,
+#: where=)`` as :func:`ortbatch._ort.build_session` takes them (the default): fallback off,
+#: the providers checked, load failures raised as ModelLoadError.
+SessionFactory = Callable[..., Any]
+
+_NP_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+}
+
+
+class DecoderRunner:
+    """One decoder-with-past session and the batch's KV cache (see :class:`BatchedGenerator`
+    for what the arguments mean)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        layout: GenerationLayout,
+        *,
+        providers: str | Sequence[Any] | None = None,
+        session_options: Any = None,
+        io_binding: bool | None = None,
+        last_position_logits: bool | None = None,
+        attention_rewrite: bool = True,
+        session_factory: SessionFactory | None = None,
+        manifest_providers: Sequence[Any] = (),
+        max_batch_size: int = 1,
+    ) -> None:
+        self._dir = directory
+        self.layout = layout
+        ort = require("onnxruntime")
+        model_path = directory / layout.model
+        # The one resolver: manifest options (TensorRT profiles, caches) merged per key.
+        wanted = resolve_providers(providers, manifest_providers, directory)
+        past_inputs = {name: 2 for name in (*layout.past_keys, *layout.past_values)}
+        check_generation_profiles(wanted, past_inputs, layout.max_context_length, max_batch_size)
+        # ONNX Runtime's own defaults unless the user gave options (as before the _ort layer)
+        options = session_options if session_options is not None else ort.SessionOptions()
+        self.session = self._load(
+            model_path,
+            wanted,
+            options,
+            last_position_logits,
+            attention_rewrite,
+            session_factory or build_session,
+        )
+        self._check_session()
+        #: Where present tensors are bound: (device type, device id) of the provider.
+        self.device = device_of(self.session)
+        #: Runs go through IOBinding, the cache staying where the provider lives.
+        self.io_binding = self.device[0] != "cpu" if io_binding is None else io_binding
+        self._set_types(model_path)
+        self.cache = self.empty_cache()
+        if not layout.position_ids:
+            self._check_positions_follow_the_mask()
+
+    def _load(
+        self,
+        model_path: Path,
+        wanted: list[tuple[str, dict[str, Any]]],
+        session_options: Any,
+        last_position_logits: bool | None,
+        attention_rewrite: bool,
+        factory: SessionFactory,
+    ) -> Any:
+        """The session, on the rewritten graph when the rewrites apply and it loads."""
+        rewritten = None
+        if last_position_logits is not False or attention_rewrite:
+            rewritten = rewrite_decoder(
+                model_path,
+                logits=self.layout.logits,
+                last_position=last_position_logits is not False,
+                attention=attention_rewrite,
+            )
+        #: The graph rewrites applied (name -> places changed); empty when the export runs as it is.
+        self.graph_rewrites: dict[str, int] = dict(rewritten.rewrites) if rewritten else {}
+        #: True when the graph was rewritten to return the last position's logits only.
+        self.last_position_logits = LAST_POSITION_LOGITS in self.graph_rewrites
+        if last_position_logits and not self.last_position_logits:
+            if rewritten is not None:
+                rewritten.close()
+            raise ModelContractError(
+                f"{model_path}: cannot make the LM head run on the last position only (needs the "
+                "onnx package and a MatMul producing the logits)"
+            )
+        model: str | bytes = rewritten.model if rewritten else str(model_path)
+        try:
+            return factory(model, wanted, session_options=session_options, where=model_path)
+        except ModelLoadError as exc:
+            if rewritten is None or last_position_logits:  # nothing to fall back to, or required
+                raise
+            # A rewrite must never cost a working export: run it as it is.
+            log.warning("%s: the rewritten graph did not load (%s); running the export as it is", model_path, exc)
+            self.graph_rewrites, self.last_position_logits = {}, False
+            return factory(model_path, wanted, session_options=session_options, where=model_path)
+        finally:
+            if rewritten is not None:
+                rewritten.close()
+
+    def _set_types(self, model_path: Path) -> None:
+        lay = self.layout
+        cache_type = self._input_type(lay.past_keys[0])
+        if cache_type not in _NP_TYPES:
+            raise ModelContractError(
+                f"{model_path}: KV cache of type {cache_type} is not supported (numpy has no such dtype); "
+                "export in float32 or float16"
+            )
+        self.cache_dtype = _NP_TYPES[cache_type]
+        self.cache_itemsize = np.dtype(self.cache_dtype).itemsize
+        self._ids_dtype = _NP_TYPES.get(self._input_type(lay.input_ids), np.int64)
+        self._mask_dtype = _NP_TYPES.get(self._input_type(lay.attention_mask), np.int64)
+        self._pos_dtype = _NP_TYPES.get(self._input_type(lay.position_ids), np.int64) if lay.position_ids else np.int64
+        self._present_names = [n for pair in zip(lay.present_keys, lay.present_values, strict=True) for n in pair]
+        self._past_names = [n for pair in zip(lay.past_keys, lay.past_values, strict=True) for n in pair]
+        self._output_names = [lay.logits, *self._present_names]
+
+    # -- contract checks -------------------------------------------------------------------
+    def _input_type(self, name: str | None) -> str:
+        for i in self.session.get_inputs():
+            if i.name == name:
+                return str(i.type)
+        return ""
+
+    def _check_session(self) -> None:
+        inputs = {i.name for i in self.session.get_inputs()}
+        outputs = {o.name for o in self.session.get_outputs()}
+        lay = self.layout
+        need_in = {lay.input_ids, lay.attention_mask, *lay.past_keys, *lay.past_values}
+        if lay.position_ids:
+            need_in.add(lay.position_ids)
+        need_out = {lay.logits, *lay.present_keys, *lay.present_values}
+        missing = sorted((need_in - inputs) | (need_out - outputs))
+        extra = sorted(inputs - need_in)
+        if missing or extra:
+            raise ModelContractError(
+                f"{self._dir}: the generation layout does not match the model: "
+                f"missing {missing}, unexpected inputs {extra}"
+            )
+
+    def _check_positions_follow_the_mask(self) -> None:
+        """For a graph without a ``position_ids`` input: check that it counts each row's
+        positions from the attention mask, as the scheduler needs.
+
+        Rows move within the cache (a row joining a longer cache gets more left padding;
+        compaction trims padding). A graph that derives positions from the mask (GPT-2 and
+        OPT style, ALiBi) does not notice; one that counts them from the cache length
+        (optimum's Gemma-family exports) would give a moved row's new tokens positions
+        shifted against its cached ones, and silently generate something else. So a short
+        probe decodes one token after a 3-token prefill twice, the second time with the
+        cache moved 5 columns right, and the two must agree.
+        """
+        vocab = max(2, self.layout.vocab_size)
+        tokens = np.array([[vocab // 3, vocab // 5, vocab // 7, vocab // 2]], dtype=self._ids_dtype)
+        lay = self.layout
+        empty = np.zeros((1, lay.num_kv_heads, 0, lay.head_dim), self.cache_dtype)
+        cache = KVCache([empty] * len(self._past_names), np.zeros(1, np.int64), 0)
+        _, presents = self.forward(tokens[:, :3], np.ones((1, 3), self._mask_dtype), cache)
+        cache.advance(presents, new=3)
+        cache.host()
+        shift = ((0, 0), (0, 0), (5, 0), (0, 0))  # 5 columns of left padding
+        moved = KVCache([np.pad(t, shift) for t in cache.tensors], cache.lens, cache.length + 5)
+        here, _ = self.forward(tokens[:, 3:], cache.attention_mask(1, self._mask_dtype), cache)
+        there, _ = self.forward(tokens[:, 3:], moved.attention_mask(1, self._mask_dtype), moved)
+        a, b = np.asarray(here[:, -1], np.float64), np.asarray(there[:, -1], np.float64)
+        if not np.abs(a - b).max() <= 1e-2 * max(1.0, float(np.abs(a).max())):
+            raise ModelContractError(
+                f"{self._dir}: the model has no position_ids input and counts positions from the cache "
+                "length instead of the attention mask, so rows that join or leave a running batch would "
+                "get wrong positions (moving a row 5 cache columns changed its next logits by up to "
+                f"{float(np.abs(a - b).max()):.3g}). Export it with `ortbatch export MODEL --task "
+                "text-generation-with-past`, which adds a position_ids input"
+            )
+
+    # -- the cache -------------------------------------------------------------------------
+    def empty_cache(self) -> KVCache:
+        lay = self.layout
+        return KVCache.empty(lay.num_layers, lay.num_kv_heads, lay.head_dim, self.cache_dtype)
+
+    def reset_cache(self) -> None:
+        """No row is left: drop the batch's cache."""
+        self.cache = self.empty_cache()
+
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes(self.cache_itemsize)
+
+    def seat(self, plan: Placement, joining: Sequence[KVCache]) -> float | None:
+        """Carry out a :class:`Placement` with the joining rows of ``joining`` (in order);
+        returns how long its rebuild took (``None``: no rebuild)."""
+        if plan.reset:
+            self.reset_cache()
+            return None
+        incoming = [(c, r) for c in joining for r in range(c.rows)]
+        for (c, r), slot in zip(incoming, plan.slots, strict=False):
+            self.cache.place(slot, c, r)
+        if plan.rebuild is None:
+            return None
+        t0 = time.perf_counter()
+        self.cache.rebuild(plan.rebuild, joining if plan.append else ())
+        return time.perf_counter() - t0
+
+    # -- model runs ------------------------------------------------------------------------
+    def prefill(self, prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, KVCache]:
+        """Run ``prompts`` (left-padded into one batch); returns each row's last logits row
+        (``[rows, 1 or longest, vocab]``) and the group's own cache."""
+        lay = self.layout
+        n = len(prompts)
+        lens = np.array([p.shape[0] for p in prompts], dtype=np.int64)
+        longest = int(lens.max())
+        ids = np.full((n, longest), lay.pad_token_id, dtype=self._ids_dtype)
+        for i, prompt in enumerate(prompts):
+            ids[i, longest - lens[i] :] = prompt
+        empty = (n, lay.num_kv_heads, 0, lay.head_dim)
+        cache = KVCache([np.zeros(empty, self.cache_dtype) for _ in self._past_names], np.zeros(n, np.int64), 0)
+        # Prefill is a step that appends `longest` columns to an empty cache; the rows'
+        # left padding is then exactly the all-zero start of their mask.
+        mask = (np.arange(longest)[None, :] >= (longest - lens)[:, None]).astype(self._mask_dtype)
+        logits, presents = self.forward(ids, mask, cache)
+        cache.advance(presents, new=longest)
+        cache.lens = lens  # each row's real length; its padding is the start of the cache
+        return logits, cache
+
+    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+        """One decode step of the batch's cache, one token per row; returns the logits."""
+        ids = np.array([[t] for t in tokens], dtype=self._ids_dtype)
+        mask = self.cache.attention_mask(1, self._mask_dtype)
+        logits, presents = self.forward(ids, mask, self.cache)
+        self.cache.advance(presents, new=1)
+        return logits
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray, cache: KVCache) -> tuple[np.ndarray, list[Any]]:
+        """One model run; checks every length, since the model silently accepts a mask
+        that is one column too long."""
+        lay = self.layout
+        rows, new = ids.shape
+        past = cache.length
+        if cache.rows != rows or mask.shape != (rows, past + new):
+            raise InferenceError(
+                f"internal shape mismatch: ids {ids.shape}, mask {mask.shape}, cache rows {cache.rows} "
+                f"x length {past}; expected mask ({rows}, {past + new})"
+            )
+        # Positions come from the cumulative mask: a left-padded row starts at 0 where its
+        # tokens start, exactly as it would alone (padding gets 1, like transformers).
+        positions = np.cumsum(mask, axis=1, dtype=np.int64) - 1
+        positions = np.where(mask == 0, 1, positions)[:, past:].astype(self._pos_dtype)
+        feed: dict[str, Any] = {lay.input_ids: ids, lay.attention_mask: mask}
+        if lay.position_ids:
+            feed[lay.position_ids] = positions
+        try:
+            if self.io_binding:
+                logits, presents = self._run_bound(feed, cache)
+            else:
+                feed.update(zip(self._past_names, cache.tensors, strict=True))
+                outs = self.session.run(self._output_names, feed)
+                logits, presents = outs[0], outs[1:]
+        except OrtBatchError:
+            raise
+        except Exception as exc:
+            raise map_ort_error(exc, f"generation step ({rows} rows, past {past}, new {new})") from exc
+        expected = (rows, lay.num_kv_heads, past + new, lay.head_dim)
+        for name, t in zip(self._present_names, presents, strict=True):
+            shape = tuple(t.shape) if isinstance(t, np.ndarray) else tuple(t.shape())
+            if shape != expected:
+                raise InferenceError(f"{name} has shape {shape}; expected {expected}")
+        kept = 1 if self.last_position_logits else new
+        if logits.shape[:2] != (rows, kept):
+            raise InferenceError(f"logits have shape {logits.shape}; expected ({rows}, {kept}, vocab)")
+        return logits, presents
+
+    def _run_bound(self, feed: dict[str, np.ndarray], cache: KVCache) -> tuple[np.ndarray, list[Any]]:
+        """IOBinding run: the cache stays on the provider's device; present is bound as the
+        next step's past, and only the logits come back to the host."""
+        device, device_id = self.device
+        binding = self.session.io_binding()
+        for name, array in feed.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name, t in zip(self._past_names, cache.tensors, strict=True):
+            if isinstance(t, np.ndarray):
+                # A cache just rebuilt on the host (rows joined or left): ORT copies it to
+                # the device for this run; its present stays there for the next one.
+                binding.bind_cpu_input(name, np.ascontiguousarray(t))
+            else:
+                binding.bind_ortvalue_input(name, t)
+        binding.bind_output(self.layout.logits, "cpu")
+        for name in self._present_names:
+            binding.bind_output(name, device, device_id)
+        self.session.run_with_iobinding(binding)
+        outs = binding.get_outputs()
+        return outs[0].numpy(), list(outs[1:])
