@@ -977,7 +977,7 @@ def validate(
     """
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
-    manifest = Manifest.load(directory)
+    manifest = Manifest.load(directory).verify(warn=False)
     if manifest.directory is None:  # pragma: no cover - load always sets it
         raise ManifestError("manifest has no directory")
     from transformers import AutoTokenizer

@@ -431,7 +431,7 @@ class BatchedGenerator:
         model = "model.onnx"
         manifest = None
         if (directory / MANIFEST_NAME).is_file():
-            manifest = Manifest.load(directory)
+            manifest = Manifest.load(directory).verify()
             model = manifest.model
             if manifest.generation:
                 section = dict(manifest.generation)
