@@ -44,12 +44,12 @@ _WORDS = (
 
 def demo_recipe() -> Any:
     """The same settings as the shipped ``export/minilm.toml`` (a test keeps them equal)."""
-    from ..export.recipes import Recipe
+    from ..export.recipes import DEFAULT_OPSET, Recipe
 
     return Recipe(
         model=MODEL_REF,
         task="feature-extraction",
-        opset=17,
+        opset=DEFAULT_OPSET,
         dtype="fp32",
         max_batch_size=64,
         max_sequence_length=256,
@@ -77,8 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def reusable(out: Path) -> str | None:
     """Why an existing export at ``out`` can be reused, or None if it cannot."""
     from ..errors import ManifestError
-    from ..export.trt import model_hash
-    from ..manifest import Manifest
+    from ..manifest import Manifest, model_hash
 
     try:
         m = Manifest.load(out)

@@ -24,7 +24,7 @@ def test_minilm_recipe_export_passes_and_writes_a_complete_directory(minilm_expo
     m = res.manifest
     assert m.source["task"] == "feature-extraction"
     assert m.source["library"] == "sentence_transformers"
-    assert m.source["opset"] == 17
+    assert m.source["opset"] == 18
     assert m.padding_side == "right"
     assert m.limits == {"max_batch_size": 64, "max_sequence_length": 256}
     assert {k: (v.dtype, v.axes, v.pad) for k, v in m.inputs.items()} == {
