@@ -46,7 +46,7 @@ from .trt import TRT_PROVIDER, resolve_cache_paths
 
 __all__ = ["CHECKS", "Case", "CheckResult", "Comparison", "ValidationReport", "validate"]
 
-CHECKS = ("reference_parity", "shape_generalisation", "batching_invariance", "provider_parity")
+CHECKS = ("reference_parity", "shape_generalisation", "batching_invariance", "provider_parity", "finite_weights")
 CPU = "CPUExecutionProvider"
 _GREEDY_TOKENS = 8
 _SHORTCUTS = {
@@ -932,6 +932,26 @@ def _provider_parity(ctx: _Ctx, cpu: _Model) -> list[Case]:
     return [_case(f"{len(rows)} samples vs CPU", run)]
 
 
+def _finite_weights(manifest: Manifest) -> CheckResult:
+    """NaN/Inf in any stored weight fails, whatever the samples exercise (see weights.py)."""
+    from .weights import nonfinite_weights
+
+    base = manifest.directory or Path(".")
+    cases = []
+    for name in _component_files(manifest).values():
+        case = Case(name)
+        try:
+            read, bad = nonfinite_weights(base / name)
+        except Exception as exc:  # a file onnx cannot parse: a finding, not a crash
+            case.error = f"cannot read the weights: {type(exc).__name__}: {exc}"
+        else:
+            nonfinite = len(bad)
+            message = "; ".join(bad[:3]) + (f" (+{nonfinite - 3} more)" if nonfinite > 3 else "")
+            case.comparisons.append(Comparison("weights", [read], passed=not bad, nonfinite=nonfinite, message=message))
+        cases.append(case)
+    return CheckResult("finite_weights", "any", _status(cases), cases)
+
+
 def _status(cases: list[Case]) -> str:
     return "passed" if all(c.passed for c in cases) else "failed"
 
@@ -1016,6 +1036,8 @@ def validate(
         variant=variant,
     )
     vocab = _vocab_size(manifest, tokenizer)
+    say("finite weights")
+    report.checks.append(_finite_weights(manifest))
     cpu_model: _Model | None = None
     for provider in provider_list:
         sessions, why = _sessions(manifest, provider)

@@ -206,7 +206,7 @@ def test_cli_export_and_validate(tiny_model, tmp_path: Path, capsys) -> None:
     out = tmp_path / "cli"
     assert main(["export", str(tiny_model("bert-tok")), "-o", str(out), "--max-batch-size", "8"]) == 0
     text = capsys.readouterr()
-    assert "PASSED: 3 of 3 checks passed" in text.out
+    assert "PASSED: 4 of 4 checks passed" in text.out
     assert "exporting bert for token-classification" in text.err  # progress goes to stderr
     assert json.loads((out / "ortbatch.json").read_text())["limits"]["max_batch_size"] == 8
     assert main(["validate", str(out)]) == 0
