@@ -1036,8 +1036,6 @@ def validate(
         variant=variant,
     )
     vocab = _vocab_size(manifest, tokenizer)
-    say("finite weights")
-    report.checks.append(_finite_weights(manifest))
     cpu_model: _Model | None = None
     for provider in provider_list:
         sessions, why = _sessions(manifest, provider)
@@ -1083,6 +1081,8 @@ def validate(
             say(f"[{short}] provider parity")
             cases = _provider_parity(ctx, cpu_model)
             report.checks.append(CheckResult("provider_parity", provider, _status(cases), cases))
+    say("finite weights")
+    report.checks.append(_finite_weights(manifest))
     report.seconds = time.perf_counter() - t0
     if save:
         report.save(manifest.directory / "validation.json")

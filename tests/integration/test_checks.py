@@ -114,7 +114,10 @@ def test_fp16_overflow_raises_validation_error_by_default(tiny_model, tmp_path: 
         export_model(tiny_model("bert-fp16-overflow"), tmp_path / "fp16", dtype="fp16")
     assert info.value.report is not None and not info.value.report.passed
     assert "reference_parity" in str(info.value) and "NaN/Inf" in str(info.value)
-    assert (tmp_path / "fp16" / "validation.json").is_file()
+    # the failed export is kept for inspection beside the target, which is left alone
+    assert (tmp_path / "fp16.failed" / "validation.json").is_file()
+    assert not (tmp_path / "fp16").exists()
+    assert "left as it was" in str(info.value) and "fp16.failed" in str(info.value)
 
 
 def test_perturbed_weights_fail_reference_parity_only(bert_copy: Path) -> None:

