@@ -347,7 +347,8 @@ def _install(build: Path, dest: Path) -> None:
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[None]:
-    """Hold SIGINT until the block ends (main thread only; elsewhere signals do not land)."""
+    """Ignore SIGINT inside the block, a few milliseconds of renames (main thread only;
+    elsewhere signals do not land)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -358,8 +359,8 @@ def _sigint_deferred() -> Iterator[None]:
     finally:
         # None: a handler installed outside Python; Python's own is the safe one to put back
         signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-    if got:
-        raise KeyboardInterrupt
+    if got:  # the export is in place now: finishing it is what leaves nothing half done
+        log.warning("Ctrl-C during the final move was held until the export was in place")
 
 
 # -- steps ---------------------------------------------------------------------------
