@@ -123,9 +123,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench import BenchConfig, parse_lengths, run_bench
     from ..bench.report import markdown_tables, plot, series_from, text_tables, write_json
+    from ..manifest import MANIFEST_NAME, Manifest
     from ._target import export_target
 
-    export_target(args.target, onnx_file=True)
+    target = export_target(args.target, onnx_file=True)
+    if (target / MANIFEST_NAME).is_file():  # the baseline sessions load the file directly
+        Manifest.load(target).verify()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     cfg = BenchConfig(
         target=args.target,
