@@ -119,3 +119,21 @@ def test_an_export_whose_checks_failed_warns_loudly(tmp_path: Path, embed_path: 
         warnings.simplefilter("error")
         Manifest.load(d).verify(warn=False)
         Manifest.load(_export(tmp_path / "ok", embed_path, passed=None)).verify()
+
+
+def test_a_request_over_the_row_limit_says_which_limit_and_what_to_do(tmp_path: Path, embed_path: Path) -> None:
+    import numpy as np
+
+    from ortbatch import InvalidInputError
+
+    d = _export(tmp_path, embed_path)
+    m = Manifest.load(d)
+    m.limits = {"max_batch_size": 64}  # what the exporter writes; BatchedSession's default is 32
+    m.save()
+    ids = np.ones((100, 3), dtype=np.int64)
+    with BatchedSession(d, providers="cpu") as bs:
+        with pytest.raises(InvalidInputError) as info:
+            bs.run(None, {"input_ids": ids, "attention_mask": ids})
+    msg = str(info.value)
+    assert "has 100 rows" in msg and "max_batch_size=32" in msg and "limits.max_batch_size" in msg
+    assert "requests of at most 32 rows" in msg
