@@ -39,23 +39,9 @@ def _one_line_error(done: subprocess.CompletedProcess[str], command: str, code: 
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small export written without torch: the embed model, its manifest and sha256."""
-    from ortbatch.manifest import InputSpec, Manifest, OutputSpec, model_hash
-    from tests.models import embed_model
+    from tests.models import embed_export
 
-    d = tmp_path_factory.mktemp("cli") / "embed"
-    d.mkdir()
-    embed_model(d / "model.onnx")
-    Manifest(
-        inputs={
-            "input_ids": InputSpec("int64", ("batch", "sequence"), 0),
-            "attention_mask": InputSpec("int64", ("batch", "sequence"), 0),
-        },
-        outputs={"emb": OutputSpec(("batch", "sequence", None)), "mean": OutputSpec(("batch", None))},
-        limits={"max_batch_size": 8},
-        validation={"passed": True},
-        extra={"components": {"model": {"model": "model.onnx", "sha256": model_hash(d / "model.onnx")}}},
-    ).save(d)
-    return d
+    return embed_export(tmp_path_factory.mktemp("cli") / "embed")
 
 
 @pytest.mark.parametrize("command", ["validate", "serve", "generate", "bench"])

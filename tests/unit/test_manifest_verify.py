@@ -3,33 +3,20 @@ and an export whose checks failed is loaded only with a loud warning."""
 
 from __future__ import annotations
 
-import shutil
 import warnings
 from pathlib import Path
 
 import pytest
 
 from ortbatch import BatchedSession, ModelIntegrityError
-from ortbatch.manifest import InputSpec, Manifest, OutputSpec, UnvalidatedExportWarning, model_hash
+from ortbatch.manifest import Manifest, UnvalidatedExportWarning
+from tests.models import embed_export
 
 pytest.importorskip("onnx")
 
 
 def _export(tmp_path: Path, embed_path: Path, passed: bool | None = True) -> Path:
-    d = tmp_path / "export"
-    d.mkdir(parents=True)
-    shutil.copy(embed_path, d / "model.onnx")
-    Manifest(
-        inputs={
-            "input_ids": InputSpec("int64", ("batch", "sequence"), 0),
-            "attention_mask": InputSpec("int64", ("batch", "sequence"), 0),
-        },
-        outputs={"emb": OutputSpec(("batch", "sequence", None)), "mean": OutputSpec(("batch", None))},
-        limits={"max_batch_size": 8},
-        validation={"passed": passed, "report": "validation.json"},
-        extra={"components": {"model": {"model": "model.onnx", "sha256": model_hash(d / "model.onnx")}}},
-    ).save(d)
-    return d
+    return embed_export(tmp_path / "export", passed)
 
 
 def _flip_byte(path: Path) -> None:
@@ -131,9 +118,8 @@ def test_a_request_over_the_row_limit_says_which_limit_and_what_to_do(tmp_path: 
     m.limits = {"max_batch_size": 64}  # what the exporter writes; BatchedSession's default is 32
     m.save()
     ids = np.ones((100, 3), dtype=np.int64)
-    with BatchedSession(d, providers="cpu") as bs:
-        with pytest.raises(InvalidInputError) as info:
-            bs.run(None, {"input_ids": ids, "attention_mask": ids})
+    with BatchedSession(d, providers="cpu") as bs, pytest.raises(InvalidInputError) as info:
+        bs.run(None, {"input_ids": ids, "attention_mask": ids})
     msg = str(info.value)
     assert "has 100 rows" in msg and "max_batch_size=32" in msg and "limits.max_batch_size" in msg
     assert "requests of at most 32 rows" in msg
