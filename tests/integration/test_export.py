@@ -38,7 +38,7 @@ def test_minilm_recipe_export_passes_and_writes_a_complete_directory(minilm_expo
     report = json.loads((d / "validation.json").read_text())
     assert report["passed"] is True
     checks = {c["check"]: c for c in report["checks"]}
-    assert set(checks) == {"reference_parity", "shape_generalisation", "batching_invariance"}
+    assert set(checks) == {"reference_parity", "shape_generalisation", "batching_invariance", "finite_weights"}
     parity = checks["reference_parity"]["cases"][0]["outputs"]
     emb = next(o for o in parity if o["output"] == "sentence_embedding")
     assert emb["metric"] == "cosine" and emb["metric_value"] > 0.9999
