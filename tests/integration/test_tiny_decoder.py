@@ -48,8 +48,7 @@ def test_generate_continues_what_it_learned(tiny_gpt2: Path, capsys: pytest.Capt
 def test_serve_answers_completions_and_chat(tiny_gpt2: Path) -> None:
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("starlette")
-    from ortbatch.serve import BackgroundServer
-    from ortbatch.serve.completions import ServedGenerator
+    from ortbatch.serve import BackgroundServer, ServedGenerator
 
     with BackgroundServer(ServedGenerator.load(tiny_gpt2)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         r = c.post("/v1/completions", json={"model": "tiny-gpt2", "prompt": "Once upon a time", "max_tokens": 16})
