@@ -51,10 +51,16 @@ def test_serve_answers_completions_and_chat(tiny_gpt2: Path) -> None:
     from ortbatch.serve import BackgroundServer, ServedGenerator
 
     with BackgroundServer(ServedGenerator.load(tiny_gpt2)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        r = c.post("/v1/completions", json={"model": "tiny-gpt2", "prompt": "Once upon a time", "max_tokens": 16})
+        r = c.post(
+            "/v1/completions",
+            json={"model": "tiny-gpt2", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"].startswith(" there was a little model")
         messages = [{"role": "user", "content": "Tell me a story."}]
-        r = c.post("/v1/chat/completions", json={"model": "tiny-gpt2", "messages": messages, "max_tokens": 24})
+        r = c.post(
+            "/v1/chat/completions",
+            json={"model": "tiny-gpt2", "messages": messages, "max_tokens": 24, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         assert "Once upon a time" in r.json()["choices"][0]["message"]["content"]
