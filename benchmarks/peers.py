@@ -9,7 +9,9 @@ For each length distribution it runs, each in its own process:
      BucketSeqBatcher, PyTriton (Triton's dynamic batcher), Ray Serve (inside ``unshare -n``
      with only loopback). A peer that is not installed is reported as skipped.
 Then it checks that every system served byte-identical requests (workload digests), evaluates
-the issue-6 targets, and rewrites the generated sections of docs/benchmarks.md plus the plots.
+the issue-6 targets, and writes the report's markdown and plots into ``--out`` (default
+out/peers/); ``--docs`` rewrites the generated sections of the tracked docs/benchmarks.md and
+its plots instead, for a deliberate docs update.
 
 Peers are dev-only and live in their own virtual environments (their pins conflict:
 PyTriton needs numpy<2): ``--peers-python`` (batch-inference, Ray) and ``--triton-python``.
@@ -59,7 +61,7 @@ def sh(cmd: list[str], *, env: dict[str, str] | None = None, log: Path, timeout:
             return 124
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--export", required=True, type=Path, help="export directory (MiniLM from the demo)")
     p.add_argument("--lengths", default="8-16,8-128")
@@ -73,7 +75,11 @@ def main() -> int:
     p.add_argument("--peers-python", default=os.environ.get("ORTBATCH_PEERS_PYTHON", "/root/peers-venv/bin/python"))
     p.add_argument("--triton-python", default=os.environ.get("ORTBATCH_TRITON_PYTHON", "/root/triton-venv/bin/python"))
     p.add_argument("--out", type=Path, default=REPO / "out" / "peers", help="JSON and logs")
-    p.add_argument("--docs", type=Path, default=REPO / "docs" / "benchmarks.md")
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help="rewrite the tracked docs/benchmarks.md and its plots (default: benchmarks.md and plots in --out)",
+    )
     p.add_argument(
         "--no-tuned-direct",
         dest="tuned_direct",
@@ -81,7 +87,17 @@ def main() -> int:
         help="skip the extra direct run with intra_op_num_threads=1 and no spinning",
     )
     p.add_argument("--skip-ortbatch", action="store_true", help="reuse the ortbatch JSON already in --out")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def docs_path(args: argparse.Namespace) -> Path:
+    """Where the markdown goes (its plots beside it): the tracked docs only with --docs."""
+    return REPO / "docs" / "benchmarks.md" if args.docs else args.out / "benchmarks.md"
+
+
+def main() -> int:
+    args = parse_args()
+    docs = docs_path(args)
 
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
@@ -119,7 +135,7 @@ def main() -> int:
             str(own),
             "--no-progress",
             "--plot",
-            str(args.docs.parent / f"benchmarks-cpu-{tag}.png"),
+            str(docs.parent / f"benchmarks-cpu-{tag}.png"),
         ]
         if k > 0:
             cmd.append("--no-overhead")
@@ -213,8 +229,8 @@ def main() -> int:
         loads.append(os.getloadavg())
     report["loadavg"] = [[round(x, 2) for x in load] for load in loads]
     (args.out / "peers-report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    write_docs(report, args.docs)
-    print(f"wrote {args.docs}", file=sys.stderr)
+    write_docs(report, docs)
+    print(f"wrote {docs}", file=sys.stderr)
     return 0
 
 

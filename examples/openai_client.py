@@ -1,8 +1,8 @@
 """Talk to `ortbatch serve` (a text-generation export) with the official OpenAI client.
 
-    ortbatch export gpt2 --task text-generation-with-past -o exports/gpt2
-    ortbatch serve exports/gpt2 &
-    python examples/openai_client.py http://127.0.0.1:8000 gpt2
+    ortbatch export tiny:gpt2 -o exports/tiny-gpt2      # offline; or a real one, e.g. gpt2
+    ortbatch serve exports/tiny-gpt2 &
+    python examples/openai_client.py http://127.0.0.1:8000 tiny-gpt2
 
 Every request below joins the server's one BatchedGenerator: concurrent clients share
 decode steps (continuous batching) and each gets exactly its own answer.
@@ -40,7 +40,20 @@ def chat(base_url: str, model: str, question: str, max_tokens: int = 32) -> str:
     return reply.choices[0].message.content or ""
 
 
-if __name__ == "__main__":
-    url, name = sys.argv[1], sys.argv[2]
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(
+            "usage: python examples/openai_client.py URL MODEL\n"
+            "  e.g. python examples/openai_client.py http://127.0.0.1:8000 tiny-gpt2\n"
+            "  (URL of a running `ortbatch serve`; MODEL is its model name, the export directory's name)",
+            file=sys.stderr,
+        )
+        return 2
+    url, name = argv
     print(complete(url, name, "Once upon a time"))
     stream(url, name, "The quick brown fox")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except OrtBatchError as exc:
         print(f"ortbatch {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return int(getattr(exc, "exit_code", 1))  # 2 for a bad argument (commands/_target.py)
     except ImportError as exc:
         print(f"ortbatch {args.command}: {exc}", file=sys.stderr)
         return 1

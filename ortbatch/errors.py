@@ -14,6 +14,8 @@ The tree is chosen by what the caller does next::
     ├── ModelLoadError                      model.onnx is missing, truncated or corrupt
     ├── ModelContractError (ValueError)     the model cannot be batched as described
     ├── ManifestError (ValueError)          ortbatch.json is missing, malformed or too new
+    ├── ModelIntegrityError                 model.onnx's bytes differ from those exported (sha256)
+    ├── ServeError                          the server cannot start (address in use, not bindable)
     ├── ExportError                         converting a model to ONNX failed
     │   └── UnsupportedModelError (ValueError)  architecture/task not supported
     └── ValidationError                     an accuracy check failed (carries the report)
@@ -31,12 +33,14 @@ __all__ = [
     "InferenceError",
     "InvalidInputError",
     "ManifestError",
+    "ModelIntegrityError",
     "ModelContractError",
     "ModelLoadError",
     "OrtBatchError",
     "ProviderError",
     "QueueFullError",
     "RequestTimeoutError",
+    "ServeError",
     "SessionClosedError",
     "UnsupportedModelError",
     "ValidationError",
@@ -103,6 +107,20 @@ class ModelContractError(OrtBatchError, ValueError):
 
 class ManifestError(OrtBatchError, ValueError):
     """ortbatch.json is missing, malformed, or from a newer format."""
+
+
+class ModelIntegrityError(OrtBatchError):
+    """A model file's sha256 differs from the one recorded in ortbatch.json at export:
+    the file was damaged or changed after it was checked. ``path`` is the file."""
+
+    def __init__(self, message: str, *, path: Any = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class ServeError(OrtBatchError):
+    """The server cannot start: the address does not resolve, the port is in use or
+    not allowed, ..."""
 
 
 class ExportError(OrtBatchError):

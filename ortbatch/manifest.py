@@ -17,24 +17,55 @@ a *ragged* axis: inputs sharing that name are padded to the batch's longest, and
 outputs carrying the same name are trimmed back per request. ``null`` is an axis
 that is fixed or must not be touched.
 
+Integrity: the exporter records each ONNX file's sha256 under
+``components.<name>.sha256``. :meth:`Manifest.verify` is the one check every loader
+(``validate``, :class:`~ortbatch.BatchedSession`, :class:`~ortbatch.BatchedGenerator`,
+``serve``) runs: it refuses a model whose bytes changed since the export
+(:class:`~ortbatch.errors.ModelIntegrityError`) and warns loudly
+(:class:`UnvalidatedExportWarning`) about an export whose checks failed.
+
 Only the standard library is used here so the runtime stays light.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import threading
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ManifestError
+from .errors import ManifestError, ModelIntegrityError
 
-__all__ = ["BATCH_AXIS", "FORMAT_VERSION", "MANIFEST_NAME", "InputSpec", "Manifest", "OutputSpec"]
+__all__ = [
+    "BATCH_AXIS",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "SKIP_VERIFY_ENV",
+    "InputSpec",
+    "Manifest",
+    "OutputSpec",
+    "UnvalidatedExportWarning",
+    "file_hash",
+    "model_hash",
+]
 
 MANIFEST_NAME = "ortbatch.json"
 FORMAT_VERSION = 1
 BATCH_AXIS = "batch"
+# Set to 1 to load a model whose sha256 no longer matches its manifest (at your own risk).
+SKIP_VERIFY_ENV = "ORTBATCH_SKIP_VERIFY"
+
+
+class UnvalidatedExportWarning(UserWarning):
+    """The export's recorded checks failed (``validation.passed`` is false): its outputs
+    may be wrong. ``ortbatch validate DIR`` says which check and by how much."""
+
+
 _DTYPES = frozenset(
     {
         "bool",
@@ -134,6 +165,51 @@ class Manifest:
     @property
     def pad_values(self) -> dict[str, float | int | bool]:
         return {name: spec.pad for name, spec in self.inputs.items()}
+
+    # -- integrity -----------------------------------------------------------------
+    def verify(self, *, skip: bool | None = None, warn: bool = True) -> Manifest:
+        """Check the export before it is loaded; returns ``self`` so loaders can write
+        ``Manifest.load(d).verify()``.
+
+        * Each ONNX file whose sha256 the export recorded must still have it, else
+          :class:`~ortbatch.errors.ModelIntegrityError` (the bytes changed: damaged
+          disk, a partial copy, an edit). Hashing is done once per process for a file
+          of a given size and mtime, so loading the same export again costs a ``stat``.
+          ``skip=True`` (or ``ORTBATCH_SKIP_VERIFY=1`` in the environment) skips it.
+        * An export whose checks failed (``validation.passed`` is false) is loaded
+          with an :class:`UnvalidatedExportWarning` (``warn=False``: not, for the
+          checks themselves, which are about to run again).
+        """
+        if skip is None:
+            skip = os.environ.get(SKIP_VERIFY_ENV, "").strip().lower() not in ("", "0", "false", "no")
+        if not skip:
+            for name, path, expected in self._recorded_hashes():
+                _verify_file(name, path, expected)
+        if warn and self.validation.get("passed") is False:
+            report = self.validation.get("report") or "validation.json"
+            warnings.warn(
+                UnvalidatedExportWarning(
+                    f"{self.directory}: this export FAILED its accuracy checks (ortbatch.json says "
+                    f"validation.passed=false; see {report}); its outputs may be wrong. Re-export it, or run "
+                    f"`ortbatch validate {self.directory}` to see which check failed"
+                ),
+                stacklevel=2,
+            )
+        return self
+
+    def _recorded_hashes(self) -> list[tuple[str, Path, str]]:
+        base = self.directory if self.directory is not None else Path(".")
+        components = self.extra.get("components")
+        found = []
+        if isinstance(components, dict):
+            for name, comp in components.items():
+                if (
+                    isinstance(comp, dict)
+                    and isinstance(comp.get("sha256"), str)
+                    and isinstance(comp.get("model"), str)
+                ):
+                    found.append((str(name), base / comp["model"], comp["sha256"]))
+        return found
 
     # -- (de)serialisation ---------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -276,3 +352,73 @@ def _output_spec(where: str, name: str, spec: Any) -> OutputSpec:
     if dtype is not None and dtype not in _DTYPES:
         raise ManifestError(f"{where}: {what}.dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     return OutputSpec(axes=_axes(where, what, spec.get("axes")), dtype=dtype)
+
+
+# -- hashing -------------------------------------------------------------------------
+
+
+def file_hash(paths: Iterable[str | os.PathLike[str]], chunk: int = 1 << 20) -> str:
+    """sha256 over the bytes of ``paths`` in the given order (names included)."""
+    h = hashlib.sha256()
+    for p in paths:
+        p = Path(p)
+        h.update(p.name.encode() + b"\0")
+        with open(p, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _model_files(model_path: str | os.PathLike[str]) -> list[Path]:
+    path = Path(model_path)
+    candidates = [
+        path.with_name(path.name + "_data"),
+        path.with_name(path.name + ".data"),
+        path.with_name(path.stem + ".onnx_data"),
+    ]
+    return [path, *sorted({c for c in candidates if c.is_file()})]
+
+
+def model_hash(model_path: str | os.PathLike[str]) -> str:
+    """sha256 of an ONNX model file and its external-data files, if any.
+
+    External data is found by name (``<model>.onnx_data``, ``<model>.onnx.data``,
+    ``<model>_data``), which is how optimum and ortbatch write it; the graph itself is
+    not parsed, so this needs no onnx install."""
+    return file_hash(_model_files(model_path))
+
+
+# (device, inode, size, mtime) of each file of a model -> its sha256, for files hashed in
+# this process: a model loaded again (another session, a reload, the export just moved
+# into place) is not read twice; any write changes the mtime, so it is hashed again.
+_HASHED: dict[tuple[tuple[int, int, int, int], ...], str] = {}
+_HASHED_LOCK = threading.Lock()
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _verify_file(name: str, path: Path, expected: str) -> None:
+    try:
+        files = _model_files(path)
+        key = tuple(_identity(f) for f in files)
+    except FileNotFoundError:
+        raise ModelIntegrityError(
+            f"{path}: the export's {name} model file is missing (ortbatch.json lists it); re-export it",
+            path=path,
+        ) from None
+    with _HASHED_LOCK:
+        digest = _HASHED.get(key)
+    if digest is None:
+        digest = model_hash(path)
+        with _HASHED_LOCK:
+            _HASHED[key] = digest
+    if digest != expected:
+        raise ModelIntegrityError(
+            f"{path}: sha256 {digest[:16]}... does not match the {expected[:16]}... recorded at export: the file "
+            f"changed after it was exported and checked (a damaged disk, a partial copy, an edit). Re-export it, "
+            f"or set {SKIP_VERIFY_ENV}=1 to load it anyway",
+            path=path,
+        )

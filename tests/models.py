@@ -123,3 +123,23 @@ def image_mean_model(path: Path) -> Path:
     ]
     graph = helper.make_graph(nodes, "image_mean", [pixels, mask], [mean], initializer=[axes])
     return _save(graph, path)
+
+
+def embed_export(directory: Path, passed: bool | None = True) -> Path:
+    """An export directory around :func:`embed_model`: model.onnx and an ortbatch.json with
+    its sha256 and ``validation.passed`` as given, as the exporter writes them."""
+    from ortbatch.manifest import InputSpec, Manifest, OutputSpec, model_hash
+
+    directory.mkdir(parents=True, exist_ok=True)
+    embed_model(directory / "model.onnx")
+    Manifest(
+        inputs={
+            "input_ids": InputSpec("int64", ("batch", "sequence"), 0),
+            "attention_mask": InputSpec("int64", ("batch", "sequence"), 0),
+        },
+        outputs={"emb": OutputSpec(("batch", "sequence", None)), "mean": OutputSpec(("batch", None))},
+        limits={"max_batch_size": 8},
+        validation={"passed": passed, "report": "validation.json"},
+        extra={"components": {"model": {"model": "model.onnx", "sha256": model_hash(directory / "model.onnx")}}},
+    ).save(directory)
+    return directory

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,6 @@ __all__ = [
     "check_generation_profiles",
     "check_trt_graph",
     "parse_profile_shapes",
-    "file_hash",
-    "model_hash",
     "resolve_cache_paths",
     "tensorrt_provider_options",
 ]
@@ -192,34 +190,6 @@ def resolve_cache_paths(options: Mapping[str, Any], directory: str | os.PathLike
             path.mkdir(parents=True, exist_ok=True)
             out[key] = os.fspath(path)
     return out
-
-
-def file_hash(paths: Iterable[str | os.PathLike[str]], chunk: int = 1 << 20) -> str:
-    """sha256 over the bytes of ``paths`` in the given order (names included)."""
-    h = hashlib.sha256()
-    for p in paths:
-        p = Path(p)
-        h.update(p.name.encode() + b"\0")
-        with open(p, "rb") as f:
-            while block := f.read(chunk):
-                h.update(block)
-    return h.hexdigest()
-
-
-def model_hash(model_path: str | os.PathLike[str]) -> str:
-    """sha256 of an ONNX model file and its external-data files, if any.
-
-    External data is found by name (``<model>.onnx_data``, ``<model>.onnx.data``,
-    ``<model>_data``), which is how optimum and ortbatch write it; the graph itself is
-    not parsed, so this needs no onnx install."""
-    path = Path(model_path)
-    candidates = [
-        path.with_name(path.name + "_data"),
-        path.with_name(path.name + ".data"),
-        path.with_name(path.stem + ".onnx_data"),
-    ]
-    extra = sorted({c for c in candidates if c.is_file()})
-    return file_hash([path, *extra])
 
 
 def parse_profile_shapes(text: str) -> dict[str, list[list[int]]]:

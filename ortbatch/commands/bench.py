@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="closed loop (each client sends when its last answer came) or Poisson arrivals",
     )
     load.add_argument("--rate", type=float, default=None, metavar="R", help="Poisson arrival rate, requests/s")
-    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--seed", type=int, default=0, help="seed of the request lengths and arrivals (default 0)")
     load.add_argument(
         "--warmup",
         type=int,
@@ -82,10 +82,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="which of direct,batched,oracle to run (default all three)",
     )
     rt = p.add_argument_group("runtime (passed to BatchedSession)")
-    rt.add_argument("--max-batch-size", type=int, default=32)
-    rt.add_argument("--max-batch-tokens", type=int, default=None)
-    rt.add_argument("--max-delay-ms", type=float, default=0.0)
-    rt.add_argument("--workers", type=int, default=None)
+    rt.add_argument("--max-batch-size", type=int, default=32, help="rows per batch (default 32)")
+    rt.add_argument(
+        "--max-batch-tokens", type=int, default=None, help="cap on rows x longest length per batch (default none)"
+    )
+    rt.add_argument(
+        "--max-delay-ms", type=float, default=0.0, help="how long a free worker may wait for a fuller batch (default 0)"
+    )
+    rt.add_argument("--workers", type=int, default=None, help="batches in flight (default 2)")
     rt.add_argument(
         "--no-latency-session",
         action="store_true",
@@ -123,7 +127,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench import BenchConfig, parse_lengths, run_bench
     from ..bench.report import markdown_tables, plot, series_from, text_tables, write_json
+    from ..manifest import MANIFEST_NAME, Manifest
+    from ._target import export_target
 
+    target = export_target(args.target, onnx_file=True)
+    if (target / MANIFEST_NAME).is_file():  # the baseline sessions load the file directly
+        Manifest.load(target).verify()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     cfg = BenchConfig(
         target=args.target,

@@ -65,9 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def reusable(out: Path) -> str | None:
     """Why an existing export at ``out`` can be reused, or None if it cannot."""
-    from .._ort.trt import model_hash
     from ..errors import ManifestError
-    from ..manifest import Manifest
+    from ..manifest import Manifest, model_hash
 
     try:
         m = Manifest.load(out)

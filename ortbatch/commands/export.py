@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,12 @@ HELP = "export a Hugging Face model to ONNX (+ manifest, checks) for batched ser
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", help="hub id, local directory or pkg:<module> (default: the recipe's)")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        help="hub id, local directory, pkg:<module> (a package's model) or tiny:gpt2 (a small random decoder "
+        "built here, for trying generation offline); default: the recipe's",
+    )
     parser.add_argument("-o", "--output", help="output directory (default: ./exports/<model name>)")
     parser.add_argument(
         "--task",
@@ -23,7 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto (default) or e.g. feature-extraction, "
         "text-classification, token-classification, text-generation-with-past",
     )
-    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: optimum's for the model)")
+    parser.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        help="ONNX opset (default 18, optimum-onnx's; the same for the Python API and the recipes)",
+    )
     parser.add_argument("--dtype", choices=["fp32", "fp16"], default=None, help="weights/compute precision")
     parser.add_argument(
         "--optimize",
@@ -57,6 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "options in the recipe's [quantization] table",
     )
     parser.add_argument("--no-validate", action="store_true", help="skip the accuracy checks")
+    parser.add_argument(
+        "--keep-failed",
+        action="store_true",
+        help="install an export whose checks failed (default: it goes to OUTPUT.failed, OUTPUT is left alone)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace OUTPUT even if it holds something other than an earlier export",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show third-party logs, every check case")
 
 
@@ -92,24 +113,34 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else _default_output(model)
     providers = parse_provider_names(args.providers) if args.providers else None
     step = stepper()
-    result = export_model(
-        model,
-        out,
-        task=args.task,
-        opset=args.opset,
-        dtype=args.dtype,
-        optimize=args.optimize,
-        device=args.device,
-        trt=args.trt,
-        max_batch_size=args.max_batch_size,
-        max_sequence_length=args.max_sequence_length,
-        recipe=recipe,
-        providers=providers,
-        quantize=_quantize(recipe, args.quantize),
-        validate=not args.no_validate,
-        raise_on_failure=False,
-        progress=step,
-    )
+    had_export = out.is_dir() and any(out.iterdir())
+    try:
+        result = export_model(
+            model,
+            out,
+            task=args.task,
+            opset=args.opset,
+            dtype=args.dtype,
+            optimize=args.optimize,
+            device=args.device,
+            trt=args.trt,
+            max_batch_size=args.max_batch_size,
+            max_sequence_length=args.max_sequence_length,
+            recipe=recipe,
+            providers=providers,
+            quantize=_quantize(recipe, args.quantize),
+            validate=not args.no_validate,
+            raise_on_failure=False,
+            keep_failed=args.keep_failed,
+            force=args.force,
+            progress=step,
+            quiet=False,  # quiet_third_parties above already decided, -v included
+        )
+    except KeyboardInterrupt:
+        left = f"{out} is as it was before" if had_export else f"nothing was written to {out}"
+        print(f"\nortbatch export: interrupted; {left} (the partial export was removed)", file=sys.stderr)
+        return 130
+    out = result.directory
     m = result.manifest
     files = sorted(p.name for p in out.iterdir() if p.is_file())
     size = sum((out / f).stat().st_size for f in files if ".onnx" in f) / 2**20
@@ -124,6 +155,6 @@ def run(args: argparse.Namespace) -> int:
         print("checks: not run (--no-validate); run `ortbatch validate DIR` before serving")
         return 0
     if not result.report.passed:
-        print(f"FAILED: the files are kept in {out} for inspection; see {out / 'validation.json'}")
+        print(f"FAILED: {result.not_installed_message()}; see {out / 'validation.json'}")
         return 1
     return 0

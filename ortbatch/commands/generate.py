@@ -15,13 +15,24 @@ HELP = "generate completions for one or more prompts with a text-generation-with
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", help="an export of --task text-generation-with-past (ortbatch or optimum)")
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt texts, generated together")
-    parser.add_argument("-n", "--max-new-tokens", type=int, default=64)
+    parser.add_argument(
+        "-n", "--max-new-tokens", type=int, default=64, help="most tokens generated per prompt (default 64)"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--top-k", type=int, default=None, help="sample only from the K most likely tokens (default: all)"
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample only from the most likely tokens whose probabilities add up to P (default 1: all)",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling, for repeatable output")
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
-    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument(
+        "--max-batch-size", type=int, default=32, help="most sequences decoded together in one step (default 32)"
+    )
     parser.add_argument(
         "--providers", default=None, type=providers_arg, help=f"{PROVIDERS_HELP} (default: CUDA if it loads, else CPU)"
     )
@@ -37,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..generation import BatchedGenerator, StreamToken
+    from ._target import export_target
 
+    directory = export_target(args.directory)
     options = {
         "temperature": args.temperature,
         "top_k": args.top_k,
@@ -46,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         "stop": args.stop,
     }
     with BatchedGenerator(
-        args.directory,
+        directory,
         max_batch_size=args.max_batch_size,
         providers=args.providers,
         max_context_length=args.max_context_length,

@@ -9,7 +9,7 @@ from ._providers import PROVIDERS_HELP, providers_arg
 HELP = (
     "serve export directories over HTTP (KServe v2 / Triton protocol with the model-repository extension, "
     "/v1/embeddings, /v1/rerank, /v1/classify, /tokenize, /metrics; text-generation-with-past exports: "
-    "OpenAI /v1/completions)"
+    "OpenAI /v1/completions and /v1/chat/completions)"
 )
 
 
@@ -17,6 +17,16 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number (0-65535), got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (0-65535; 0 picks a free one), got {value}")
     return value
 
 
@@ -46,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         'request says "truncate": true)',
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000, help="port (0: pick a free one; default 8000)")
+    parser.add_argument("--port", type=_port, default=8000, help="port (0: pick a free one; default 8000)")
     parser.add_argument("--name", default=None, help="model name in URLs (default: the directory name)")
     parser.add_argument(
         "--max-batch-size",
@@ -96,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--grpc-port",
-        type=int,
+        type=_port,
         default=None,
         help="also serve the KServe v2 gRPC protocol on this port of --host (Triton's is 8001; 0: a free one)",
     )
@@ -121,7 +131,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=100_000,
         help="longest text taken when the export sets no max sequence length; longer: 413 (default 100000)",
     )
-    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="server log level (default info)",
+    )
+    parser.add_argument(
+        "--allow-unvalidated",
+        action="store_true",
+        help="serve an export whose accuracy checks failed (validation.passed false in ortbatch.json); "
+        "refused otherwise",
+    )
     parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
 
 
@@ -129,19 +150,38 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from ..errors import OrtBatchError
+    from ..errors import OrtBatchError, ValidationError
+    from ..manifest import MANIFEST_NAME, Manifest
     from ..serve.auth import resolve_api_key
     from ..serve.repository import ModelRepository, parse_model_args
     from ..serve.server import ServeConfig, serve
+    from ._target import export_target
 
     if not args.directory and args.repository is None:
         print("ortbatch serve: error: give an export DIR (or several, or --repository ROOT)", file=sys.stderr)
         return 2
     # one DIR keeps the one-model server; several, NAME=DIR or --repository: the repository
-    many = args.repository is not None or len(args.directory) != 1 or not Path(args.directory[0]).exists()
+    one = args.directory[0] if len(args.directory) == 1 else ""
+    many = args.repository is not None or not one or ("=" in one and not Path(one).exists())
     if many and args.name is not None:
         print("ortbatch serve: error: --name names one model; with several, use NAME=DIR", file=sys.stderr)
         return 2
+    if not many:  # one export: the same check and message as every command, and its recorded checks
+        target = export_target(args.directory[0], onnx_file=True)
+        if (target / MANIFEST_NAME).is_file():
+            passed = Manifest.load(target).validation.get("passed")
+            if passed is False and not args.allow_unvalidated:
+                raise ValidationError(
+                    f"{target} FAILED its accuracy checks (validation.passed is false; see "
+                    f"{target / 'validation.json'}), so it may answer wrong numbers. Re-export it, "
+                    "or pass --allow-unvalidated to serve it anyway"
+                )
+            if passed is None:
+                print(
+                    f"ortbatch serve: warning: {target} was never checked (exported with --no-validate); "
+                    f"`ortbatch validate {target}` checks it",
+                    file=sys.stderr,
+                )
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         print("ortbatch serve: error: TLS needs both --ssl-certfile and --ssl-keyfile", file=sys.stderr)
         return 2
@@ -179,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         truncate=args.truncate,
     )
     if not many:
-        return serve(args.directory[0], config)
+        return serve(target, config)
     try:
         models = parse_model_args(args.directory)
         missing = [str(path) for _, path in models if not path.exists()]

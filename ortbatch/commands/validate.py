@@ -25,12 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ._progress import quiet_third_parties, stepper
+    from ._target import export_target
 
+    directory = export_target(args.directory, need_manifest=True)
     quiet_third_parties(args.verbose)
     from ..export import validate
 
     report = validate(
-        args.directory,
+        directory,
         providers=args.providers,
         samples=args.samples,
         use_reference=not args.no_reference,

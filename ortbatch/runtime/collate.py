@@ -181,8 +181,10 @@ class PaddingCollator(Collator):
             arrays[sig.name] = arr
         if rows > self.signature.max_rows:
             raise InvalidInputError(
-                f"input {rows_from!r} has {rows} rows, over max_batch_size={self.signature.max_rows}: "
-                "split the request",
+                f"input {rows_from!r} has {rows} rows, but one request may have at most "
+                f"max_batch_size={self.signature.max_rows} rows (this session's setting, never above the "
+                "export's limits.max_batch_size; BatchedSession(max_batch_size=N), `--max-batch-size N`): "
+                f"split it into requests of at most {self.signature.max_rows} rows",
                 input_name=rows_from,
             )
         return Prepared(arrays, rows, math.prod(lengths.values()) if lengths else 1, lengths)

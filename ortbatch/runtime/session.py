@@ -550,14 +550,14 @@ def _find_manifest(sess_or_path: Any) -> Manifest | None:
         return None
     p = Path(sess_or_path)
     if p.is_dir():
-        return Manifest.load(p)
+        return Manifest.load(p).verify()
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist (expected a .onnx file or an export directory)")
     sidecar = p.parent / MANIFEST_NAME
     if sidecar.is_file():
         m = Manifest.load(p.parent)
         if Path(m.model).name == p.name:
-            return m
+            return m.verify()
     return None
 
 

@@ -27,7 +27,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._extras import require
-from ..errors import OrtBatchError
+from ..errors import OrtBatchError, ServeError
 from .app import build_app
 from .auth import API_KEY_ENV, ApiKeyMiddleware
 from .http import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts
@@ -134,7 +134,12 @@ def is_loopback(host: str) -> bool:
 def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A listening TCP socket; ``port=0`` picks a free port (read it back with
     ``sock.getsockname()[1]``), with no window for another process to take it."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ServeError(f"port must be 0-65535 (0 picks a free one), got {port!r}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:  # socket.gaierror: a name that does not resolve
+        raise ServeError(f"cannot listen on {host!r}: the address does not resolve ({exc.strerror or exc})") from None
     family, _, proto, _, addr = infos[0]
     # proto must say IPPROTO_TCP: asyncio turns on TCP_NODELAY only for sockets that do, and
     # without it every response written in two parts (headers, body) waits ~40 ms for the
@@ -145,6 +150,9 @@ def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
         sock.bind(addr)
         sock.listen(backlog)
         sock.set_inheritable(True)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     except BaseException:
         sock.close()
         raise

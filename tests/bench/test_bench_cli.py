@@ -237,8 +237,8 @@ def test_bad_settings_fail_with_a_message(echo_path: Path, argv: list[str], mess
 
 
 def test_missing_target(tmp_path: Path, capsys) -> None:
-    assert main(["bench", str(tmp_path / "nope.onnx"), "--no-progress"]) == 1
-    assert "no export directory or .onnx file" in capsys.readouterr().err
+    assert main(["bench", str(tmp_path / "nope.onnx"), "--no-progress"]) == 2  # a bad argument
+    assert "does not exist; expected an export directory or a .onnx file" in capsys.readouterr().err
 
 
 def test_baseline_option_reaches_the_direct_session(tmp_path: Path, echo_path: Path) -> None:

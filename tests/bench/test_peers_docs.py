@@ -150,3 +150,11 @@ def test_docs_sections_are_replaced_and_prose_kept(peers, tmp_path: Path) -> Non
     # rerunning replaces, never duplicates
     peers.write_docs(_report(), docs)
     assert docs.read_text().count("<!-- generated:targets -->") == 1
+
+
+def test_the_tracked_docs_are_written_only_with_the_docs_flag(peers, tmp_path: Path) -> None:
+    repo = PEERS.parents[1]
+    default = peers.parse_args(["--export", "x"])
+    assert peers.docs_path(default) == repo / "out" / "peers" / "benchmarks.md"
+    assert peers.docs_path(peers.parse_args(["--export", "x", "--out", str(tmp_path)])) == tmp_path / "benchmarks.md"
+    assert peers.docs_path(peers.parse_args(["--export", "x", "--docs"])) == repo / "docs" / "benchmarks.md"

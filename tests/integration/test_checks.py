@@ -21,10 +21,17 @@ def _failed(report) -> dict[str, list[str]]:
 
 
 def _edit_graph(path: Path, edit) -> None:
+    """Break the model on purpose, and record its new sha256 in the manifest: the checks
+    must catch the breakage itself, not merely see that the file changed."""
+    from ortbatch.manifest import Manifest, model_hash
+
     model = onnx.load(str(path))
     edit(model.graph)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
+    manifest = Manifest.load(path.parent)
+    manifest.extra["components"]["model"]["sha256"] = model_hash(path)
+    manifest.save()
 
 
 def _producer(graph, output: str):
@@ -77,8 +84,11 @@ def test_pooling_that_ignores_the_mask_fails_batching_invariance(bert_copy: Path
     add_mean(model.graph)
     model.opset_import[0].version = 17  # ReduceMean with an `axes` attribute
     onnx.save(model, str(bert_copy / "model.onnx"))
+    from ortbatch.manifest import model_hash
+
     manifest = json.loads((bert_copy / "ortbatch.json").read_text())
     manifest["outputs"]["mean_pooled"] = {"axes": ["batch", None]}
+    manifest["components"]["model"]["sha256"] = model_hash(bert_copy / "model.onnx")  # a deliberate edit
     (bert_copy / "ortbatch.json").write_text(json.dumps(manifest))
 
     report = validate(bert_copy)
@@ -114,7 +124,10 @@ def test_fp16_overflow_raises_validation_error_by_default(tiny_model, tmp_path: 
         export_model(tiny_model("bert-fp16-overflow"), tmp_path / "fp16", dtype="fp16")
     assert info.value.report is not None and not info.value.report.passed
     assert "reference_parity" in str(info.value) and "NaN/Inf" in str(info.value)
-    assert (tmp_path / "fp16" / "validation.json").is_file()
+    # the failed export is kept for inspection beside the target, which is left alone
+    assert (tmp_path / "fp16.failed" / "validation.json").is_file()
+    assert not (tmp_path / "fp16").exists()
+    assert "left as it was" in str(info.value) and "fp16.failed" in str(info.value)
 
 
 def test_perturbed_weights_fail_reference_parity_only(bert_copy: Path) -> None:
@@ -152,6 +165,7 @@ def test_reference_unavailable_runs_onnx_only_checks_and_says_so(bert_copy: Path
         "reference_parity": "skipped",
         "shape_generalisation": "passed",
         "batching_invariance": "passed",
+        "finite_weights": "passed",
     }
     assert "deleted-checkpoint" in report.reference["reason"]
     assert main(["validate", str(bert_copy)]) == 0

@@ -80,6 +80,11 @@ def test_validate_fails_on_a_tampered_int8_export(exported, tmp_path, capsys):
     for t in scales:
         t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * np.float32(1000.0), t.name))
     onnx.save(model, str(d / "model.onnx"))
+    from ortbatch.manifest import Manifest, model_hash
+
+    manifest = Manifest.load(d)  # a deliberate edit: the checks must catch it, not only the sha256
+    manifest.extra["components"]["model"]["sha256"] = model_hash(d / "model.onnx")
+    manifest.save()
     assert main(["validate", str(d), "--no-save"]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out

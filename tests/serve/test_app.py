@@ -495,6 +495,8 @@ def test_every_ortbatch_error_has_a_deliberate_status():
         "ModelContractError": 500,  # raised building the session, never per request
         "ModelLoadError": 500,  # likewise
         "ManifestError": 500,
+        "ModelIntegrityError": 500,  # raised loading the model, never per request
+        "ServeError": 500,  # raised binding the socket, before any request
         "UnsupportedModelError": 500,
         "QueueFullError": 429,
         "RequestTimeoutError": 504,

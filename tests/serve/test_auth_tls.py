@@ -236,9 +236,11 @@ def test_cli_flags_grpc_port_key_file_and_the_open_bind_warning(tmp_path, adder_
     assert "gRPC accepted=0 answered=0" in srv.text()
 
     # an address reachable from other machines without a key: warned before anything binds
-    # (the empty directory fails to load, so nothing ever listens on it)
-    empty = tmp_path / "empty"
-    empty.mkdir()
+    # (an export whose model file is gone fails to load, so nothing ever listens on it)
+    from tests.models import embed_export
+
+    empty = embed_export(tmp_path / "empty")
+    (empty / "model.onnx").unlink()
     cmd = [sys.executable, "-m", "ortbatch.cli", "serve", str(empty), "--host", "0.0.0.0", "--port", "0"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert "without an API key" in out.stderr and "Traceback" not in out.stderr

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("name", ["minilm", "bert-base-uncased", "gpt2"])
 def test_shipped_recipes_load(name: str) -> None:
     r = load_recipe(ROOT / "export" / f"{name}.toml")
-    assert r.model and r.task != "auto" and r.opset == 17 and len(r.samples) >= 5
+    assert r.model and r.task != "auto" and r.opset == 18 and len(r.samples) >= 5
     assert r.path and r.path.endswith(f"{name}.toml")
 
 
