@@ -33,7 +33,7 @@ from ._extras import require
 from .errors import OrtBatchError
 from .serve.server import ServeConfig
 
-__all__ = ["REPLICA_HEADER", "RayApp", "build_app", "replica_threads", "run", "serve_on_ray"]
+__all__ = ["REPLICA_HEADER", "RayApp", "app_builder", "build_app", "replica_threads", "run", "serve_on_ray"]
 
 #: response header naming the replica that answered (``<deployment>#<replica id>``)
 REPLICA_HEADER = "x-ortbatch-replica"
@@ -303,3 +303,23 @@ def serve_on_ray(
         ray.shutdown()
     print("ortbatch serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """The application builder for Ray's config files and KubeRay's ``RayService``
+    (``import_path: ortbatch.ray:app_builder``). ``args``: ``directory`` (the export, as
+    the replicas' nodes see it), optionally ``replicas``, ``autoscaling``,
+    ``ray_actor_options``, ``max_ongoing_requests``, and any :class:`ServeConfig` field
+    (``max_batch_size``, ``timeout_s``, ``api_key``, ...)."""
+    rest = dict(args)
+    try:
+        directory = rest.pop("directory")
+    except KeyError:
+        raise OrtBatchError("ortbatch.ray:app_builder needs args.directory (the export directory)") from None
+    kw = {k: rest.pop(k) for k in ("replicas", "autoscaling", "ray_actor_options", "max_ongoing_requests") if k in rest}
+    fields = set(ServeConfig.__dataclass_fields__)
+    unknown = sorted(set(rest) - fields)
+    if unknown:
+        raise OrtBatchError(f"ortbatch.ray:app_builder: unknown args {unknown} (ServeConfig fields: {sorted(fields)})")
+    (app,) = build_app(directory, config=ServeConfig(**rest), **kw)
+    return app.application
