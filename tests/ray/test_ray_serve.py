@@ -58,7 +58,7 @@ def test_on_a_ray_cluster_in_a_loopback_only_namespace() -> None:
     )
     if probe.returncode != 0:
         pytest.skip(f"unshare -n is not permitted here ({probe.stderr.strip()}); Ray must not listen on the network")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "timeout=1200", __file__]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-x", "-p", "no:cacheprovider", "-o", "timeout=1200", __file__]
     proc = subprocess.run(
         ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd],
         env={**os.environ, INNER: "1"},
