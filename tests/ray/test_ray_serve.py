@@ -256,3 +256,66 @@ def test_decoder_completions_whole_and_streamed_equal_the_generator_alone(cluste
         assert got_streamed == want
     finally:
         serve.delete(app.name)
+
+
+def _running_replicas(name: str) -> int:
+    from ray import serve
+
+    app = serve.status().applications.get(name)
+    if app is None or name not in app.deployments:
+        return 0
+    return int(app.deployments[name].replica_states.get("RUNNING", 0))
+
+
+def _wait_for(what: str, predicate: Any, timeout_s: float) -> None:
+    """Poll ``predicate`` every half second until true; fail naming ``what`` after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+@inner_only
+def test_autoscaling_goes_from_one_replica_to_two_under_load_and_back_when_idle(cluster: str, minilm: Path) -> None:
+    import httpx
+    from ray import serve
+
+    from ortbatch.ray import build_app, run
+    from ortbatch.serve.server import ServeConfig
+
+    autoscaling = {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_ongoing_requests": 2,  # 16 clients keep far more than 2 in flight on one replica
+        "upscale_delay_s": 1,
+        "downscale_delay_s": 2,
+        "metrics_interval_s": 0.5,
+        "look_back_period_s": 2,
+    }
+    apps = build_app(minilm, config=ServeConfig(name="scaled", max_batch_size=8), autoscaling=autoscaling)
+    run(apps)
+    stop = threading.Event()
+    answered = collections.Counter[int]()
+
+    def load() -> None:
+        with httpx.Client(timeout=120) as http:
+            while not stop.is_set():
+                r = http.post(f"http://{cluster}/v1/embeddings", json={"model": "scaled", "input": [[101, 7592, 102]]})
+                answered[r.status_code] += 1
+
+    try:
+        assert _running_replicas("scaled") == 1
+        with ThreadPoolExecutor(16) as pool:
+            clients = [pool.submit(load) for _ in range(16)]
+            try:
+                _wait_for("a second replica under load", lambda: _running_replicas("scaled") == 2, 240)
+            finally:
+                stop.set()
+            for c in clients:
+                c.result()
+        _wait_for("the scale-down to one replica when idle", lambda: _running_replicas("scaled") == 1, 240)
+        assert set(answered) == {200}, answered  # scaling failed no request
+    finally:
+        serve.delete("scaled")
