@@ -140,20 +140,25 @@ def _replica_counts(url: str, replicas: int) -> dict[str, float]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
+    def answered(text: str) -> float:
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "ortbatch_http_requests"
+            for sample in family.samples
+            if sample.name.endswith("_total")
+            and sample.labels["status"] == "200"
+            and sample.labels["endpoint"] != "/metrics"
+        )
+
     seen: dict[str, float] = {}
-    with httpx.Client(timeout=60) as http:
-        for _ in range(200):  # bounded; random routing reaches every replica long before
-            r = http.get(f"http://{url}/metrics")
-            assert r.status_code == 200
-            seen[r.headers["x-ortbatch-replica"]] = sum(
-                sample.value
-                for family in text_string_to_metric_families(r.text)
-                if family.name == "ortbatch_http_requests"
-                for sample in family.samples
-                if sample.name.endswith("_total")
-                and sample.labels["status"] == "200"
-                and sample.labels["endpoint"] != "/metrics"
-            )
+    with httpx.Client(timeout=60) as http, ThreadPoolExecutor(8) as pool:
+        # 8 at a time: Ray routes each to the replica with the shorter queue, so the GETs of
+        # one round spread over the replicas (sequential ones may all find the same one)
+        for _ in range(50):  # bounded
+            for r in pool.map(lambda _: http.get(f"http://{url}/metrics"), range(8)):
+                assert r.status_code == 200
+                seen[r.headers["x-ortbatch-replica"]] = answered(r.text)
             if len(seen) == replicas:
                 break
     return seen
