@@ -72,11 +72,6 @@ def test_cli_refuses_ray_flags_that_cannot_work(tmp_path: Path, capsys, flags: l
     assert message in capsys.readouterr().err
 
 
-def test_cli_needs_ray_for_several_exports(tmp_path: Path, capsys) -> None:
-    assert main(["serve", str(_export(tmp_path, "a")), str(_export(tmp_path, "b"))]) == 2
-    assert "several export directories need --ray" in capsys.readouterr().err
-
-
 def test_app_builder_for_config_files_and_kuberay(tmp_path: Path) -> None:
     from ortbatch.ray import app_builder
 
@@ -88,3 +83,15 @@ def test_app_builder_for_config_files_and_kuberay(tmp_path: Path) -> None:
         app_builder({"directory": str(d), "max_batch": 8})
     with pytest.raises(OrtBatchError, match=r"needs args\.directory"):
         app_builder({})
+
+
+def test_named_exports_keep_their_names(tmp_path: Path) -> None:
+    apps = build_app([("first", _export(tmp_path, "a")), ("second", _export(tmp_path, "b"))])
+    assert [(x.name, x.route_prefix) for x in apps] == [("first", "/first"), ("second", "/second")]
+
+
+def test_cli_ray_refuses_a_missing_export_and_a_repository(tmp_path: Path, capsys) -> None:
+    assert main(["serve", "--ray", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["serve", "--ray", "--repository", str(tmp_path)]) == 2
+    assert "--repository is not served on Ray" in capsys.readouterr().err
