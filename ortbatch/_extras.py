@@ -18,6 +18,7 @@ _HINTS = {
     "uvicorn": "serve",
     "prometheus_client": "serve",
     "matplotlib": "bench",
+    "ray": "ray",
 }
 
 

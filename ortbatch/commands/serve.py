@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ._providers import PROVIDERS_HELP, providers_arg
 
@@ -131,6 +132,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=100_000,
         help="longest text taken when the export sets no max sequence length; longer: 413 (default 100000)",
     )
+    ray = parser.add_argument_group("Ray Serve (pip install 'ortbatch[ray]'; see docs/scale-out.md)")
+    ray.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve on a Ray cluster: one deployment per DIR (or NAME=DIR), Ray's HTTP proxy on --host/--port",
+    )
+    ray.add_argument(
+        "--ray-address", default=None, help="cluster to join, e.g. ray://head:10001 or auto (default: a local Ray)"
+    )
+    ray.add_argument("--replicas", type=_positive_int, default=1, help="replicas per deployment (default 1)")
+    ray.add_argument(
+        "--replica-cpus", type=float, default=1.0, help="CPUs per replica; its ONNX Runtime threads follow (default 1)"
+    )
+    ray.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs per replica (1: one replica per GPU)")
     parser.add_argument(
         "--log-level",
         default="info",
@@ -144,6 +159,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "refused otherwise",
     )
     parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
+
+
+_RAY_DEFAULTS = {"ray_address": None, "replicas": 1, "replica_cpus": 1.0, "replica_gpus": 0.0}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -218,6 +236,12 @@ def run(args: argparse.Namespace) -> int:
         max_text_chars=args.max_text_chars,
         truncate=args.truncate,
     )
+    if args.ray:
+        return _serve_on_ray(args, config)
+    for flag, default in _RAY_DEFAULTS.items():
+        if getattr(args, flag) != default:
+            print(f"ortbatch serve: error: --{flag.replace('_', '-')} needs --ray", file=sys.stderr)
+            return 2
     if not many:
         return serve(target, config)
     try:
@@ -231,3 +255,34 @@ def run(args: argparse.Namespace) -> int:
     except OrtBatchError as exc:
         print(f"ortbatch serve: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _serve_on_ray(args: argparse.Namespace, config: Any) -> int:
+    """``--ray``: the DIRs (or NAME=DIRs) as Ray Serve deployments (ortbatch.ray)."""
+    import sys
+
+    from ..errors import OrtBatchError
+    from ..ray import serve_on_ray
+    from ..serve.repository import parse_model_args
+
+    if args.repository is not None:
+        print("ortbatch serve: error: --repository is not served on Ray; give the export DIRs", file=sys.stderr)
+        return 2
+    try:
+        models = parse_model_args(args.directory)
+        missing = [str(path) for _, path in models if not path.exists()]
+        if missing:
+            raise OrtBatchError(f"{', '.join(missing)} does not exist")
+    except OrtBatchError as exc:
+        print(f"ortbatch serve: error: {exc}", file=sys.stderr)
+        return 2
+    if len(models) == 1 and args.name is not None:
+        models = [(args.name, models[0][1])]
+    return serve_on_ray(
+        models,
+        config,
+        address=args.ray_address,
+        replicas=args.replicas,
+        num_cpus=args.replica_cpus,
+        num_gpus=args.replica_gpus,
+    )

