@@ -12,12 +12,12 @@ from ortbatch._ort.trt import (
     TrtShapes,
     check_generation_profiles,
     check_trt_graph,
-    model_hash,
     parse_profile_shapes,
     resolve_cache_paths,
     tensorrt_provider_options,
 )
 from ortbatch.errors import ProviderError
+from ortbatch.manifest import model_hash
 
 ENCODER = {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"]}
 DECODER = {
