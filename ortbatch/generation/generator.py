@@ -37,7 +37,7 @@ from .requests import (
     sampling_params,
 )
 from .runner import DecoderRunner, SessionFactory
-from .sampling import SamplingParams, choose_token
+from .sampling import SamplingParams
 from .scheduler import CompactionCost, Scheduler
 from .stats import GenerationStats, GenerationStatsRecorder
 
@@ -149,8 +149,7 @@ class BatchedGenerator:
         self.max_tokens_in_flight = max_batch_size * context if max_tokens_in_flight is None else max_tokens_in_flight
         if self.max_tokens_in_flight < 2:
             raise ValueError(f"max_tokens_in_flight must be >= 2, got {self.max_tokens_in_flight}")
-        self.max_queue = max_queue
-        self.timeout_s = timeout_s
+        self.max_queue, self.timeout_s = max_queue, timeout_s
         self.default_max_new_tokens = max_new_tokens
         self.prefill_padding = prefill_padding
         self._tokenizer = ExportTokenizer(self._dir, self.layout.tokenizer)
@@ -370,8 +369,7 @@ class BatchedGenerator:
                 self._scheduler.fail(group[0], exc)
             return None
         self._stats.prefill(time.perf_counter() - t0, int(cache.lens.sum()))
-        record = self._scheduler.record_token
-        keep = [i for i, r in enumerate(group) if not record(r, choose_token(logits[i, -1], r.params, r.rng))]
+        keep = [i for i, r in enumerate(group) if not self._scheduler.next_token(r, logits[i, -1])]
         cache.keep(keep)
         return cache, [group[i] for i in keep]
 
@@ -398,4 +396,4 @@ class BatchedGenerator:
         # Finished rows are settled now; at the next step boundary their slots go to rows
         # that join, or are dropped when that is worth a copy (see Scheduler.place).
         for i in live:
-            sched.record_token(rows[i], choose_token(logits[i, -1], rows[i].params, rows[i].rng))
+            sched.next_token(rows[i], logits[i, -1])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ..errors import InferenceError, InvalidInputError
 
 __all__ = ["SamplingParams", "choose_token"]
 
@@ -73,12 +73,21 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     temperature, then top-k, then top-p (nucleus: the smallest set of most likely
     tokens whose probability reaches ``top_p``), in float64, and inverts the CDF of
     what is left at one uniform draw from ``rng``.
+
+    Logits with NaN or +inf (a damaged model, an overflow) raise :class:`InferenceError`:
+    argmax and the CDF would otherwise silently pick a token from garbage.
     """
+    if np.isnan(logits).any() or np.isposinf(logits).any():
+        raise InferenceError("the model produced non-finite values (NaN or +inf) in its logits")
     if params.greedy:
         return int(np.argmax(logits))
     if rng is None:
         raise ValueError("sampling needs a random generator")
-    scores = logits.astype(np.float64) / params.temperature
+    # Shifted by the max before dividing: at a tiny temperature the best token scores 0 and
+    # the rest -inf (greedy in effect) instead of inf - inf = NaN.
+    scores = logits.astype(np.float64)
+    with np.errstate(over="ignore"):  # overflowing to -inf is the intended limit
+        scores = (scores - scores.max()) / params.temperature
     vocab = scores.shape[0]
     k = vocab if params.top_k is None else min(params.top_k, vocab)
     # Candidates sorted by score, highest first; stable so ties keep id order.

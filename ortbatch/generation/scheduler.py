@@ -34,6 +34,7 @@ from typing import Any
 from .._lifecycle import settle
 from ..errors import InferenceError, QueueFullError, RequestTimeoutError, SessionClosedError
 from .requests import GenerationRequest, StreamToken
+from .sampling import choose_token
 from .stats import GenerationStatsRecorder
 
 __all__ = ["CompactionCost", "Placement", "Scheduler"]
@@ -287,6 +288,16 @@ class Scheduler:
         return self.cost.worth_compacting(len(keep) + len(free), len(free), steps_left, cache_bytes)
 
     # -- outcomes ------------------------------------------------------------------------
+    def next_token(self, req: GenerationRequest, logits: Any) -> bool:
+        """Choose ``req``'s next token from its last-position ``logits`` and record it; True
+        when it is done (finished, or failed: non-finite logits fail this request only)."""
+        try:
+            token = choose_token(logits, req.params, req.rng)
+        except InferenceError as exc:
+            self.fail(req, exc)
+            return True
+        return self.record_token(req, token)
+
     def record_token(self, req: GenerationRequest, token: int) -> bool:
         """Record one generated token of ``req``; settle it and return True when it is done."""
         if req.first_token_at is None:

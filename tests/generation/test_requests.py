@@ -577,3 +577,46 @@ def test_sampling_params_object_and_keywords_are_the_same_request(fake_dir: Path
     assert by_object.token_ids == by_keywords.token_ids  # (12 tokens, or fewer if eos came first)
     assert by_object.completion_tokens <= 12 and overridden.completion_tokens <= 3
     assert overridden.token_ids == by_object.token_ids[: overridden.completion_tokens]
+
+
+class _NaNFactory(_FailingFactory):
+    """The real session, whose logits turn NaN for the rows of a prefill holding ``poison``
+    (a damaged model in miniature); armed after construction, as above."""
+
+    def __call__(self, *args: object, **kwargs: object) -> _FailingSession:
+        real = build_session(*args, **kwargs)
+        poison = self.how["poison"]
+        outer = self
+
+        class NaNSession(_FailingSession):
+            def run(self, names: list[str], feed: dict) -> list:
+                outs = real.run(names, feed)
+                if outer.session is not None and outer.session.armed:
+                    rows = (feed["input_ids"] == poison).any(axis=1)
+                    outs[0] = np.where(rows[:, None, None], np.nan, outs[0]).astype(outs[0].dtype)
+                return outs
+
+        self.session = NaNSession(real)
+        return self.session
+
+
+def test_non_finite_logits_fail_only_their_request(fake_dir: Path, no_thread_leak: None) -> None:
+    """NaN logits never become a token (argmax of NaN would pick one silently): the row's
+    request fails with an InferenceError saying so; its batch-mates generate as alone."""
+    nan = _NaNFactory(poison=13)
+    with BatchedGenerator(fake_dir, session_factory=nan) as gen:
+        nan.arm()
+        gate = Gate(at=0)
+        blocker = gen.submit([5], 1, on_token=gate)
+        gate.hold()
+        futs = [
+            gen.submit(p, 8, temperature=t, seed=1)
+            for p, t in (([20, 21, 22], 0), ([13, 14, 15], 0.7), ([30, 31, 32], 0))
+        ]
+        gate.release.set()
+        blocker.result(10)
+        with pytest.raises(InferenceError, match="non-finite"):
+            futs[1].result(10)
+        assert list(futs[0].result(10).token_ids) == reference([20, 21, 22], 8)
+        assert list(futs[2].result(10).token_ids) == reference([30, 31, 32], 8)
+        assert gen.stats().failed == 1
