@@ -189,7 +189,11 @@ def test_requests_during_shutdown_are_answered(tiny_gpt2: TinyModel) -> None:
 
     t = threading.Thread(target=ask)
     t.start()
-    time.sleep(0.2)
+    # Stop only once the request is in (a fixed sleep raced the client's connect on a busy machine).
+    deadline = time.monotonic() + 30
+    while srv.counts.accepted < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert srv.counts.accepted == 1, "the request never reached the server"
     srv.stop()
     t.join(60)
     assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] >= 1
