@@ -73,7 +73,7 @@ def test_batched_generator_runs_on_cpu(tmp_path):
 
     d = build(tmp_path / "dec")
     with BatchedGenerator(d) as gen:
-        assert gen._session.get_providers() == ["CPUExecutionProvider"]
+        assert gen.runner.session.get_providers() == ["CPUExecutionProvider"]
         assert list(gen.generate([5, 6], 4).token_ids) == reference([5, 6], 4)
     with pytest.raises(ProviderError, match="CUDAExecutionProvider"):
         BatchedGenerator(d, providers="cuda")
