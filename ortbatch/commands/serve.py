@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from ._providers import PROVIDERS_HELP, providers_arg
@@ -166,10 +167,8 @@ _RAY_DEFAULTS = {"ray_address": None, "replicas": 1, "replica_cpus": 1.0, "repli
 
 def run(args: argparse.Namespace) -> int:
     import sys
-    from pathlib import Path
 
-    from ..errors import OrtBatchError, ValidationError
-    from ..manifest import MANIFEST_NAME, Manifest
+    from ..errors import OrtBatchError
     from ..serve.auth import resolve_api_key
     from ..serve.repository import ModelRepository, parse_model_args
     from ..serve.server import ServeConfig, serve
@@ -184,22 +183,11 @@ def run(args: argparse.Namespace) -> int:
     if many and args.name is not None:
         print("ortbatch serve: error: --name names one model; with several, use NAME=DIR", file=sys.stderr)
         return 2
-    if not many:  # one export: the same check and message as every command, and its recorded checks
-        target = export_target(args.directory[0], onnx_file=True)
-        if (target / MANIFEST_NAME).is_file():
-            passed = Manifest.load(target).validation.get("passed")
-            if passed is False and not args.allow_unvalidated:
-                raise ValidationError(
-                    f"{target} FAILED its accuracy checks (validation.passed is false; see "
-                    f"{target / 'validation.json'}), so it may answer wrong numbers. Re-export it, "
-                    "or pass --allow-unvalidated to serve it anyway"
-                )
-            if passed is None:
-                print(
-                    f"ortbatch serve: warning: {target} was never checked (exported with --no-validate); "
-                    f"`ortbatch validate {target}` checks it",
-                    file=sys.stderr,
-                )
+    if not args.ray:  # flag mistakes first, before anything is read from disk
+        for flag, default in _RAY_DEFAULTS.items():
+            if getattr(args, flag) != default:
+                print(f"ortbatch serve: error: --{flag.replace('_', '-')} needs --ray", file=sys.stderr)
+                return 2
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         print("ortbatch serve: error: TLS needs both --ssl-certfile and --ssl-keyfile", file=sys.stderr)
         return 2
@@ -238,11 +226,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.ray:
         return _serve_on_ray(args, config)
-    for flag, default in _RAY_DEFAULTS.items():
-        if getattr(args, flag) != default:
-            print(f"ortbatch serve: error: --{flag.replace('_', '-')} needs --ray", file=sys.stderr)
-            return 2
-    if not many:
+    if not many:  # one export: the same check and message as every command, and its recorded checks
+        target = export_target(args.directory[0], onnx_file=True)
+        refuse_failed_checks(target, args.allow_unvalidated)
         return serve(target, config)
     try:
         models = parse_model_args(args.directory)
@@ -255,6 +241,31 @@ def run(args: argparse.Namespace) -> int:
     except OrtBatchError as exc:
         print(f"ortbatch serve: error: {exc}", file=sys.stderr)
         return 2
+
+
+def refuse_failed_checks(target: Path, allow_unvalidated: bool) -> None:
+    """Refuse an export whose recorded accuracy checks failed (unless allowed); warn about
+    one that was never checked."""
+    import sys
+
+    from ..errors import ValidationError
+    from ..manifest import MANIFEST_NAME, Manifest
+
+    if not (target / MANIFEST_NAME).is_file():
+        return
+    passed = Manifest.load(target).validation.get("passed")
+    if passed is False and not allow_unvalidated:
+        raise ValidationError(
+            f"{target} FAILED its accuracy checks (validation.passed is false; see "
+            f"{target / 'validation.json'}), so it may answer wrong numbers. Re-export it, "
+            "or pass --allow-unvalidated to serve it anyway"
+        )
+    if passed is None:
+        print(
+            f"ortbatch serve: warning: {target} was never checked (exported with --no-validate); "
+            f"`ortbatch validate {target}` checks it",
+            file=sys.stderr,
+        )
 
 
 def _serve_on_ray(args: argparse.Namespace, config: Any) -> int:
@@ -276,6 +287,8 @@ def _serve_on_ray(args: argparse.Namespace, config: Any) -> int:
     except OrtBatchError as exc:
         print(f"ortbatch serve: error: {exc}", file=sys.stderr)
         return 2
+    for _, path in models:
+        refuse_failed_checks(path, args.allow_unvalidated)
     if len(models) == 1 and args.name is not None:
         models = [(args.name, models[0][1])]
     return serve_on_ray(
