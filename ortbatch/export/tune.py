@@ -470,8 +470,17 @@ def _build(model: str, d: Path, var: Variant, rcp: Any, floors: dict[str, float]
     dtype_key = "int8" if var.quantize is not None else var.dtype
     tolerances = {dtype_key: _tightened(rcp, var, dtype_key, floors)} if floors else None
     try:
+        # keep_failed: a variant that fails its checks stays in its folder, so the table can
+        # say which metric failed and by how much (tune deletes rejected variants itself)
         res = export_model(
-            model, d, recipe=rcp, validate=True, raise_on_failure=False, tolerances=tolerances, **var.export_kwargs()
+            model,
+            d,
+            recipe=rcp,
+            validate=True,
+            raise_on_failure=False,
+            keep_failed=True,
+            tolerances=tolerances,
+            **var.export_kwargs(),
         )
     except OrtBatchError as exc:
         row.failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
