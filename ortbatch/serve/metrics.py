@@ -2,7 +2,11 @@
 
 HTTP metrics are recorded per request by an ASGI middleware, labelled by the route
 *template* (``/v2/models/{name}/infer``), never the raw path, so a client cannot
-grow the label set. Batching metrics are read from ``BatchedSession.stats()`` at
+grow the label set. gRPC requests (``--grpc-port``) are recorded into the same registry
+by the gRPC service, in families of their own labelled by RPC method and status code
+(:class:`GrpcMetrics`); both sides' families have the same shape (a counter, a latency
+histogram with the same buckets, an in-flight gauge), so one dashboard query covers
+either transport. Batching metrics are read from ``BatchedSession.stats()`` at
 scrape time by a custom collector, so the hot path pays nothing for them.
 
 Each server gets its own registry, so several servers (and tests) in one process
@@ -11,13 +15,14 @@ never share counters.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._extras import require
 
-__all__ = ["ServerMetrics"]
+__all__ = ["GrpcMetrics", "ServerMetrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -105,6 +110,40 @@ class _GeneratorCollector:
         )
 
 
+class GrpcMetrics:
+    """The gRPC service's instruments, in a :class:`ServerMetrics` registry.
+
+    One observation per unary RPC, and one per request of a ``ModelStreamInfer`` stream
+    (method ``ModelStreamInfer``, its answer's code), so the counts are requests answered,
+    as over HTTP. ``method`` is always one of the service's RPC names and ``code`` a
+    ``grpc.StatusCode`` name: the label set stays bounded whatever clients send.
+    """
+
+    def __init__(self, registry: Any) -> None:
+        prom = require("prometheus_client")
+        self.requests = prom.Counter(
+            "ortbatch_grpc_requests",
+            "gRPC requests answered, by RPC method and status code",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.latency = prom.Histogram(
+            "ortbatch_grpc_request_duration_seconds",
+            "Time from a gRPC request's arrival to its answer, by RPC method and status code",
+            ["method", "code"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = prom.Gauge(
+            "ortbatch_grpc_requests_in_flight", "gRPC requests being handled now", registry=registry
+        )
+
+    def observe(self, method: str, code: str, started: float) -> None:
+        """Record one answered request (``started`` from :func:`time.perf_counter`)."""
+        self.requests.labels(method, code).inc()
+        self.latency.labels(method, code).observe(time.perf_counter() - started)
+
+
 class ServerMetrics:
     """The server's Prometheus registry and the instruments the app records into."""
 
@@ -130,6 +169,8 @@ class ServerMetrics:
         self.in_flight = prom.Gauge(
             "ortbatch_http_requests_in_flight", "HTTP requests being handled now", registry=self.registry
         )
+        self._grpc: GrpcMetrics | None = None
+        self._grpc_lock = threading.Lock()
         if stats is not None:
             self.registry.register(_SessionCollector(stats))
         if generator_stats is not None:
@@ -140,6 +181,13 @@ class ServerMetrics:
         code = str(status)
         self.requests.labels(endpoint, method, code).inc()
         self.latency.labels(endpoint, code).observe(time.perf_counter() - started)
+
+    def grpc(self) -> GrpcMetrics:
+        """The gRPC families, registered on first call (a server without gRPC exports none)."""
+        with self._grpc_lock:
+            if self._grpc is None:
+                self._grpc = GrpcMetrics(self.registry)
+            return self._grpc
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

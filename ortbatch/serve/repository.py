@@ -30,14 +30,21 @@ stopped after each latency run). A model that is busy alone gets every core; mod
 at the same time share the cores through the OS scheduler. A fixed split would leave
 cores idle whenever one model is quiet, which is most of the time for most mixes.
 
-Bookkeeping (acquire/release, load/unload) happens on the server's event loop; loading
-and closing, which block, run in threads.
+Threads: the repository is shared by the HTTP server's event loop and the gRPC server's
+(``--grpc-port``), which run on different threads. Its bookkeeping (acquire/release, the
+swap of a loaded model) is guarded by one lock, and ``load``/``unload`` run in a thread of
+their own (they block on building and closing sessions anyway), serialised per model by a
+thread lock, so they may be awaited from either loop. A caller that stops waiting (a
+client that disconnects) does not cut a load or unload short: it completes, and the index
+shows its result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,20 +52,46 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import OrtBatchError
+from ..errors import InvalidInputError, OrtBatchError
 from ..manifest import MANIFEST_NAME
 from .http import HTTPError
 
 if TYPE_CHECKING:
     from .server import ServeConfig
 
-__all__ = ["LOADING", "READY", "UNAVAILABLE", "ModelRepository", "discover", "parse_model_args"]
+__all__ = [
+    "LOADING",
+    "LOAD_PARAMETERS",
+    "READY",
+    "UNAVAILABLE",
+    "UNLOAD_PARAMETERS",
+    "ModelRepository",
+    "check_parameters",
+    "discover",
+    "parse_model_args",
+]
 
 log = logging.getLogger("ortbatch.serve")
 
 READY = "READY"
 LOADING = "LOADING"
 UNAVAILABLE = "UNAVAILABLE"
+
+#: parameters of Triton's load and unload requests this server takes (HTTP and gRPC): a
+#: model is always loaded from its export directory, so ``config`` and ``file:...``
+#: overrides are refused; ``unload_dependents`` has nothing to act on and is accepted.
+LOAD_PARAMETERS: frozenset[str] = frozenset()
+UNLOAD_PARAMETERS = frozenset({"unload_dependents"})
+
+
+def check_parameters(names: Iterable[str], allowed: frozenset[str]) -> None:
+    """Refuse (InvalidInputError) the parameters of a load/unload request not in ``allowed``."""
+    unknown = sorted(set(names) - allowed)
+    if unknown:
+        raise InvalidInputError(
+            f"parameters {unknown} are not supported (the model is loaded from its export directory)",
+            input_name="parameters",
+        )
 
 
 def discover(root: str | Path) -> list[tuple[str, Path]]:
@@ -102,7 +135,8 @@ class Loaded:
     endpoints: dict[str, str]
     in_flight: int = 0
     retired: bool = False
-    idle: asyncio.Event | None = None
+    #: set once retired and the last request on it has been released
+    idle: threading.Event = field(default_factory=threading.Event)
 
     def kind(self) -> str:
         from .served_generator import ServedGenerator
@@ -117,7 +151,8 @@ class _Entry:
     state: str = UNAVAILABLE
     reason: str = "not loaded"
     loaded: Loaded | None = None
-    lock: asyncio.Lock | None = None
+    #: serialises this model's loads and unloads (held while one builds or drains)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(eq=False)
@@ -145,7 +180,8 @@ class ModelRepository:
     name: str = "repository"
     _entries: dict[str, _Entry] = field(default_factory=dict, init=False)
     _retiring: set[Loaded] = field(default_factory=set, init=False)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    #: guards the bookkeeping shared by the HTTP and gRPC threads
+    _mutex: threading.Lock = field(default_factory=threading.Lock, init=False)
     _closed: bool = field(default=False, init=False)
     _started: bool = field(default=False, init=False)
 
@@ -209,16 +245,20 @@ class ModelRepository:
         self._started = True
         return failed
 
-    def _entry_lock(self, entry: _Entry) -> asyncio.Lock:
-        if entry.lock is None:
-            entry.lock = asyncio.Lock()
-        return entry.lock
-
     async def load(self, name: str) -> None:
         """Load ``name``, or reload it from its directory if loaded (the old one serves
         until the new one is ready, then drains). Raises :class:`HTTPError` 400 when it
         cannot be loaded (a loaded model keeps serving), 404 when there is no such model."""
-        entry = self._entries.get(name)
+        await _in_thread(self._load, name)
+
+    async def unload(self, name: str) -> None:
+        """Take ``name`` out of service; returns once its in-flight requests are answered
+        and its session is closed. Unloading a model that is not loaded is a no-op."""
+        await _in_thread(self._unload, name)
+
+    def _load(self, name: str) -> None:
+        with self._mutex:
+            entry = self._entries.get(name)
         if entry is None:
             # only a direct child of the root: a name such as ".." must not reach outside it
             plain = name not in (".", "..") and not any(c in name for c in "/\\")
@@ -226,13 +266,14 @@ class ModelRepository:
             if path is None or not (path / MANIFEST_NAME).is_file():
                 where = f" and {self.root} has no folder {name!r} with {MANIFEST_NAME}" if self.root else ""
                 raise HTTPError(404, f"unknown model {name!r}: not in the repository{where}")
-            entry = self._entries.setdefault(name, _Entry(name, path))
-        async with self._entry_lock(entry):
+            with self._mutex:
+                entry = self._entries.setdefault(name, _Entry(name, path))
+        with entry.lock:
             old = entry.loaded
             if old is None:
                 entry.state, entry.reason = LOADING, "loading"
             try:
-                new = await asyncio.to_thread(self._build, entry.directory, name)
+                new = self._build(entry.directory, name)
             except Exception as exc:
                 reason = f"failed to load: {exc}"
                 if old is None:
@@ -240,84 +281,90 @@ class ModelRepository:
                 log.warning("model %r failed to load: %s", name, exc)
                 kept = "; the loaded model keeps serving" if old is not None else ""
                 raise HTTPError(400, f"model {name!r} {reason}{kept}") from None
-            if self._closed:
-                await asyncio.to_thread(new.served.close, False)
+            with self._mutex:
+                closed = self._closed
+                if not closed:
+                    entry.loaded, entry.state, entry.reason = new, READY, ""
+            if closed:
+                new.served.close(False)
                 raise HTTPError(503, "the server is shutting down")
-            entry.loaded, entry.state, entry.reason = new, READY, ""
             if old is not None:
-                self._retire_later(old)
+                threading.Thread(target=self._retire, args=(old,), name="ortbatch-retire", daemon=True).start()
 
-    async def unload(self, name: str) -> None:
-        """Take ``name`` out of service; returns once its in-flight requests are answered
-        and its session is closed. Unloading a model that is not loaded is a no-op."""
-        entry = self._entries.get(name)
+    def _unload(self, name: str) -> None:
+        with self._mutex:
+            entry = self._entries.get(name)
         if entry is None:
             raise HTTPError(404, f"unknown model {name!r}")
-        async with self._entry_lock(entry):
-            old = entry.loaded
-            entry.loaded, entry.state, entry.reason = None, UNAVAILABLE, "unloaded"
+        with entry.lock:
+            with self._mutex:
+                old = entry.loaded
+                entry.loaded, entry.state, entry.reason = None, UNAVAILABLE, "unloaded"
             if old is not None:
-                await self._retire(old)
+                self._retire(old)
 
-    def _retire_later(self, old: Loaded) -> None:
-        task = asyncio.ensure_future(self._retire(old))
-        self._tasks.add(task)  # a reference, so the task is not collected while it waits
-        task.add_done_callback(self._tasks.discard)
-
-    async def _retire(self, old: Loaded) -> None:
-        old.retired = True
-        self._retiring.add(old)
+    def _retire(self, old: Loaded) -> None:
+        """Wait for the last request on ``old`` (no new one can reach it), then close it."""
+        with self._mutex:
+            old.retired = True
+            self._retiring.add(old)
+            if old.in_flight == 0:
+                old.idle.set()
         try:
-            if old.in_flight:
-                old.idle = asyncio.Event()
-                await old.idle.wait()
-            await asyncio.to_thread(old.served.close, True)
+            old.idle.wait()
+            old.served.close(True)
         finally:
-            self._retiring.discard(old)
+            with self._mutex:
+                self._retiring.discard(old)
 
     # -- requests ----------------------------------------------------------------------
     def acquire(self, name: str) -> Loaded:
         """The loaded model ``name``, counted as in use until :meth:`release` (404 unknown,
         503 not loaded now)."""
-        entry = self._entries.get(name)
-        if entry is None:
-            raise HTTPError(404, f"unknown model {name!r}; this server serves {sorted(self._entries)}")
-        loaded = entry.loaded
-        if loaded is None or self._closed:
-            raise HTTPError(503, f"model {name!r} is not available: {entry.reason}")
-        loaded.in_flight += 1
-        return loaded
+        with self._mutex:
+            entry = self._entries.get(name)
+            if entry is None:
+                raise HTTPError(404, f"unknown model {name!r}; this server serves {sorted(self._entries)}")
+            loaded = entry.loaded
+            if loaded is None or self._closed:
+                raise HTTPError(503, f"model {name!r} is not available: {entry.reason}")
+            loaded.in_flight += 1
+            return loaded
 
     def release(self, loaded: Loaded) -> None:
-        loaded.in_flight -= 1
-        if loaded.in_flight == 0 and loaded.idle is not None:
-            loaded.idle.set()
+        with self._mutex:
+            loaded.in_flight -= 1
+            if loaded.in_flight == 0 and loaded.retired:
+                loaded.idle.set()
+
+    def _snapshot(self) -> list[_Entry]:
+        with self._mutex:  # a load on another thread may add an entry meanwhile
+            return list(self._entries.values())
 
     def serving(self, endpoint: str) -> list[str]:
         """Names of the loaded models that serve ``endpoint`` (a key of
         :func:`~ortbatch.serve.tasks.served_endpoints`, or ``"completions"``)."""
         return [
-            e.name
-            for e in self._entries.values()
-            if e.loaded is not None and e.loaded.endpoints.get(endpoint, "no") == ""
+            e.name for e in self._snapshot() if e.loaded is not None and e.loaded.endpoints.get(endpoint, "no") == ""
         ]
 
     def loaded(self) -> list[tuple[str, Loaded]]:
-        return [(e.name, e.loaded) for e in self._entries.values() if e.loaded is not None]
+        return [(e.name, e.loaded) for e in self._snapshot() if e.loaded is not None]
 
     # -- views -------------------------------------------------------------------------
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """Triton's repository index: ``{name, version, state, reason}`` per model, and the
         text-in entry (``{name}_text``) of each model that has one."""
         out = []
-        for e in sorted(self._entries.values(), key=lambda e: e.name):
+        for e in sorted(self._snapshot(), key=lambda e: e.name):
             if ready_only and e.state != READY:
                 continue
+            loaded = e.loaded  # read once: an unload on another thread may clear it
             item: dict[str, Any] = {"name": e.name, "state": e.state, "reason": e.reason}
-            if e.loaded is not None:
-                item["version"] = getattr(e.loaded.served, "version", "1")
+            if loaded is not None:
+                item["version"] = getattr(loaded.served, "version", "1")
             out.append(item)
-            text_name = getattr(e.loaded.served, "text_model_name", None) if e.loaded is not None else None
+            text_name = getattr(loaded.served, "text_model_name", None) if loaded is not None else None
             if text_name is not None and text_name not in self._entries:
                 out.append({**item, "name": text_name})
         return out
@@ -337,7 +384,7 @@ class ModelRepository:
         """Every model has been through its startup load (:meth:`load_all`) and at least one
         serves. A model loaded later (a new folder, a reload) does not make the server
         unready while it loads: the others keep serving, and so does a reloaded one."""
-        states = [e.state for e in self._entries.values()]
+        states = [e.state for e in self._snapshot()]
         return self._started and not self._closed and READY in states
 
     @property
@@ -347,7 +394,7 @@ class ModelRepository:
     def status_lines(self) -> list[str]:
         """One line per model, for the server's startup message."""
         lines = []
-        for e in self._entries.values():
+        for e in self._snapshot():
             if e.loaded is None:
                 lines.append(f"model {e.name!r} ({e.directory}): {e.state}, {e.reason}")
                 continue
@@ -357,16 +404,41 @@ class ModelRepository:
 
     def close(self, drain: bool = True) -> None:
         """Close every model (draining queued requests by default). Blocking."""
-        self._closed = True
-        # the models being retired too: closing twice is harmless, and a server that
-        # stops while a reload drains must not leave the old session's threads behind
-        todo = [(e.name, e.loaded) for e in self._entries.values() if e.loaded is not None]
-        todo += [("(retired)", old) for old in list(self._retiring)]
+        with self._mutex:
+            self._closed = True
+            # the models being retired too: closing twice is harmless, and a server that
+            # stops while a reload drains must not leave the old session's threads behind
+            todo = [(e.name, e.loaded) for e in self._entries.values() if e.loaded is not None]
+            todo += [("(retired)", old) for old in list(self._retiring)]
         for name, loaded in todo:
             try:
                 loaded.served.close(drain)
             except Exception:  # one model's close must not keep the others open
                 log.exception("closing model %r failed", name)
+
+
+async def _in_thread(fn: Callable[[str], None], name: str) -> None:
+    """Run ``fn(name)`` in a thread of its own and wait for it. Not the default executor:
+    a load waiting for another load of the same model would hold one of its few threads.
+    The wait is shielded, so a cancelled caller leaves the operation to finish."""
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            fn(name)
+        except BaseException as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+    threading.Thread(target=run, name=f"ortbatch-repository-{fn.__name__.strip('_')}", daemon=True).start()
+    waiting = asyncio.wrap_future(done)
+    try:
+        await asyncio.shield(waiting)
+    except asyncio.CancelledError:
+        # nobody will read the outcome now; say so instead of a "never retrieved" warning
+        waiting.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise
 
 
 def _warm_up(served: Any) -> None:

@@ -39,7 +39,7 @@ from .http import (
 # the one-model collectors, reused per model (their families relabelled with the model)
 from .metrics import ServerMetrics, _GeneratorCollector, _SessionCollector
 from .protocol import loads_json
-from .repository import Loaded, ModelRepository
+from .repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, Loaded, ModelRepository, check_parameters
 
 __all__ = ["BODY_ROUTES", "create_repository_app"]
 
@@ -208,20 +208,15 @@ def create_repository_app(
         params = doc.get("parameters", {})
         if not isinstance(params, dict):
             raise InvalidInputError("'parameters' must be an object", input_name="parameters")
-        unknown = sorted(set(params) - allowed)
-        if unknown:
-            raise InvalidInputError(
-                f"parameters {unknown} are not supported (the model is loaded from its export directory)",
-                input_name="parameters",
-            )
+        check_parameters(params, allowed)
 
     async def load(request: Request) -> Any:
-        parameters(await read_json(request), frozenset())
+        parameters(await read_json(request), LOAD_PARAMETERS)
         await repository.load(request.path_params["name"])
         return json_response({})
 
     async def unload(request: Request) -> Any:
-        parameters(await read_json(request), frozenset({"unload_dependents"}))
+        parameters(await read_json(request), UNLOAD_PARAMETERS)
         await repository.unload(request.path_params["name"])
         return json_response({})
 

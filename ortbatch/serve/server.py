@@ -247,15 +247,14 @@ def _build_app(
     return ApiKeyMiddleware(app, config.api_key) if config.api_key is not None else app
 
 
-def _grpc_server(served: ServedModel | ServedGenerator | ModelRepository, config: ServeConfig) -> GrpcServer | None:
-    """The started gRPC service when ``config.grpc_port`` is set (None otherwise)."""
+def _grpc_server(
+    served: ServedModel | ServedGenerator | ModelRepository, config: ServeConfig, app: Any = None
+) -> GrpcServer | None:
+    """The started gRPC service when ``config.grpc_port`` is set (None otherwise); its
+    requests are counted in ``app``'s ``/metrics``."""
     if config.grpc_port is None:
         return None
-    from .repository import ModelRepository
-
-    if isinstance(served, ModelRepository):
-        raise OrtBatchError("--grpc-port serves one model; with several models, use HTTP (gRPC is not routed yet)")
-    if not isinstance(served, ServedModel):
+    if isinstance(served, ServedGenerator):
         raise OrtBatchError(
             "--grpc-port serves the KServe v2 tensor protocol; a text-generation export is served over "
             "HTTP /v1/completions only"
@@ -270,6 +269,7 @@ def _grpc_server(served: ServedModel | ServedGenerator | ModelRepository, config
         ssl_certfile=config.ssl_certfile,
         ssl_keyfile=config.ssl_keyfile,
         max_message_bytes=config.max_body_bytes,
+        metrics=app.state.metrics if app is not None else None,
     ).start()
 
 
@@ -349,7 +349,7 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
         raise
     try:
         server = uvicorn.Server(_uvicorn_config(app, config))
-        grpc_server = _grpc_server(served, config)
+        grpc_server = _grpc_server(served, config, app)
     except BaseException:
         sock.close()
         served.close(drain=False)
@@ -473,7 +473,7 @@ class BackgroundServer:
 
     def start(self, timeout: float = 30.0) -> BackgroundServer:
         try:
-            self.grpc = _grpc_server(self.model, self.config)
+            self.grpc = _grpc_server(self.model, self.config, self.app)
         except BaseException:
             self._sock.close()
             raise

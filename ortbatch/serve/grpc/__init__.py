@@ -8,6 +8,10 @@ Needs the ``serve`` extra (grpcio, protobuf)::
 
     with GrpcServer(ServedModel.load("exports/minilm"), port=8001) as srv:
         ...  # tritonclient.grpc.InferenceServerClient(srv.address)
+
+``GrpcServer(repository)`` serves every model of a
+:class:`~ortbatch.serve.repository.ModelRepository` (after its ``load_all()``), with the
+repository RPCs (index, load, unload).
 """
 
 from __future__ import annotations
@@ -18,13 +22,21 @@ require("grpc", "serve")
 require("google.protobuf", "serve")
 
 from .codec import decode_infer_request, encode_infer_response  # noqa: E402
-from .service import GrpcCounts, GrpcServer, InferenceServicer, ModelNotFoundError, status_for  # noqa: E402
+from .service import (  # noqa: E402
+    GrpcCounts,
+    GrpcServer,
+    InferenceServicer,
+    ModelNotFoundError,
+    UnsupportedError,
+    status_for,
+)
 
 __all__ = [
     "GrpcCounts",
     "GrpcServer",
     "InferenceServicer",
     "ModelNotFoundError",
+    "UnsupportedError",
     "decode_infer_request",
     "encode_infer_response",
     "status_for",

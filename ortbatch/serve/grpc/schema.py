@@ -110,6 +110,33 @@ _MESSAGES: dict[str, list[_Field]] = {
     ],
     "ModelStreamInferResponse": [("error_message", 1, "string"), ("infer_response", 2, "ModelInferResponse")],
     "ModelConfigRequest": [("name", 1, "string"), ("version", 2, "string")],
+    # the model repository extension (grpc_service.proto), served by a ModelRepository
+    "ModelRepositoryParameter": [
+        ("bool_param", 1, "bool", "parameter_choice"),
+        ("int64_param", 2, "int64", "parameter_choice"),
+        ("string_param", 3, "string", "parameter_choice"),
+        ("bytes_param", 4, "bytes", "parameter_choice"),
+    ],
+    "RepositoryIndexRequest": [("repository_name", 1, "string"), ("ready", 2, "bool")],
+    "RepositoryIndexResponse": [("models", 1, "repeated RepositoryIndexResponse.ModelIndex")],
+    "RepositoryIndexResponse.ModelIndex": [
+        ("name", 1, "string"),
+        ("version", 2, "string"),
+        ("state", 3, "string"),
+        ("reason", 4, "string"),
+    ],
+    "RepositoryModelLoadRequest": [
+        ("repository_name", 1, "string"),
+        ("model_name", 2, "string"),
+        ("parameters", 3, "map<ModelRepositoryParameter>"),
+    ],
+    "RepositoryModelLoadResponse": [],
+    "RepositoryModelUnloadRequest": [
+        ("repository_name", 1, "string"),
+        ("model_name", 2, "string"),
+        ("parameters", 3, "map<ModelRepositoryParameter>"),
+    ],
+    "RepositoryModelUnloadResponse": [],
     "ModelConfigResponse": [("config", 1, "ModelConfig")],
     # model_config.proto (same package), the parts ServedModel.triton_config() fills
     "ModelConfig": [

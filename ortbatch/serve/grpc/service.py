@@ -1,15 +1,22 @@
 """The KServe v2 ``inference.GRPCInferenceService`` over one
-:class:`~ortbatch.serve.model.ServedModel`: ServerLive/Ready, ModelReady,
-ServerMetadata, ModelMetadata, ModelConfig (as Triton answers it), ModelInfer and the
-bidirectional ModelStreamInfer, on a grpcio asyncio server.
+:class:`~ortbatch.serve.model.ServedModel` or every model of a
+:class:`~ortbatch.serve.repository.ModelRepository`: ServerLive/Ready, ModelReady,
+ServerMetadata, ModelMetadata, ModelConfig (as Triton answers it), ModelInfer, the
+bidirectional ModelStreamInfer and, for a repository, RepositoryIndex,
+RepositoryModelLoad and RepositoryModelUnload, on a grpcio asyncio server.
 
 Requests go to the model's one BatchedSession, so gRPC callers are batched together
 with HTTP and in-process ones. Errors map to status codes at one place,
 :func:`status_for`, the way Triton maps them: bad input INVALID_ARGUMENT, unknown
 model NOT_FOUND, queue full RESOURCE_EXHAUSTED, deadline DEADLINE_EXCEEDED, shutting
-down UNAVAILABLE, a missing or wrong API key UNAUTHENTICATED; INTERNAL only for a
-fault of the model run or of the server itself. The rest of Triton's service
-(statistics, repository, shared memory, trace, log settings) answers UNIMPLEMENTED.
+down or a model not loaded UNAVAILABLE, a missing or wrong API key UNAUTHENTICATED,
+an RPC this server or model does not serve UNIMPLEMENTED; INTERNAL only for a fault of
+the model run or of the server itself. The rest of Triton's service (statistics, shared
+memory, trace, log settings) answers UNIMPLEMENTED.
+
+Every answered request is counted in the server's ``/metrics`` (``ortbatch_grpc_*``,
+:class:`~ortbatch.serve.metrics.GrpcMetrics`) when the server is given the HTTP side's
+:class:`~ortbatch.serve.metrics.ServerMetrics`.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,20 +41,20 @@ from ...errors import (
     SessionClosedError,
 )
 from ..auth import ApiKey
+from ..http import HTTPError
+from ..metrics import GrpcMetrics, ServerMetrics
 from ..model import ServedModel
-from .codec import decode_infer_request, encode_infer_response
+from ..repository import ModelRepository
+from .codec import decode_infer_request, encode_infer_response, parameters
+from .routing import ModelNotFoundError, UnsupportedError, router_for
 from .schema import PACKAGE, SERVICE, message
 
-__all__ = ["GrpcCounts", "GrpcServer", "ModelNotFoundError", "InferenceServicer", "status_for"]
+__all__ = ["GrpcCounts", "GrpcServer", "InferenceServicer", "ModelNotFoundError", "UnsupportedError", "status_for"]
 
 log = logging.getLogger("ortbatch.serve")
 
 #: RPCs that answer without an API key, like HTTP's /v2/health/live and /ready.
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})
-
-
-class ModelNotFoundError(OrtBatchError, LookupError):
-    """The request names a model (or version) this server does not serve."""
 
 
 @dataclass
@@ -73,67 +81,117 @@ def status_for(exc: BaseException) -> tuple[Any, str]:
         return code.DEADLINE_EXCEEDED, str(exc)
     if isinstance(exc, SessionClosedError):
         return code.UNAVAILABLE, str(exc)
+    if isinstance(exc, UnsupportedError):
+        return code.UNIMPLEMENTED, str(exc)
     if isinstance(exc, InferenceError):
         return code.INTERNAL, str(exc)
+    if isinstance(exc, HTTPError):  # the repository's answers (unknown model, not loaded, load failed)
+        return _HTTP_CODES.get(exc.status, code.INVALID_ARGUMENT if exc.status < 500 else code.INTERNAL), str(exc)
     return code.INTERNAL, f"internal server error: {exc!r}"
 
 
+def _http_codes() -> dict[int, Any]:
+    grpc = require("grpc", "serve")
+    code = grpc.StatusCode
+    return {
+        400: code.INVALID_ARGUMENT,
+        401: code.UNAUTHENTICATED,
+        404: code.NOT_FOUND,
+        408: code.DEADLINE_EXCEEDED,
+        413: code.RESOURCE_EXHAUSTED,
+        429: code.RESOURCE_EXHAUSTED,
+        501: code.UNIMPLEMENTED,
+        503: code.UNAVAILABLE,
+        504: code.DEADLINE_EXCEEDED,
+    }
+
+
+# The gRPC status of each HTTP status the repository answers with (as Triton's HTTP and
+# gRPC front ends map the same server errors).
+_HTTP_CODES = _http_codes()
+
+
 class InferenceServicer:
-    """The service's handlers (``await servicer.ModelInfer(request, context)``)."""
+    """The service's handlers (``await servicer.ModelInfer(request, context)``).
 
-    def __init__(self, model: ServedModel) -> None:
+    Args:
+        model: a ServedModel (and its ``{name}_text`` entry), or a ModelRepository whose
+            models are reached by the request's model name (and version).
+        metrics: where each request of a ModelStreamInfer stream is counted (the unary
+            RPCs are counted by the server's handlers).
+    """
+
+    def __init__(self, model: ServedModel | ModelRepository, metrics: GrpcMetrics | None = None) -> None:
         self.model = model
+        self.router = router_for(model)
+        self.metrics = metrics
         self.counts = GrpcCounts()
-
-    def _find(self, name: str, version: str) -> Any:
-        m = self.model
-        if name == m.text_model_name:  # the text-in entry, as over HTTP (serve/textview.py)
-            from ..textview import TextModelView
-
-            return TextModelView(m)
-        if name != m.name:
-            raise ModelNotFoundError(f"unknown model {name!r}; this server serves {m.name!r}")
-        if version and version != m.version:
-            raise ModelNotFoundError(f"unknown version {version!r} of model {name!r}; served: {m.version!r}")
-        return m
 
     # -- health and metadata ------------------------------------------------------------
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return message("ServerLiveResponse")(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return message("ServerReadyResponse")(ready=self.model.ready)
+        return message("ServerReadyResponse")(ready=self.router.ready)
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        try:
-            ready = self._find(request.name, request.version).ready
-        except ModelNotFoundError:
-            ready = False
-        return message("ModelReadyResponse")(ready=ready)
+        return message("ModelReadyResponse")(ready=self.router.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return message("ServerMetadataResponse")(name="ortbatch", version=__version__, extensions=[])
+        return message("ServerMetadataResponse")(
+            name="ortbatch", version=__version__, extensions=list(self.router.extensions)
+        )
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         from google.protobuf import json_format
 
-        doc = self._find(request.name, request.version).metadata()
+        with self.router.hold(request.name, request.version) as m:
+            doc = m.metadata()
         return json_format.ParseDict(doc, message("ModelMetadataResponse")(), ignore_unknown_fields=True)
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         from google.protobuf import json_format
 
-        doc = self._find(request.name, request.version).triton_config()
+        with self.router.hold(request.name, request.version) as m:
+            doc = m.triton_config()
         response = message("ModelConfigResponse")()
         json_format.ParseDict(doc, response.config, ignore_unknown_fields=True)
         return response
 
+    # -- model repository ---------------------------------------------------------------
+    @staticmethod
+    def _check_repository_name(request: Any) -> None:
+        if request.repository_name:  # as Triton answers it
+            raise UnsupportedError(
+                f"'repository_name' specification is not supported (got {request.repository_name!r}): "
+                "this server has one repository"
+            )
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        self._check_repository_name(request)
+        response = message("RepositoryIndexResponse")()
+        for item in self.router.index(request.ready):
+            response.models.add(
+                name=item["name"], version=item.get("version", ""), state=item["state"], reason=item["reason"]
+            )
+        return response
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        self._check_repository_name(request)
+        await self.router.load(_model_name(request), parameters(request.parameters))
+        return message("RepositoryModelLoadResponse")()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        self._check_repository_name(request)
+        await self.router.unload(_model_name(request), parameters(request.parameters))
+        return message("RepositoryModelUnloadResponse")()
+
     # -- inference ----------------------------------------------------------------------
     async def _infer(self, request: Any) -> Any:
-        m = self._find(request.model_name, request.model_version)
-        req = decode_infer_request(request)
-        outputs = await m.infer(req)
-        return encode_infer_response(m.name, m.version, outputs, req.id)
+        with self.router.hold(request.model_name, request.model_version) as m:
+            req = decode_infer_request(request)
+            outputs = await m.infer(req)
+            return encode_infer_response(m.name, m.version, outputs, req.id)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         self.counts.accepted += 1
@@ -151,10 +209,15 @@ class InferenceServicer:
         stream_response = message("ModelStreamInferResponse")
 
         async def one(request: Any) -> None:
+            started = time.perf_counter()
+            code = "OK"
+            if self.metrics is not None:
+                self.metrics.in_flight.inc()
             try:
                 response = stream_response(infer_response=await self._infer(request))
             except Exception as exc:
-                _, text = status_for(exc)
+                status, text = status_for(exc)
+                code = status.name
                 _log_internal(exc)
                 response = stream_response(
                     error_message=text,
@@ -164,6 +227,9 @@ class InferenceServicer:
                 )
             finally:
                 self.counts.answered += 1
+                if self.metrics is not None:
+                    self.metrics.in_flight.dec()
+                    self.metrics.observe("ModelStreamInfer", code, started)
             async with write_lock:
                 await context.write(response)
 
@@ -180,8 +246,14 @@ class InferenceServicer:
                 task.cancel()
 
 
+def _model_name(request: Any) -> str:
+    if not request.model_name:
+        raise InvalidInputError("'model_name' must be a non-empty string")
+    return str(request.model_name)
+
+
 def _log_internal(exc: BaseException) -> None:
-    if not isinstance(exc, (OrtBatchError, asyncio.CancelledError)):
+    if not isinstance(exc, (OrtBatchError, HTTPError, asyncio.CancelledError)):
         log.exception("internal error", exc_info=exc)
 
 
@@ -209,32 +281,54 @@ _UNARY = {
     "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
     "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
     "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
+    "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
+    "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
+    "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
 }
 
 
-def _handlers(servicer: InferenceServicer, api_key: ApiKey | None) -> Any:
+def _handlers(servicer: InferenceServicer, api_key: ApiKey | None, metrics: GrpcMetrics | None) -> Any:
     grpc = require("grpc", "serve")
 
     def guard(method: str, request_type: str, streaming: bool) -> Callable[[Any, Any], Awaitable[Any]]:
         fn = getattr(servicer, method)
 
         async def handler(data: Any, context: Any) -> Any:
-            if api_key is not None and method not in OPEN_METHODS:
-                value = dict(context.invocation_metadata() or ()).get("authorization")
-                if not api_key.allows(value):
-                    what = "missing API key" if value is None else "invalid API key"
-                    await context.abort(
-                        grpc.StatusCode.UNAUTHENTICATED, f"{what}: send the metadata 'authorization: Bearer <key>'"
-                    )
+            started = time.perf_counter()
+            outcome = "OK"
+            # a stream's requests are counted one by one (ModelStreamInfer); the stream
+            # itself only when it is refused as a whole
+            counted = metrics is not None and not streaming
+            if counted:
+                metrics.in_flight.inc()  # type: ignore[union-attr]
             try:
-                request = _parsed(request_type, data) if streaming else _parse(request_type, data)
-                return await fn(request, context)
-            except Exception as exc:
-                if isinstance(exc, grpc.aio.AbortError):  # the handler already chose its status
-                    raise
-                code, text = status_for(exc)
-                _log_internal(exc)
-                await context.abort(code, text)
+                if api_key is not None and method not in OPEN_METHODS:
+                    value = dict(context.invocation_metadata() or ()).get("authorization")
+                    if not api_key.allows(value):
+                        what = "missing API key" if value is None else "invalid API key"
+                        outcome = grpc.StatusCode.UNAUTHENTICATED.name
+                        await context.abort(
+                            grpc.StatusCode.UNAUTHENTICATED, f"{what}: send the metadata 'authorization: Bearer <key>'"
+                        )
+                try:
+                    request = _parsed(request_type, data) if streaming else _parse(request_type, data)
+                    return await fn(request, context)
+                except Exception as exc:
+                    if isinstance(exc, grpc.aio.AbortError):  # the handler already chose its status
+                        raise
+                    code, text = status_for(exc)
+                    outcome = code.name
+                    _log_internal(exc)
+                    await context.abort(code, text)
+            except asyncio.CancelledError:  # the client went away, or its deadline passed
+                remaining = context.time_remaining()
+                outcome = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+                raise
+            finally:
+                if counted:
+                    metrics.in_flight.dec()  # type: ignore[union-attr]
+                if metrics is not None and (counted or outcome != "OK"):
+                    metrics.observe(method, outcome, started)
 
         return handler
 
@@ -260,17 +354,21 @@ class GrpcServer:
     run by a grpcio asyncio server on its own thread and event loop.
 
     Args:
-        model: the served model (its session is *not* closed by :meth:`stop`).
+        model: the served model, or a model repository (whose models are reached by
+            the request's model name; the repository RPCs load and unload them). It is
+            *not* closed by :meth:`stop`.
         api_key: when set, every RPC but ServerLive/ServerReady needs the metadata
             ``authorization: Bearer <api_key>``.
         ssl_certfile / ssl_keyfile: PEM files for TLS (both or neither).
         max_message_bytes: largest request or response message (grpcio's default is
             4 MiB; a bigger request is RESOURCE_EXHAUSTED).
+        metrics: the HTTP server's :class:`~ortbatch.serve.metrics.ServerMetrics`, so
+            its ``/metrics`` counts the gRPC requests too (``ortbatch_grpc_*``).
     """
 
     def __init__(
         self,
-        model: ServedModel,
+        model: ServedModel | ModelRepository,
         *,
         host: str = "127.0.0.1",
         port: int = 8001,
@@ -278,11 +376,13 @@ class GrpcServer:
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         require("grpc", "serve")
         if (ssl_certfile is None) != (ssl_keyfile is None):
             raise OrtBatchError("TLS needs both --ssl-certfile and --ssl-keyfile")
-        self.servicer = InferenceServicer(model)
+        self._metrics = metrics.grpc() if metrics is not None else None
+        self.servicer = InferenceServicer(model, self._metrics)
         self.host = host
         self.port = port
         self.tls = ssl_certfile is not None
@@ -327,7 +427,7 @@ class GrpcServer:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers((_handlers(self.servicer, self._api_key),))
+        server.add_generic_rpc_handlers((_handlers(self.servicer, self._api_key, self._metrics),))
         address = _address(self.host, self.port)
         try:
             if self.tls:

@@ -1,0 +1,168 @@
+"""Which model a gRPC request reaches: the one model of ``ortbatch serve DIR``, or a model
+of a :class:`~ortbatch.serve.repository.ModelRepository` (``ortbatch serve --repository
+ROOT`` or several DIRs), by the request's model name and version.
+
+Both routers answer the same questions for :class:`~.service.InferenceServicer`, with the
+words the HTTP side uses for the same case: an unknown model is NOT_FOUND, a repository
+model that is loading or unloaded UNAVAILABLE (HTTP's 503), a text-generation export
+UNIMPLEMENTED for the tensor RPCs (it is served over HTTP ``/v1/completions``). A request
+holds its repository model (:meth:`ModelRepository.acquire`) until it is answered, so an
+unload or reload waits for it, as for an HTTP request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ...errors import OrtBatchError
+from ..model import ServedModel
+from ..repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, ModelRepository, check_parameters
+
+__all__ = ["ModelNotFoundError", "OneModel", "RepositoryModels", "Router", "UnsupportedError", "router_for"]
+
+
+class ModelNotFoundError(OrtBatchError, LookupError):
+    """The request names a model (or version) this server does not serve."""
+
+
+class UnsupportedError(OrtBatchError):
+    """The RPC is not served for this model or by this server (gRPC UNIMPLEMENTED, as
+    Triton answers its UNSUPPORTED errors)."""
+
+
+def _tensor_face(served: Any, name: str, version: str) -> Any:
+    """What answers the tensor RPCs for entry ``name`` of ``served``: the model itself, or
+    its text-in view ``{name}_text``."""
+    if not isinstance(served, ServedModel):
+        raise UnsupportedError(
+            f"model {name!r} is a text-generation export: it is served over HTTP /v1/completions and "
+            "/v1/chat/completions, not by the KServe v2 tensor RPCs"
+        )
+    if name == served.text_model_name:  # the text-in entry, as over HTTP (serve/textview.py)
+        from ..textview import TextModelView
+
+        found: Any = TextModelView(served)
+    elif name == served.name:
+        found = served
+    else:
+        raise ModelNotFoundError(f"unknown model {name!r}; this server serves {served.name!r}")
+    if version and version != served.version:
+        raise ModelNotFoundError(f"unknown version {version!r} of model {name!r}; served: {served.version!r}")
+    return found
+
+
+def _no_repository() -> UnsupportedError:
+    return UnsupportedError(
+        "this server serves one model: the repository RPCs need a model repository "
+        "(ortbatch serve --repository ROOT, or several DIRs)"
+    )
+
+
+class Router:
+    """What the servicer asks about the models it serves."""
+
+    #: ServerMetadata's extensions
+    extensions: tuple[str, ...] = ()
+
+    @property
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def model_ready(self, name: str, version: str) -> bool:
+        """ModelReady: false (never an error) for a model that cannot answer now."""
+        try:
+            with self.hold(name, version) as found:
+                return bool(found.ready)
+        except OrtBatchError:
+            return False
+
+    def hold(self, name: str, version: str) -> Any:
+        """A context manager giving the model (or text view) that answers ``name``."""
+        raise NotImplementedError
+
+    def index(self, ready_only: bool) -> list[dict[str, Any]]:
+        raise _no_repository()
+
+    async def load(self, name: str, parameters: dict[str, Any]) -> None:
+        raise _no_repository()
+
+    async def unload(self, name: str, parameters: dict[str, Any]) -> None:
+        raise _no_repository()
+
+
+class OneModel(Router):
+    """The one model of ``ortbatch serve DIR`` and its ``{name}_text`` entry."""
+
+    def __init__(self, model: ServedModel) -> None:
+        self.model = model
+
+    @property
+    def ready(self) -> bool:
+        return self.model.ready
+
+    @contextmanager
+    def hold(self, name: str, version: str) -> Iterator[Any]:
+        yield _tensor_face(self.model, name, version)
+
+
+class RepositoryModels(Router):
+    """Every model of a repository, by name; and its index, load and unload."""
+
+    extensions = ("model_repository",)
+
+    def __init__(self, repository: ModelRepository) -> None:
+        self.repository = repository
+
+    @property
+    def ready(self) -> bool:
+        return self.repository.ready
+
+    @contextmanager
+    def hold(self, name: str, version: str) -> Iterator[Any]:
+        repo = self.repository
+        if not name:
+            raise ModelNotFoundError("the request names no model")
+        loaded = repo.acquire(repo.base_name(name))  # HTTPError 404 / 503: NOT_FOUND / UNAVAILABLE
+        try:
+            yield _tensor_face(loaded.served, name, version)
+        finally:
+            repo.release(loaded)
+
+    def model_ready(self, name: str, version: str) -> bool:
+        repo = self.repository
+        try:
+            loaded = repo.acquire(repo.base_name(name))
+        except Exception:  # unknown, loading or unloaded
+            return False
+        try:
+            served = loaded.served
+            if name not in (served.name, getattr(served, "text_model_name", None)):
+                return False
+            if version and version != getattr(served, "version", "1"):
+                return False
+            return bool(served.ready)  # a generation export is ready too: it serves HTTP
+        finally:
+            repo.release(loaded)
+
+    def index(self, ready_only: bool) -> list[dict[str, Any]]:
+        return self.repository.index(ready_only=ready_only)
+
+    async def load(self, name: str, parameters: dict[str, Any]) -> None:
+        check_parameters(parameters, LOAD_PARAMETERS)
+        await self.repository.load(name)
+
+    async def unload(self, name: str, parameters: dict[str, Any]) -> None:
+        check_parameters(parameters, UNLOAD_PARAMETERS)
+        await self.repository.unload(name)
+
+
+def router_for(served: ServedModel | ModelRepository) -> Router:
+    if isinstance(served, ModelRepository):
+        return RepositoryModels(served)
+    if isinstance(served, ServedModel):
+        return OneModel(served)
+    raise OrtBatchError(
+        "gRPC serves the KServe v2 tensor protocol; a text-generation export is served over HTTP /v1/completions only"
+    )
