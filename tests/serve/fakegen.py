@@ -41,6 +41,10 @@ class FakeGenerator:
         threading.Thread(target=self._run, args=(fut, len(prompt), max_new_tokens, on_token), daemon=True).start()
         return fut
 
+    def generate(self, prompt: Any, max_new_tokens: int, **sampling: Any) -> Any:
+        """The blocking call (what a repository's warm-up runs)."""
+        return self.submit(prompt, max_new_tokens, **sampling).result()
+
     def _run(self, fut: Future[Any], n_prompt: int, n: int, on_token: Any) -> None:
         text = ""
         for i in range(n):

@@ -385,3 +385,79 @@ def test_text_input_over_grpc_equals_http(encoder_dir):
         out = httpx.post(srv.url + "/v2/models/tiny/infer", json=body).json()["outputs"][0]
     want = np.array(out["data"], np.float32).reshape(out["shape"])
     np.testing.assert_array_equal(result.as_numpy("last_hidden_state"), want)
+
+
+def _grpc_samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every ``ortbatch_grpc_*`` sample of ``/metrics``, by (sample name, sorted labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        if family.name.startswith("ortbatch_grpc_"):
+            for s in family.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_grpc_requests_are_counted_in_metrics_by_method_and_code(both):
+    """Each answered RPC is one count (and one latency observation) under its method and
+    status code, next to the HTTP families; each request of a stream counts as one."""
+    before = _grpc_samples(both.url)
+    x, k = np.zeros((1, 3), np.float32), np.zeros((1, 1), np.int32)
+    client = grpcclient.InferenceServerClient(both.grpc.address)
+    try:
+        for _ in range(3):
+            client.infer("adder", _inputs(x, k))
+        assert client.is_server_live()
+        with pytest.raises(InferenceServerException):
+            client.get_model_metadata("missing")
+    finally:
+        client.close()
+    with pytest.raises(grpc.RpcError):
+        _call(both, "ModelInfer", _infer_request(x_datatype="INT32"))
+    results: list = []
+    finished = threading.Event()
+    stream = grpcclient.InferenceServerClient(both.grpc.address)
+    try:
+        stream.start_stream(lambda result, error: (results.append(error), len(results) == 3 and finished.set()))
+        stream.async_stream_infer("adder", _inputs(x, k))
+        stream.async_stream_infer("adder", _inputs(x, k))
+        stream.async_stream_infer("missing", _inputs(x, k))
+        assert finished.wait(30)
+        stream.stop_stream()
+    finally:
+        stream.close()
+    after = _grpc_samples(both.url)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    total = "ortbatch_grpc_requests_total"
+    assert delta(total, method="ModelInfer", code="OK") == 3
+    assert delta(total, method="ModelInfer", code="INVALID_ARGUMENT") == 1
+    assert delta(total, method="ServerLive", code="OK") == 1
+    assert delta(total, method="ModelMetadata", code="NOT_FOUND") == 1
+    assert delta(total, method="ModelStreamInfer", code="OK") == 2
+    assert delta(total, method="ModelStreamInfer", code="NOT_FOUND") == 1
+    hist = "ortbatch_grpc_request_duration_seconds"
+    assert delta(hist + "_count", method="ModelInfer", code="OK") == 3
+    assert delta(hist + "_bucket", method="ModelInfer", code="OK", le="+Inf") == 3
+    assert delta(hist + "_sum", method="ModelInfer", code="OK") > 0
+    assert after[("ortbatch_grpc_requests_in_flight", ())] == 0
+    # the labels are the service's method names and status code names only
+    methods = {dict(labels)["method"] for name, labels in after if name == total}
+    assert methods <= {
+        "ModelInfer",
+        "ServerLive",
+        "ModelMetadata",
+        "ModelStreamInfer",
+        "ModelReady",
+        "ServerReady",
+        "ModelConfig",
+        "ServerMetadata",
+    }, methods
+
+
+def test_a_server_without_grpc_exports_no_grpc_metrics(adder_server):
+    assert "ortbatch_grpc" not in httpx.get(adder_server.url + "/metrics").text

@@ -370,9 +370,7 @@ def test_cli_strict_and_bad_arguments_exit_2_without_a_traceback(repo_root, task
         assert message in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
 
 
-def test_api_key_locks_every_model_and_grpc_is_refused(task_dirs):
-    from ortbatch.serve.server import _grpc_server
-
+def test_api_key_locks_every_model(task_dirs):
     key = "k" * 32
     config = ServeConfig(port=0, access_log=False, log_level="warning", api_key=key)
     repo = ModelRepository([("sentiment", task_dirs["sentiment"])], config=config)
@@ -384,5 +382,3 @@ def test_api_key_locks_every_model_and_grpc_is_refused(task_dirs):
         r = httpx.post(srv.url + "/v1/classify", json=body, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200, r.text
         assert httpx.get(srv.url + "/v2/health/ready").status_code == 200  # health stays open
-    with pytest.raises(OrtBatchError, match="--grpc-port serves one model"):
-        _grpc_server(repo, ServeConfig(grpc_port=0))
