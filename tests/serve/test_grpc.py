@@ -461,3 +461,27 @@ def test_grpc_requests_are_counted_in_metrics_by_method_and_code(both):
 
 def test_a_server_without_grpc_exports_no_grpc_metrics(adder_server):
     assert "ortbatch_grpc" not in httpx.get(adder_server.url + "/metrics").text
+
+
+def test_the_schema_matches_tritonclients_stubs_field_for_field():
+    """Every field this server declares has the number, type and label of Triton's own
+    ``grpc_service.proto`` / ``model_config.proto`` (as tritonclient's generated stubs
+    carry them), so a mistyped field number cannot slip through."""
+    from ortbatch.serve.grpc.schema import _ENUMS, _MESSAGES, message
+
+    config_types = service_pb2.model__config__pb2.DESCRIPTOR.message_types_by_name
+    for full in _MESSAGES:
+        top, *nested = full.split(".")
+        ref = config_types[top] if top in config_types else service_pb2.DESCRIPTOR.message_types_by_name[top]
+        for part in nested:
+            ref = ref.nested_types_by_name[part]
+        for field in message(full).DESCRIPTOR.fields:
+            theirs = ref.fields_by_name[field.name]
+            assert (field.number, field.type, field.label) == (theirs.number, theirs.type, theirs.label), (
+                full,
+                field.name,
+            )
+            if field.message_type is not None and not field.message_type.GetOptions().map_entry:
+                assert field.message_type.full_name == theirs.message_type.full_name, (full, field.name)
+    data_type = service_pb2.model__config__pb2.DataType
+    assert {v: data_type.Value(v) for v in _ENUMS["DataType"]} == {v: i for i, v in enumerate(_ENUMS["DataType"])}
