@@ -360,3 +360,112 @@ def test_cli_serves_grpc_on_a_repository(serve_process, tmp_path, task_dirs):
     proc.terminate()
     assert proc.wait(60) == 0
     assert "gRPC accepted=1 answered=1" in proc.text()
+
+
+def test_reload_and_unload_from_both_sides_under_grpc_and_http_load(tmp_path, task_dirs):
+    """gRPC and HTTP clients on two models while one is reloaded and unloaded, the
+    commands alternating between gRPC and HTTP (the two sides run on different event
+    loops and share the repository): the other model never fails, the changing one
+    answers the old or the new export's logits or UNAVAILABLE/503 naming it, nothing is
+    mixed up, and every retired model is closed."""
+    import shutil
+
+    from tinytasks import build_classifier
+
+    old_src = build_classifier(tmp_path / "old-src", 3, seed=1)
+    new_src = build_classifier(tmp_path / "new-src", 3, seed=7)
+    root = tmp_path / "repo"
+    (root / "cls").mkdir(parents=True)
+    for f in old_src.iterdir():
+        shutil.copy(f, root / "cls" / f.name)
+    (root / "rr").symlink_to(task_dirs["reranker"], target_is_directory=True)
+    text = "the quick brown fox"
+    e = Tokenizer.from_file(str(old_src / "tokenizer.json")).encode(text)
+    expected = {k: run_alone(d, e.ids, e.type_ids) for k, d in (("old", old_src), ("new", new_src))}
+    assert not np.allclose(expected["old"], expected["new"], atol=1e-3)
+    rr_expected = run_alone(task_dirs["reranker"], e.ids, e.type_ids)
+    feed = {"input_ids": e.ids, "attention_mask": [1] * len(e.ids), "token_type_ids": e.type_ids}
+
+    repo = ModelRepository(root=root, config=CONFIG)
+    assert repo.load_all() == []
+    stop = threading.Event()
+    seen: dict[str, list[Any]] = {"cls": [], "rr": []}
+    problems: list[str] = []
+
+    def grpc_client(model: str) -> None:
+        c = grpcclient.InferenceServerClient(srv.grpc.address)
+        inputs = []
+        for name, values in feed.items():
+            t = grpcclient.InferInput(name, [1, len(values)], "INT64")
+            t.set_data_from_numpy(np.array([values], np.int64))
+            inputs.append(t)
+        try:
+            while not stop.is_set():
+                try:
+                    seen[model].append(c.infer(model, inputs).as_numpy("logits")[0])
+                except InferenceServerException as exc:
+                    seen[model].append(exc.status())
+                    if model != "cls" or exc.status() != "StatusCode.UNAVAILABLE" or "'cls'" not in exc.message():
+                        problems.append(f"grpc {model}: {exc.status()} {exc.message()}")
+        finally:
+            c.close()
+
+    def http_client(model: str) -> None:
+        body = {"inputs": [{"name": n, "datatype": "INT64", "shape": [1, len(v)], "data": v} for n, v in feed.items()]}
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            while not stop.is_set():
+                r = c.post(f"/v2/models/{model}/infer", json=body)
+                if r.status_code != 200:
+                    seen[model].append(r.status_code)
+                    if model != "cls" or r.status_code != 503 or "'cls'" not in r.text:
+                        problems.append(f"http {model}: {r.status_code} {r.text}")
+                    continue
+                out = next(o for o in r.json()["outputs"] if o["name"] == "logits")
+                seen[model].append(np.array(out["data"], np.float32).reshape(out["shape"])[0])
+
+    def swap_in(src: Path) -> None:
+        for f in ("model.onnx", "ortbatch.json", "config.json", "tokenizer.json"):
+            tmp = root / "cls" / (f + ".new")
+            shutil.copy(src / f, tmp)
+            tmp.replace(root / "cls" / f)
+
+    with BackgroundServer(repo, CONFIG) as srv:
+        assert srv.grpc is not None
+        threads = [
+            threading.Thread(target=fn, args=(m,)) for fn in (grpc_client, http_client) for m in ("cls", "cls", "rr")
+        ]
+        for t in threads:
+            t.start()
+        admin = grpcclient.InferenceServerClient(srv.grpc.address)
+        try:
+            swap_in(new_src)
+            admin.load_model("cls")  # gRPC reload
+            swap_in(old_src)
+            assert httpx.post(srv.url + "/v2/repository/models/cls/load", timeout=60).status_code == 200
+            admin.unload_model("cls")
+            assert not admin.is_model_ready("cls")
+            swap_in(new_src)
+            assert httpx.post(srv.url + "/v2/repository/models/cls/load", timeout=60).status_code == 200
+            assert admin.is_model_ready("cls")
+            while sum(isinstance(x, np.ndarray) for x in seen["cls"][-8:]) < 8:
+                threading.Event().wait(0.05)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+            admin.close()
+    assert not problems, problems[:5]
+    answers = [x for x in seen["cls"] if isinstance(x, np.ndarray)]
+    kinds = set()
+    for a in answers:
+        match = [k for k, v in expected.items() if np.allclose(a, v, atol=1e-5)]
+        kinds.add(match[0] if match else "neither")
+    assert kinds == {"old", "new"}, kinds
+    assert np.allclose(answers[-1], expected["new"], atol=1e-5)
+    assert seen["rr"] and all(isinstance(x, np.ndarray) for x in seen["rr"])
+    np.testing.assert_allclose(np.array(seen["rr"]), np.broadcast_to(rr_expected, (len(seen["rr"]), 1)), atol=1e-5)
+    for _ in range(1000):  # every retired model is closed (its thread may still be closing it)
+        if not repo._retiring:
+            break
+        threading.Event().wait(0.01)
+    assert not repo._retiring
