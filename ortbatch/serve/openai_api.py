@@ -357,6 +357,13 @@ def render_bounded(template: ChatTemplate, messages: list[dict[str, Any]], timeo
     return text
 
 
+def prompt_char_limit(generator: Any) -> int:
+    """The longest text prompt taken: as long as the context could ever hold, at a
+    generous 32 characters a token (and never below the text endpoints' limit)."""
+    context = int(getattr(generator.layout, "max_context_length", 0) or 0)
+    return max(DEFAULT_MAX_TEXT_CHARS, 32 * context)
+
+
 def _submit_all(
     generator: Any,
     req: CompletionRequest,
@@ -440,9 +447,7 @@ class _CompletionsEndpoint:
         self.generator = served.generator
         self.template = served.chat_template
         self.body = body
-        # a prompt may be as long as the context could ever hold, at a generous 32 characters a token
-        context = int(getattr(self.generator.layout, "max_context_length", 0) or 0)
-        self.max_chars = max(DEFAULT_MAX_TEXT_CHARS, 32 * context)
+        self.max_chars = prompt_char_limit(self.generator)
 
     async def completions(self, request: Any) -> Any:
         doc = await read_openai_body(request, self.body, self.served.name)

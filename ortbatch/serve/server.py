@@ -254,11 +254,6 @@ def _grpc_server(
     requests are counted in ``app``'s ``/metrics``."""
     if config.grpc_port is None:
         return None
-    if isinstance(served, ServedGenerator):
-        raise OrtBatchError(
-            "--grpc-port serves the KServe v2 tensor protocol; a text-generation export is served over "
-            "HTTP /v1/completions only"
-        )
     from .grpc import GrpcServer
 
     return GrpcServer(

@@ -163,14 +163,15 @@ def test_unknown_models_versions_and_generation_exports(client):
     with pytest.raises(InferenceServerException) as err:
         client.get_model_metadata("sentiment", "7")
     assert _status(err) == "NOT_FOUND" and "unknown version '7'" in err.value.message()
-    # a text-generation export: ready (it serves HTTP), but no tensor RPCs, and it says where to go
+    # a text-generation export: a decoupled model, so no unary ModelInfer, and it says where to go
     assert client.is_model_ready("gen")
-    t = grpcclient.InferInput("text", [1], "BYTES")
+    assert client.get_model_config("gen").config.model_transaction_policy.decoupled
+    t = grpcclient.InferInput("text_input", [1], "BYTES")
     t.set_data_from_numpy(np.array(["hi"], dtype=object))
-    for call in (lambda: client.infer("gen", [t]), lambda: client.get_model_metadata("gen")):
-        with pytest.raises(InferenceServerException) as err:
-            call()
-        assert _status(err) == "UNIMPLEMENTED" and "/v1/completions" in err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("gen", [t])
+    assert _status(err) == "UNIMPLEMENTED"
+    assert "ModelStreamInfer" in err.value.message() and "/v1/completions" in err.value.message()
 
 
 def test_repository_name_and_load_parameters_are_refused_as_over_http(repo_srv):

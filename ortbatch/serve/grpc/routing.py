@@ -4,8 +4,9 @@ ROOT`` or several DIRs), by the request's model name and version.
 
 Both routers answer the same questions for :class:`~.service.InferenceServicer`, with the
 words the HTTP side uses for the same case: an unknown model is NOT_FOUND, a repository
-model that is loading or unloaded UNAVAILABLE (HTTP's 503), a text-generation export
-UNIMPLEMENTED for the tensor RPCs (it is served over HTTP ``/v1/completions``). A request
+model that is loading or unloaded UNAVAILABLE (HTTP's 503). A text-generation export is
+answered as a decoupled model (:mod:`.generation`): streamed over ModelStreamInfer, its
+unary ModelInfer UNIMPLEMENTED, naming the alternatives. A request
 holds its repository model (:meth:`ModelRepository.acquire`) until it is answered, so an
 unload or reload waits for it, as for an HTTP request.
 """
@@ -19,6 +20,7 @@ from typing import Any
 from ...errors import OrtBatchError
 from ..model import ServedModel
 from ..repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, ModelRepository, check_parameters
+from ..served_generator import ServedGenerator
 
 __all__ = ["ModelNotFoundError", "OneModel", "RepositoryModels", "Router", "UnsupportedError", "router_for"]
 
@@ -33,23 +35,24 @@ class UnsupportedError(OrtBatchError):
 
 
 def _tensor_face(served: Any, name: str, version: str) -> Any:
-    """What answers the tensor RPCs for entry ``name`` of ``served``: the model itself, or
-    its text-in view ``{name}_text``."""
-    if not isinstance(served, ServedModel):
-        raise UnsupportedError(
-            f"model {name!r} is a text-generation export: it is served over HTTP /v1/completions and "
-            "/v1/chat/completions, not by the KServe v2 tensor RPCs"
-        )
-    if name == served.text_model_name:  # the text-in entry, as over HTTP (serve/textview.py)
+    """What answers the RPCs for entry ``name`` of ``served``: the model itself, its text-in
+    view ``{name}_text``, or a generation export's decoupled face."""
+    if not isinstance(served, ServedModel):  # a generation export: a decoupled model
+        from .generation import GenerationModel
+
+        found: Any = GenerationModel(served)
+        if name != found.name:
+            raise ModelNotFoundError(f"unknown model {name!r}; this server serves {found.name!r}")
+    elif name == served.text_model_name:  # the text-in entry, as over HTTP (serve/textview.py)
         from ..textview import TextModelView
 
-        found: Any = TextModelView(served)
+        found = TextModelView(served)
     elif name == served.name:
         found = served
     else:
         raise ModelNotFoundError(f"unknown model {name!r}; this server serves {served.name!r}")
-    if version and version != served.version:
-        raise ModelNotFoundError(f"unknown version {version!r} of model {name!r}; served: {served.version!r}")
+    if version and version != found.version:
+        raise ModelNotFoundError(f"unknown version {version!r} of model {name!r}; served: {found.version!r}")
     return found
 
 
@@ -95,7 +98,7 @@ class Router:
 class OneModel(Router):
     """The one model of ``ortbatch serve DIR`` and its ``{name}_text`` entry."""
 
-    def __init__(self, model: ServedModel) -> None:
+    def __init__(self, model: ServedModel | ServedGenerator) -> None:
         self.model = model
 
     @property
@@ -158,11 +161,7 @@ class RepositoryModels(Router):
         await self.repository.unload(name)
 
 
-def router_for(served: ServedModel | ModelRepository) -> Router:
+def router_for(served: ServedModel | ServedGenerator | ModelRepository) -> Router:
     if isinstance(served, ModelRepository):
         return RepositoryModels(served)
-    if isinstance(served, ServedModel):
-        return OneModel(served)
-    raise OrtBatchError(
-        "gRPC serves the KServe v2 tensor protocol; a text-generation export is served over HTTP /v1/completions only"
-    )
+    return OneModel(served)

@@ -147,7 +147,9 @@ _MESSAGES: dict[str, list[_Field]] = {
         ("input", 5, "repeated ModelInput"),
         ("output", 6, "repeated ModelOutput"),
         ("dynamic_batching", 11, "ModelDynamicBatching", "scheduling_choice"),
+        ("model_transaction_policy", 19, "ModelTransactionPolicy"),
     ],
+    "ModelTransactionPolicy": [("decoupled", 1, "bool")],
     "ModelInput": [
         ("name", 1, "string"),
         ("data_type", 2, "DataType"),

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,9 @@ from ..http import HTTPError
 from ..metrics import GrpcMetrics, ServerMetrics
 from ..model import ServedModel
 from ..repository import ModelRepository
+from ..served_generator import ServedGenerator
 from .codec import decode_infer_request, encode_infer_response, parameters
+from .generation import FINAL_RESPONSE, GenerationModel
 from .routing import ModelNotFoundError, UnsupportedError, router_for
 from .schema import PACKAGE, SERVICE, message
 
@@ -121,7 +124,9 @@ class InferenceServicer:
             RPCs are counted by the server's handlers).
     """
 
-    def __init__(self, model: ServedModel | ModelRepository, metrics: GrpcMetrics | None = None) -> None:
+    def __init__(
+        self, model: ServedModel | ServedGenerator | ModelRepository, metrics: GrpcMetrics | None = None
+    ) -> None:
         self.model = model
         self.router = router_for(model)
         self.metrics = metrics
@@ -200,38 +205,69 @@ class InferenceServicer:
         finally:
             self.counts.answered += 1
 
+    async def _responses(self, request: Any) -> AsyncGenerator[Any, None]:
+        """The stream responses to one request: one for a tensor model; one per piece of
+        text for a generation export (a decoupled model, :mod:`.generation`). The model
+        is held (a repository's unload waits) until the last one is written."""
+        stream_response = message("ModelStreamInferResponse")
+        with self.router.hold(request.model_name, request.model_version) as m:
+            req = decode_infer_request(request)
+            if not isinstance(m, GenerationModel):
+                outputs = await m.infer(req)
+                yield stream_response(infer_response=encode_infer_response(m.name, m.version, outputs, req.id))
+                return
+            async for outputs, final in m.stream(req):
+                response = encode_infer_response(m.name, m.version, outputs, req.id)
+                response.parameters[FINAL_RESPONSE].bool_param = final
+                yield stream_response(infer_response=response)
+
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Each request of the stream runs as soon as it arrives (so they batch
         together); each answer, or its error in ``error_message``, is written as it
         is ready, carrying the request's ``id``. A bad request does not end the stream."""
         write_lock = asyncio.Lock()
         tasks: set[asyncio.Task[None]] = set()
-        stream_response = message("ModelStreamInferResponse")
+
+        async def write(response: Any) -> None:
+            try:
+                async with write_lock:
+                    await context.write(response)
+            except Exception as exc:  # the stream is gone: nothing more can be answered on it
+                raise _StreamGone() from exc
 
         async def one(request: Any) -> None:
             started = time.perf_counter()
             code = "OK"
             if self.metrics is not None:
                 self.metrics.in_flight.inc()
+            error = None
             try:
-                response = stream_response(infer_response=await self._infer(request))
+                async with contextlib.aclosing(self._responses(request)) as responses:
+                    async for response in responses:
+                        await write(response)
+            except _StreamGone:
+                code = "CANCELLED"
+                raise
             except Exception as exc:
                 status, text = status_for(exc)
                 code = status.name
                 _log_internal(exc)
-                response = stream_response(
+                error = message("ModelStreamInferResponse")(
                     error_message=text,
                     infer_response=message("ModelInferResponse")(
                         model_name=request.model_name, model_version=request.model_version, id=request.id
                     ),
                 )
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
             finally:
                 self.counts.answered += 1
                 if self.metrics is not None:
                     self.metrics.in_flight.dec()
                     self.metrics.observe("ModelStreamInfer", code, started)
-            async with write_lock:
-                await context.write(response)
+            if error is not None:
+                await write(error)
 
         try:
             async for request in requests:
@@ -241,9 +277,15 @@ class InferenceServicer:
                 task.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.gather(*tasks)
+        except _StreamGone:
+            pass  # the client closed the stream: its other requests are cancelled below
         finally:
             for task in tasks:
                 task.cancel()
+
+
+class _StreamGone(Exception):
+    """Writing to the stream failed: its client is gone."""
 
 
 def _model_name(request: Any) -> str:
@@ -368,7 +410,7 @@ class GrpcServer:
 
     def __init__(
         self,
-        model: ServedModel | ModelRepository,
+        model: ServedModel | ServedGenerator | ModelRepository,
         *,
         host: str = "127.0.0.1",
         port: int = 8001,
