@@ -201,6 +201,13 @@ def test_a_client_that_leaves_mid_generation_frees_its_row():
                 break
             threading.Event().wait(0.01)
         assert srv.grpc.counts.answered == srv.grpc.counts.accepted == 1
+        # counted once, as the request it was: the closed stream itself is no second count
+        samples = [
+            line
+            for line in httpx.get(srv.url + "/metrics").text.splitlines()
+            if line.startswith("ortbatch_grpc_requests_total{")
+        ]
+        assert samples == ['ortbatch_grpc_requests_total{code="CANCELLED",method="ModelStreamInfer"} 1.0'], samples
 
 
 def test_each_generation_request_counts_once_in_metrics(gen_srv):

@@ -262,10 +262,10 @@ class InferenceServicer:
                 code = "CANCELLED"
                 raise
             finally:
-                self.counts.answered += 1
                 if self.metrics is not None:
                     self.metrics.in_flight.dec()
                     self.metrics.observe("ModelStreamInfer", code, started)
+                self.counts.answered += 1  # last: once equal to accepted, all is recorded
             if error is not None:
                 await write(error)
 
@@ -329,6 +329,10 @@ _UNARY = {
 }
 
 
+#: how a stream ends without being refused (not counted: its requests are)
+_STREAM_ENDS = frozenset({"OK", "CANCELLED", "DEADLINE_EXCEEDED"})
+
+
 def _handlers(servicer: InferenceServicer, api_key: ApiKey | None, metrics: GrpcMetrics | None) -> Any:
     grpc = require("grpc", "serve")
 
@@ -339,10 +343,11 @@ def _handlers(servicer: InferenceServicer, api_key: ApiKey | None, metrics: Grpc
             started = time.perf_counter()
             outcome = "OK"
             # a stream's requests are counted one by one (ModelStreamInfer); the stream
-            # itself only when it is refused as a whole
-            counted = metrics is not None and not streaming
-            if counted:
-                metrics.in_flight.inc()  # type: ignore[union-attr]
+            # itself only when it is refused as a whole (a missing key, a frame that does
+            # not parse), not when its client closes it
+            unary = metrics if not streaming else None
+            if unary is not None:
+                unary.in_flight.inc()
             try:
                 if api_key is not None and method not in OPEN_METHODS:
                     value = dict(context.invocation_metadata() or ()).get("authorization")
@@ -367,9 +372,10 @@ def _handlers(servicer: InferenceServicer, api_key: ApiKey | None, metrics: Grpc
                 outcome = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
                 raise
             finally:
-                if counted:
-                    metrics.in_flight.dec()  # type: ignore[union-attr]
-                if metrics is not None and (counted or outcome != "OK"):
+                if unary is not None:
+                    unary.in_flight.dec()
+                    unary.observe(method, outcome, started)
+                elif metrics is not None and outcome not in _STREAM_ENDS:
                     metrics.observe(method, outcome, started)
 
         return handler
