@@ -485,3 +485,16 @@ def test_the_schema_matches_tritonclients_stubs_field_for_field():
                 assert field.message_type.full_name == theirs.message_type.full_name, (full, field.name)
     data_type = service_pb2.model__config__pb2.DataType
     assert {v: data_type.Value(v) for v in _ENUMS["DataType"]} == {v: i for i, v in enumerate(_ENUMS["DataType"])}
+
+
+def test_the_repository_rpcs_of_a_one_model_server_say_what_they_need(both):
+    client = grpcclient.InferenceServerClient(both.grpc.address)
+    try:
+        for call in (client.get_model_repository_index, lambda: client.load_model("adder")):
+            with pytest.raises(InferenceServerException) as err:
+                call()
+            assert err.value.status() == "StatusCode.UNIMPLEMENTED"
+            assert "serves one model" in err.value.message() and "--repository" in err.value.message()
+        assert client.is_model_ready("adder")  # nothing was unloaded
+    finally:
+        client.close()
