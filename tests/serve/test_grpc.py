@@ -498,3 +498,32 @@ def test_the_repository_rpcs_of_a_one_model_server_say_what_they_need(both):
         assert client.is_model_ready("adder")  # nothing was unloaded
     finally:
         client.close()
+
+
+def test_a_request_past_its_client_deadline_is_counted_as_deadline_exceeded():
+    from scripted import ScriptedSession
+
+    async def slow(feed):
+        await asyncio.sleep(5)
+        return [feed["x"]]
+
+    model = ServedModel(ScriptedSession(slow), "s")
+    config = ServeConfig(port=0, grpc_port=0, access_log=False, log_level="warning", graceful_timeout_s=1)
+    with BackgroundServer(model, config) as srv:
+        client = grpcclient.InferenceServerClient(srv.grpc.address)
+        x = grpcclient.InferInput("x", [1, 3], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3), np.float32))
+        try:
+            with pytest.raises(InferenceServerException) as err:
+                client.infer("s", [x], client_timeout=0.3)
+            assert "Deadline" in str(err.value)
+        finally:
+            client.close()
+        line = 'ortbatch_grpc_requests_total{code="DEADLINE_EXCEEDED",method="ModelInfer"} 1.0'
+        for _ in range(300):  # the server sees the deadline pass when grpcio cancels the handler
+            text = httpx.get(srv.url + "/metrics").text
+            if line in text:
+                break
+            threading.Event().wait(0.01)
+        assert line in text
+        assert "ortbatch_grpc_requests_in_flight 0.0" in text
