@@ -271,13 +271,13 @@ class ModelRepository:
         with entry.lock:
             old = entry.loaded
             if old is None:
-                entry.state, entry.reason = LOADING, "loading"
+                self._set_state(entry, LOADING, "loading")
             try:
                 new = self._build(entry.directory, name)
             except Exception as exc:
                 reason = f"failed to load: {exc}"
                 if old is None:
-                    entry.state, entry.reason = UNAVAILABLE, reason
+                    self._set_state(entry, UNAVAILABLE, reason)
                 log.warning("model %r failed to load: %s", name, exc)
                 kept = "; the loaded model keeps serving" if old is not None else ""
                 raise HTTPError(400, f"model {name!r} {reason}{kept}") from None
@@ -290,6 +290,10 @@ class ModelRepository:
                 raise HTTPError(503, "the server is shutting down")
             if old is not None:
                 threading.Thread(target=self._retire, args=(old,), name="ortbatch-retire", daemon=True).start()
+
+    def _set_state(self, entry: _Entry, state: str, reason: str) -> None:
+        with self._mutex:  # the index reads both together, from another thread
+            entry.state, entry.reason = state, reason
 
     def _unload(self, name: str) -> None:
         with self._mutex:
@@ -355,12 +359,13 @@ class ModelRepository:
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """Triton's repository index: ``{name, version, state, reason}`` per model, and the
         text-in entry (``{name}_text``) of each model that has one."""
+        with self._mutex:  # each entry's state, reason and model as one load or unload left them
+            entries = [(e.name, e.state, e.reason, e.loaded) for e in self._entries.values()]
         out = []
-        for e in sorted(self._snapshot(), key=lambda e: e.name):
-            if ready_only and e.state != READY:
+        for name, state, reason, loaded in sorted(entries, key=lambda e: e[0]):
+            if ready_only and state != READY:
                 continue
-            loaded = e.loaded  # read once: an unload on another thread may clear it
-            item: dict[str, Any] = {"name": e.name, "state": e.state, "reason": e.reason}
+            item: dict[str, Any] = {"name": name, "state": state, "reason": reason}
             if loaded is not None:
                 item["version"] = getattr(loaded.served, "version", "1")
             out.append(item)
