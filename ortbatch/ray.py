@@ -33,7 +33,16 @@ from ._extras import require
 from .errors import OrtBatchError
 from .serve.server import ServeConfig
 
-__all__ = ["REPLICA_HEADER", "RayApp", "app_builder", "build_app", "replica_threads", "run", "serve_on_ray"]
+__all__ = [
+    "REPLICA_HEADER",
+    "RayApp",
+    "app_builder",
+    "build_app",
+    "check_replica_health",
+    "replica_threads",
+    "run",
+    "serve_on_ray",
+]
 
 #: response header naming the replica that answered (``<deployment>#<replica id>``)
 REPLICA_HEADER = "x-ortbatch-replica"
@@ -114,6 +123,15 @@ def load_replica_app(directory: str, config: ServeConfig, num_cpus: float, repli
     return served, _ReplicaHeader(app, replica)
 
 
+def check_replica_health(served: Any) -> None:
+    """What a replica's ``check_health`` reports to Ray: raises :class:`OrtBatchError` when
+    the replica's session or generator no longer accepts requests (closed, or failed and
+    closed itself), so Ray replaces the replica instead of routing requests into it."""
+    if getattr(served, "closed", False) or not getattr(served, "ready", True):
+        state = "closed" if getattr(served, "closed", False) else "not ready"
+        raise OrtBatchError(f"replica of {getattr(served, 'name', '?')!r}: its session is {state}")
+
+
 def _session_workers(directory: str, config: ServeConfig) -> int:
     """The batches a replica's session will run at once: the config's, else the export's
     tuned setting (``ortbatch tune``), else BatchedSession's default of 2."""
@@ -145,6 +163,11 @@ def _replica_class() -> Any:
             # stops the replica, so requests already in it are answered first.
             return self.app_
 
+        def check_health(self) -> None:
+            # Ray's controller calls this every health_check_period_s; three failures in a
+            # row and it replaces the replica (a crashed replica is replaced at once).
+            check_replica_health(self.served)
+
     return OrtBatchReplica
 
 
@@ -162,6 +185,7 @@ def build_app(
     autoscaling: dict[str, Any] | None = None,
     ray_actor_options: dict[str, Any] | None = None,
     max_ongoing_requests: int | None = None,
+    deployment_options: dict[str, Any] | None = None,
 ) -> list[RayApp]:
     """One Ray Serve application per export directory in ``models``.
 
@@ -177,6 +201,9 @@ def build_app(
             ``{"num_gpus": 1}`` places one replica per GPU. CPU threads follow ``num_cpus``.
         max_ongoing_requests: requests Ray lets into one replica at once (default
             ``config.max_queue``; Ray's own default of 5 never lets a batch fill).
+        deployment_options: any other ``serve.deployment`` option, applied last, e.g.
+            ``{"health_check_period_s": 2}`` (how soon a crashed replica is noticed and
+            replaced; Ray's default is 10 s) or ``{"graceful_shutdown_timeout_s": 30}``.
 
     With one export the application is mounted at ``/`` (URLs as ``ortbatch serve``'s);
     with several, each at ``/<name>`` (a client's base URL is ``http://proxy/<name>``).
@@ -209,6 +236,11 @@ def build_app(
         options["autoscaling_config"] = autoscaling
     else:
         options["num_replicas"] = replicas
+    fixed = {"name", "ray_actor_options", "num_replicas", "autoscaling_config", "max_ongoing_requests"}
+    clash = sorted(fixed & set(deployment_options or {}))
+    if clash:
+        raise OrtBatchError(f"deployment_options {clash}: pass them as build_app's own arguments")
+    options.update(deployment_options or {})
     cls = _replica_class()
     apps = []
     for d, name in zip(dirs, names, strict=True):
@@ -309,14 +341,15 @@ def app_builder(args: dict[str, Any]) -> Any:
     """The application builder for Ray's config files and KubeRay's ``RayService``
     (``import_path: ortbatch.ray:app_builder``). ``args``: ``directory`` (the export, as
     the replicas' nodes see it), optionally ``replicas``, ``autoscaling``,
-    ``ray_actor_options``, ``max_ongoing_requests``, and any :class:`ServeConfig` field
+    ``ray_actor_options``, ``max_ongoing_requests``, ``deployment_options``, and any :class:`ServeConfig` field
     (``max_batch_size``, ``timeout_s``, ``api_key``, ...)."""
     rest = dict(args)
     try:
         directory = rest.pop("directory")
     except KeyError:
         raise OrtBatchError("ortbatch.ray:app_builder needs args.directory (the export directory)") from None
-    kw = {k: rest.pop(k) for k in ("replicas", "autoscaling", "ray_actor_options", "max_ongoing_requests") if k in rest}
+    own = ("replicas", "autoscaling", "ray_actor_options", "max_ongoing_requests", "deployment_options")
+    kw = {k: rest.pop(k) for k in own if k in rest}
     fields = set(ServeConfig.__dataclass_fields__)
     unknown = sorted(set(rest) - fields)
     if unknown:

@@ -95,3 +95,28 @@ def test_cli_ray_refuses_a_missing_export_and_a_repository(tmp_path: Path, capsy
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve", "--ray", "--repository", str(tmp_path)]) == 2
     assert "--repository is not served on Ray" in capsys.readouterr().err
+
+
+def test_a_replica_with_a_closed_session_fails_rays_health_check() -> None:
+    """Ray calls the replica's ``check_health``; a closed session must fail it (Ray then
+    replaces the replica) and an open one pass."""
+    from types import SimpleNamespace
+
+    from ortbatch.ray import _replica_class
+
+    # the method Ray calls, on a stand-in for the replica (no replica context outside
+    # Ray; an instance of Ray's wrapper class would leave an un-awaited async __del__)
+    check_health = _replica_class().check_health
+    check_health(SimpleNamespace(served=SimpleNamespace(name="m", ready=True, closed=False)))
+    with pytest.raises(OrtBatchError, match="'m': its session is closed"):
+        check_health(SimpleNamespace(served=SimpleNamespace(name="m", ready=False, closed=True)))
+
+
+def test_deployment_options_reach_ray_and_cannot_override_build_apps_own(tmp_path: Path) -> None:
+    d = _export(tmp_path, "enc")
+    (app,) = build_app(d, deployment_options={"health_check_period_s": 2, "graceful_shutdown_timeout_s": 7})
+    dep = app.application._bound_deployment
+    assert dep._deployment_config.health_check_period_s == 2
+    assert dep._deployment_config.graceful_shutdown_timeout_s == 7
+    with pytest.raises(OrtBatchError, match=r"deployment_options \['num_replicas'\]"):
+        build_app(d, deployment_options={"num_replicas": 3})
