@@ -218,6 +218,128 @@ def test_minilm_on_two_nodes_every_answer_equals_a_direct_run(cluster: str, mini
         serve.delete("minilm")
 
 
+def _replica_pid(header: str) -> int:
+    """The process id of the live replica an ``x-ortbatch-replica`` header names
+    (``<deployment>#<id>``; its actor is ``SERVE_REPLICA::<app>#<deployment>#<id>``)."""
+    from ray._private.state import actors
+
+    pids = [a["Pid"] for a in actors().values() if a["State"] == "ALIVE" and a["Name"].endswith(f"#{header}")]
+    assert len(pids) == 1, (header, pids)
+    return int(pids[0])
+
+
+# Each request's deadlines, innermost first: ortbatch's own (KServe's timeout parameter, kept
+# by the replica: it dies with it), the proxy's (x-request-timeout-seconds: it survives the
+# replica), and the client's (a request still open then has hung).
+REPLICA_DEADLINE_S, PROXY_DEADLINE_S, CLIENT_DEADLINE_S = 10.0, 20.0, 30.0
+
+
+@inner_only
+def test_a_killed_replica_fails_only_its_in_flight_requests_and_ray_replaces_it(cluster: str, minilm: Path) -> None:
+    import itertools
+    import signal
+    import time
+
+    import httpx
+    from ray import serve
+
+    from ortbatch.ray import REPLICA_HEADER, build_app, run
+    from ortbatch.serve.server import ServeConfig
+
+    config = ServeConfig(name="killed", max_batch_size=8)
+    # health checks every second: the controller notices the dead actor within about one
+    apps = build_app(minilm, config=config, replicas=2, deployment_options={"health_check_period_s": 1})
+    run(apps)
+    rs = np.random.RandomState(1)
+    distinct = [[101, *rs.randint(1000, 29000, size=int(rs.randint(2, 20))).tolist(), 102] for _ in range(128)]
+    expected = _reference(minilm, distinct)
+    issued: list[int] = []  # every request number a client took, in order
+    outcomes: dict[int, tuple[int | str, str | None, float, float]] = {}  # n -> (status, replica, start, end)
+    numbers = itertools.count()
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=CLIENT_DEADLINE_S) as http:
+            while not stop.is_set():
+                n = next(numbers)
+                issued.append(n)
+                ids = distinct[n % len(distinct)]
+                tensors = [
+                    {"name": name, "shape": [1, len(ids)], "datatype": "INT64", "data": data}
+                    for name, data in (("input_ids", ids), ("attention_mask", [1] * len(ids)))
+                ]
+                body = {
+                    "inputs": tensors,
+                    "outputs": [{"name": "sentence_embedding"}],
+                    "parameters": {"timeout": int(REPLICA_DEADLINE_S * 1e6)},  # microseconds
+                }
+                start = time.monotonic()
+                try:
+                    r = http.post(
+                        f"http://{cluster}/v2/models/killed/infer",
+                        json=body,
+                        headers={"x-request-timeout-seconds": str(PROXY_DEADLINE_S)},
+                    )
+                except httpx.HTTPError as exc:  # a reset, or the client's deadline: recorded, not raised
+                    outcomes[n] = (type(exc).__name__, None, start, time.monotonic())
+                    continue
+                outcomes[n] = (r.status_code, r.headers.get(REPLICA_HEADER), start, time.monotonic())
+                if r.status_code == 200:
+                    got = np.array(r.json()["outputs"][0]["data"], dtype=np.float32)
+                    np.testing.assert_allclose(got, expected[n % len(distinct)], atol=1e-4, rtol=1e-3)
+
+    def answered_by(after: float = 0.0) -> set[str]:
+        return {rep for status, rep, start, _ in list(outcomes.values()) if status == 200 and rep and start > after}
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            clients = [pool.submit(client) for _ in range(8)]
+            try:
+                _wait_for("both replicas answering", lambda: len(answered_by()) == 2, 120)
+                victim, survivor = sorted(answered_by())
+                pid = _replica_pid(victim)
+                killed_at = time.monotonic()
+                os.kill(pid, signal.SIGKILL)
+                _wait_for(
+                    "a replacement replica answering",
+                    lambda: answered_by(killed_at) - {victim, survivor},
+                    180,
+                )
+                time.sleep(1)  # some answers from both replicas of the new pair
+            finally:
+                stop.set()
+            for c in clients:
+                c.result()  # a wrong answer fails the test here
+        (replacement,) = answered_by(killed_at) - {victim, survivor}
+        new_pid = _replica_pid(replacement)
+
+        # every request a client sent has exactly one outcome: answered or failed
+        assert len(issued) == len(set(issued)) == len(outcomes), (len(issued), len(outcomes))
+        answered = [o for o in outcomes.values() if o[0] == 200]
+        failed = {n: o for n, o in outcomes.items() if o[0] != 200}
+        assert len(answered) + len(failed) == len(issued)
+        kinds = collections.Counter(o[0] for o in failed.values())
+        # The dead replica's in-flight requests: Ray's proxy answers each with a 500 (its
+        # replica died after accepting it: not retried); none reached a deadline
+        assert failed and set(kinds) == {500}, kinds
+        for n, (_, _, start, end) in failed.items():
+            assert start < killed_at < end, (n, start - killed_at, end - killed_at)
+            assert end - start < PROXY_DEADLINE_S, (n, end - start)
+        # the survivor kept answering while the replacement came up, and the replacement answered
+        first_new = min(start for status, rep, start, _ in outcomes.values() if rep == replacement)
+        assert survivor in answered_by(killed_at) and any(
+            rep == survivor and killed_at < start < first_new for status, rep, start, _ in outcomes.values()
+        )
+        assert new_pid != pid
+        assert victim not in answered_by(killed_at + 1.0)  # nothing from the dead one after its death
+        print(
+            f"kill: {len(issued)} requests, {len(answered)} answered, failed {dict(kinds)}; "
+            f"replacement answered {first_new - killed_at:.1f} s after the kill (pid {pid} -> {new_pid})"
+        )
+    finally:
+        serve.delete("killed")
+
+
 @inner_only
 def test_decoder_completions_whole_and_streamed_equal_the_generator_alone(cluster: str, gpt2: Any) -> None:
     import openai
