@@ -273,11 +273,18 @@ def serve_on_ray(
     replicas: int = 1,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
+    request_timeout_s: float | None = None,
 ) -> int:
     """``ortbatch serve --ray``: deploy the exports on a Ray cluster (``address``; None starts
     a local Ray), Ray's proxy on ``config.host``/``config.port``, until SIGTERM/SIGINT.
     Then a local Ray is shut down; on a cluster that was joined only these applications
-    are deleted. Returns the exit code (2 for a mistake in what was asked)."""
+    are deleted. Returns the exit code (2 for a mistake in what was asked).
+
+    ``request_timeout_s`` is the proxy's deadline for every request (Ray's
+    ``http_options.request_timeout_s``; a client may shorten it per request with the
+    ``x-request-timeout-seconds`` header): past it the proxy answers 408 and cancels the
+    request, whatever became of its replica. Ray applies it only when it starts Serve;
+    joining a cluster whose Serve runs already keeps that one's."""
     import signal
     import sys
     import threading
@@ -294,6 +301,8 @@ def serve_on_ray(
         return fail(f"--ray needs a fixed --port (1-65535), got {config.port}")
     if num_cpus <= 0 or num_gpus < 0:
         return fail("--replica-cpus must be positive and --replica-gpus not negative")
+    if request_timeout_s is not None and not request_timeout_s > 0:
+        return fail(f"--ray-request-timeout-s must be positive, got {request_timeout_s}")
     try:
         ray = require("ray", "ray")
         serve = require("ray.serve", "ray")
@@ -314,7 +323,10 @@ def serve_on_ray(
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        serve.start(http_options={"host": config.host, "port": config.port}, proxy_location="HeadOnly")
+        http: dict[str, Any] = {"host": config.host, "port": config.port}
+        if request_timeout_s is not None:
+            http["request_timeout_s"] = request_timeout_s
+        serve.start(http_options=http, proxy_location="HeadOnly")
         run(apps)
         for app in apps:
             where = f"http://{config.host}:{config.port}{app.route_prefix.rstrip('/')}"

@@ -147,6 +147,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--replica-cpus", type=float, default=1.0, help="CPUs per replica; its ONNX Runtime threads follow (default 1)"
     )
     ray.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs per replica (1: one replica per GPU)")
+    ray.add_argument(
+        "--ray-request-timeout-s",
+        type=float,
+        default=None,
+        help="the proxy's deadline per request: past it, 408 (even if its replica died; default none)",
+    )
     parser.add_argument(
         "--log-level",
         default="info",
@@ -162,7 +168,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
 
 
-_RAY_DEFAULTS = {"ray_address": None, "replicas": 1, "replica_cpus": 1.0, "replica_gpus": 0.0}
+_RAY_DEFAULTS = {
+    "ray_address": None,
+    "replicas": 1,
+    "replica_cpus": 1.0,
+    "replica_gpus": 0.0,
+    "ray_request_timeout_s": None,
+}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -298,4 +310,5 @@ def _serve_on_ray(args: argparse.Namespace, config: Any) -> int:
         replicas=args.replicas,
         num_cpus=args.replica_cpus,
         num_gpus=args.replica_gpus,
+        request_timeout_s=args.ray_request_timeout_s,
     )

@@ -65,6 +65,8 @@ def test_two_exports_of_one_name_are_refused(tmp_path: Path) -> None:
         (["--ray-address", "auto"], "--ray-address needs --ray"),
         (["--ray", "--grpc-port", "8001"], "--grpc-port is not served through Ray"),
         (["--ray", "--port", "0"], "--ray needs a fixed --port"),
+        (["--ray-request-timeout-s", "5"], "--ray-request-timeout-s needs --ray"),
+        (["--ray", "--ray-request-timeout-s", "0"], "--ray-request-timeout-s must be positive"),
     ],
 )
 def test_cli_refuses_ray_flags_that_cannot_work(tmp_path: Path, capsys, flags: list[str], message: str) -> None:
@@ -120,3 +122,38 @@ def test_deployment_options_reach_ray_and_cannot_override_build_apps_own(tmp_pat
     assert dep._deployment_config.graceful_shutdown_timeout_s == 7
     with pytest.raises(OrtBatchError, match=r"deployment_options \['num_replicas'\]"):
         build_app(d, deployment_options={"num_replicas": 3})
+
+
+def test_serve_on_ray_gives_the_proxy_its_request_timeout_and_stops_on_sigterm(tmp_path: Path, monkeypatch) -> None:
+    """What ``ortbatch serve --ray --ray-request-timeout-s`` asks of Ray, with Ray's calls
+    recorded instead of made (a real Ray needs the loopback-only namespace: test_ray_serve)."""
+    import os
+    import signal
+
+    import ray
+    from ray import serve
+
+    import ortbatch.ray as ortbatch_ray
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(("init", kw.get("address"))))
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append(("ray.shutdown", None)))
+    monkeypatch.setattr(serve, "start", lambda **kw: calls.append(("start", kw["http_options"])))
+    monkeypatch.setattr(serve, "shutdown", lambda: calls.append(("serve.shutdown", None)))
+
+    def deployed(apps: list) -> None:
+        calls.append(("run", [a.name for a in apps]))
+        os.kill(os.getpid(), signal.SIGTERM)  # what stops the server: its handler sets the stop event
+
+    monkeypatch.setattr(ortbatch_ray, "run", deployed)
+    previous = signal.getsignal(signal.SIGTERM)
+    argv = ["serve", "--ray", "--port", "8123", "--ray-request-timeout-s", "7.5", str(_export(tmp_path, "m"))]
+    assert main(argv) == 0
+    assert calls == [
+        ("init", None),
+        ("start", {"host": "127.0.0.1", "port": 8123, "request_timeout_s": 7.5}),
+        ("run", ["m"]),
+        ("serve.shutdown", None),
+        ("ray.shutdown", None),
+    ]
+    assert signal.getsignal(signal.SIGTERM) == previous
