@@ -332,8 +332,10 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_ray_replaces_it(
         )
         assert new_pid != pid
         assert victim not in answered_by(killed_at + 1.0)  # nothing from the dead one after its death
+        last_failure = max(end for _, _, _, end in failed.values()) - killed_at
         print(
-            f"kill: {len(issued)} requests, {len(answered)} answered, failed {dict(kinds)}; "
+            f"kill: {len(issued)} requests, {len(answered)} answered, failed {dict(kinds)} "
+            f"(the last {last_failure:.2f} s after the kill); "
             f"replacement answered {first_new - killed_at:.1f} s after the kill (pid {pid} -> {new_pid})"
         )
     finally:
