@@ -246,7 +246,8 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_ray_replaces_it(
     from ortbatch.ray import REPLICA_HEADER, build_app, run
     from ortbatch.serve.server import ServeConfig
 
-    config = ServeConfig(name="killed", max_batch_size=8)
+    # no warm-up grid: the replacement answers sooner (this test is about failure, not speed)
+    config = ServeConfig(name="killed", max_batch_size=8, warmup=False)
     # health checks every second: the controller notices the dead actor within about one
     apps = build_app(minilm, config=config, replicas=2, deployment_options={"health_check_period_s": 1})
     run(apps)
