@@ -256,6 +256,7 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_ray_replaces_it(
     expected = _reference(minilm, distinct)
     issued: list[int] = []  # every request number a client took, in order
     outcomes: dict[int, tuple[int | str, str | None, float, float]] = {}  # n -> (status, replica, start, end)
+    bodies: dict[int, str] = {}  # n -> the body of a failure
     numbers = itertools.count()
     stop = threading.Event()
 
@@ -285,7 +286,9 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_ray_replaces_it(
                     outcomes[n] = (type(exc).__name__, None, start, time.monotonic())
                     continue
                 outcomes[n] = (r.status_code, r.headers.get(REPLICA_HEADER), start, time.monotonic())
-                if r.status_code == 200:
+                if r.status_code != 200:
+                    bodies[n] = r.text
+                else:
                     got = np.array(r.json()["outputs"][0]["data"], dtype=np.float32)
                     np.testing.assert_allclose(got, expected[n % len(distinct)], atol=1e-4, rtol=1e-3)
 
@@ -322,7 +325,10 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_ray_replaces_it(
         kinds = collections.Counter(o[0] for o in failed.values())
         # The dead replica's in-flight requests: Ray's proxy answers each with a 500 (its
         # replica died after accepting it: not retried); none reached a deadline
-        assert failed and set(kinds) == {500}, kinds
+        assert failed and set(kinds) == {500}, (kinds, bodies)
+        # ... Ray's own (uvicorn's) plain 500: the replica never answered, so no replica header
+        assert {bodies[n] for n in failed} == {"Internal Server Error"}, bodies
+        assert all(rep is None for _, rep, _, _ in failed.values())
         for n, (_, _, start, end) in failed.items():
             assert start < killed_at < end, (n, start - killed_at, end - killed_at)
             assert end - start < PROXY_DEADLINE_S, (n, end - start)
