@@ -41,7 +41,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_cost import Server, build_identity, build_pool, run_cell
+from serve_cost import Server, add_load_args, build_identity, build_pool, run_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 IN_NETNS = "ORTBATCH_BENCH_NETNS"
@@ -100,8 +100,10 @@ def driver(models: dict[str, Path], max_batch_size: int) -> None:
 
 
 def replica_answers(base: str, replicas: int) -> dict[str, float]:
-    """Each replica's answered infer requests, from its own ``/metrics`` (concurrent GETs:
-    the proxy routes each to some replica, and the response header names it)."""
+    """Each replica's answered requests (status 200, ``/metrics`` itself not counted), from
+    its own ``/metrics``: concurrent GETs, 8 at a time, since Ray routes each to the replica
+    with the shorter queue (sequential ones may all find the same idle one) and the response
+    header names the replica. ``base``: ``host:port[/prefix]``. Also tests/ray's."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -113,13 +115,14 @@ def replica_answers(base: str, replicas: int) -> dict[str, float]:
             for f in text_string_to_metric_families(text)
             if f.name == "ortbatch_http_requests"
             for s in f.samples
-            if s.name.endswith("_total") and s.labels.get("status") == "200" and "infer" in s.labels.get("endpoint", "")
+            if s.name.endswith("_total") and s.labels.get("status") == "200" and s.labels.get("endpoint") != "/metrics"
         )
 
     seen: dict[str, float] = {}
     with httpx.Client(timeout=60) as http, ThreadPoolExecutor(8) as pool:
         for _ in range(30):
             for r in pool.map(lambda _: http.get(f"http://{base}/metrics"), range(8)):
+                r.raise_for_status()
                 seen[r.headers[REPLICA_HEADER]] = answered(r.text)
             if len(seen) == replicas:
                 break
@@ -137,13 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--models", default="identity,minilm")
     p.add_argument("--minilm", type=Path, help="a MiniLM export (default: export one into a temporary folder)")
-    p.add_argument("--lengths", default="8-16", help="token lengths MIN-MAX (MiniLM)")
-    p.add_argument("--duration", type=float, default=5.0, help="counted seconds per cell")
-    p.add_argument("--warmup", type=float, default=1.0, help="uncounted seconds per cell")
-    p.add_argument("--procs", type=int, default=2, help="client processes")
-    p.add_argument("--max-batch-size", type=int, default=32)
-    p.add_argument("--pool", type=int, default=256)
-    p.add_argument("--json", type=Path)
+    add_load_args(p)
     p.add_argument("--driver", help=argparse.SUPPRESS)  # internal: JSON {model: path} of the Ray child
     args = p.parse_args(argv)
     if args.driver:
@@ -238,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"\nconcurrency 1, mean latency: direct {ms['direct']:.2f} ms, through the proxy {ms['ray-1']:.2f} ms"
                 f" (+{ms['ray-1'] - ms['direct']:.2f} ms per request)"
             )
-        print(f"2-replica app, each replica's own answered infer requests: {replicas_seen[model]}")
+        print(f"2-replica app, each replica's own answered requests: {replicas_seen[model]}")
     if args.json:
         doc = {"load_average": load, "results": results, "replicas": replicas_seen}
         args.json.write_text(json.dumps(doc, indent=2) + "\n")

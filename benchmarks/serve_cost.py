@@ -232,11 +232,8 @@ def run_cell(mode: str, concurrency: int, args: argparse.Namespace, ctx: dict) -
     return counts
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="identity", help="'identity' or an export directory")
-    p.add_argument("--concurrency", default="1,16,64,256")
-    p.add_argument("--modes", default=",".join(MODES))
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    """The options of the requests and the load (also benchmarks/ray_serve.py's)."""
     p.add_argument("--lengths", default="8-16", help="token lengths MIN-MAX (text models)")
     p.add_argument("--duration", type=float, default=5.0, help="counted seconds per cell")
     p.add_argument("--warmup", type=float, default=1.0, help="uncounted seconds per cell")
@@ -244,6 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--pool", type=int, default=256)
     p.add_argument("--json", type=Path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="identity", help="'identity' or an export directory")
+    p.add_argument("--concurrency", default="1,16,64,256")
+    p.add_argument("--modes", default=",".join(MODES))
+    add_load_args(p)
     args = p.parse_args(argv)
     lo, _, hi = args.lengths.partition("-")
     tmp = Path(tempfile.mkdtemp(prefix="serve-cost-"))

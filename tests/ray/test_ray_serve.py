@@ -135,33 +135,16 @@ def _reference(minilm: Path, requests: list[list[int]]) -> list[np.ndarray]:
 
 
 def _replica_counts(url: str, replicas: int) -> dict[str, float]:
-    """Answered /v2 infer and /v1/embeddings requests per replica, from each replica's own
-    /metrics (the proxy routes each GET to some replica; the response header names it)."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+    """Answered requests per replica, from each replica's own /metrics through the proxy
+    (benchmarks/ray_serve.py's helper: one way of reading them)."""
+    import importlib.util
 
-    def answered(text: str) -> float:
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            if family.name == "ortbatch_http_requests"
-            for sample in family.samples
-            if sample.name.endswith("_total")
-            and sample.labels["status"] == "200"
-            and sample.labels["endpoint"] != "/metrics"
-        )
-
-    seen: dict[str, float] = {}
-    with httpx.Client(timeout=60) as http, ThreadPoolExecutor(8) as pool:
-        # 8 at a time: Ray routes each to the replica with the shorter queue, so the GETs of
-        # one round spread over the replicas (sequential ones may all find the same one)
-        for _ in range(50):  # bounded
-            for r in pool.map(lambda _: http.get(f"http://{url}/metrics"), range(8)):
-                assert r.status_code == 200
-                seen[r.headers["x-ortbatch-replica"]] = answered(r.text)
-            if len(seen) == replicas:
-                break
-    return seen
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "ray_serve.py"
+    spec = importlib.util.spec_from_file_location("_ray_serve_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return dict(bench.replica_answers(url, replicas))
 
 
 @inner_only
