@@ -113,6 +113,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also serve the KServe v2 gRPC protocol on this port of --host (Triton's is 8001; 0: a free one)",
     )
     parser.add_argument(
+        "--frontends",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N front-end processes accept connections (HTTP and gRPC), parse and tokenize, over one engine "
+        "process that owns the session and batches (shared memory between them); a front end that dies is "
+        "restarted. Default 1: everything in one process. Not for --repository, several models, "
+        "text-generation exports or --ray",
+    )
+    parser.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' (gRPC: the same metadata) on every route but the health checks "
@@ -183,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import OrtBatchError
     from ..serve.auth import resolve_api_key
     from ..serve.repository import ModelRepository, parse_model_args
+    from ..serve.served_generator import is_generation_export
     from ..serve.server import ServeConfig, serve
     from ._target import export_target
 
@@ -200,6 +211,22 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, flag) != default:
                 print(f"ortbatch serve: error: --{flag.replace('_', '-')} needs --ray", file=sys.stderr)
                 return 2
+    if args.frontends < 1:
+        print(f"ortbatch serve: error: --frontends must be 1 or more, got {args.frontends}", file=sys.stderr)
+        return 2
+    if args.frontends > 1 and args.ray:
+        print(
+            "ortbatch serve: error: --frontends and --ray do not go together (Ray runs its own replicas)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.frontends > 1 and many:
+        print(
+            "ortbatch serve: error: --frontends > 1 serves one export; several models or --repository are not "
+            "supported yet",
+            file=sys.stderr,
+        )
+        return 2
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         print("ortbatch serve: error: TLS needs both --ssl-certfile and --ssl-keyfile", file=sys.stderr)
         return 2
@@ -235,12 +262,19 @@ def run(args: argparse.Namespace) -> int:
         limit_concurrency=args.limit_concurrency,
         max_text_chars=args.max_text_chars,
         truncate=args.truncate,
+        frontends=args.frontends,
     )
     if args.ray:
         return _serve_on_ray(args, config)
     if not many:  # one export: the same check and message as every command, and its recorded checks
         target = export_target(args.directory[0], onnx_file=True)
         refuse_failed_checks(target, args.allow_unvalidated)
+        if args.frontends > 1 and is_generation_export(target):
+            print(
+                "ortbatch serve: error: --frontends > 1 does not serve text-generation exports yet; use --frontends 1",
+                file=sys.stderr,
+            )
+            return 2
         return serve(target, config)
     try:
         models = parse_model_args(args.directory)

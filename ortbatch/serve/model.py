@@ -212,25 +212,49 @@ class ServedModel:
         path = Path(directory)
         session = BatchedSession(path, **(session_kwargs or {}))
         try:
-            base = path if path.is_dir() else path.parent
-            tokenizer = None
-            if (base / TOKENIZER_FILE).is_file() and (path.is_dir() or (base / MANIFEST_NAME).is_file()):
-                tokenizers = require("tokenizers")
-                tokenizer = tokenizers.Tokenizer.from_file(str(base / TOKENIZER_FILE))
-            if name is None:
-                name = _default_name(path)
-            return cls(
+            return cls.for_export(
                 session,
-                name,
-                tokenizer=tokenizer,
+                path,
+                name=name,
                 normalize_embeddings=normalize_embeddings,
-                id_limits=_config_id_limits(base / "config.json"),
                 max_text_chars=max_text_chars,
                 truncate=truncate,
             )
         except BaseException:
             session.close(drain=False)
             raise
+
+    @classmethod
+    def for_export(
+        cls,
+        session: Any,
+        directory: str | Path,
+        *,
+        name: str | None = None,
+        normalize_embeddings: bool = True,
+        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+        truncate: bool = False,
+    ) -> ServedModel:
+        """Serve ``session`` with what the export ``directory`` holds beside the model (its
+        tokenizer, the id limits of its ``config.json``, its name): :meth:`load` without
+        building the session (a front-end process hands in a proxy of the engine's)."""
+        path = Path(directory)
+        base = path if path.is_dir() else path.parent
+        tokenizer = None
+        if (base / TOKENIZER_FILE).is_file() and (path.is_dir() or (base / MANIFEST_NAME).is_file()):
+            tokenizers = require("tokenizers")
+            tokenizer = tokenizers.Tokenizer.from_file(str(base / TOKENIZER_FILE))
+        if name is None:
+            name = _default_name(path)
+        return cls(
+            session,
+            name,
+            tokenizer=tokenizer,
+            normalize_embeddings=normalize_embeddings,
+            id_limits=_config_id_limits(base / "config.json"),
+            max_text_chars=max_text_chars,
+            truncate=truncate,
+        )
 
     def _setup_tokenizer(self, tokenizer: Any) -> None:
         known = {"input_ids", "attention_mask", "token_type_ids"}

@@ -92,6 +92,9 @@ class ServeConfig:
     truncate: bool = False
     #: run the BatchedSession's warm-up grid before reporting ready (no engine build on a request)
     warmup: bool = True
+    #: front-end processes (HTTP, gRPC, tokenizing) over the one engine process that owns
+    #: the session (1: all in this process; see :mod:`ortbatch.serve.frontends`)
+    frontends: int = 1
 
     def generator_kwargs(self) -> dict[str, Any]:
         """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""
@@ -316,6 +319,22 @@ def _load_app(
         raise
 
 
+def warn_if_exposed(config: ServeConfig) -> None:
+    """Warn (stderr) about a bind reachable from other machines without an API key."""
+    if is_loopback(config.host):
+        return
+    if config.api_key is None:
+        print(
+            f"ortbatch serve: warning: binding {config.host}, reachable from other machines, without an API "
+            "key: anyone who can reach it can use the model (set --api-key, --api-key-file or "
+            f"{API_KEY_ENV})",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        log.warning("ortbatch serve: binding %s, reachable from other machines", config.host)
+
+
 def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = None) -> int:
     """Serve an export directory (or every model of a
     :class:`~ortbatch.serve.repository.ModelRepository`) in the foreground until
@@ -325,17 +344,17 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
     loaded and the socket is bound, and the request counts after the drain."""
     config = config or ServeConfig()
     uvicorn = require("uvicorn")
-    if not is_loopback(config.host):
-        if config.api_key is None:
-            print(
-                f"ortbatch serve: warning: binding {config.host}, reachable from other machines, without an API "
-                "key: anyone who can reach it can use the model (set --api-key, --api-key-file or "
-                f"{API_KEY_ENV})",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            log.warning("ortbatch serve: binding %s, reachable from other machines", config.host)
+    if config.frontends != 1:
+        from .repository import ModelRepository
+
+        if isinstance(config.frontends, bool) or not isinstance(config.frontends, int) or config.frontends < 1:
+            raise ServeError(f"frontends must be a positive integer, got {config.frontends!r}")
+        if isinstance(directory, ModelRepository):
+            raise ServeError("--frontends > 1 serves one export; a model repository is not supported yet")
+        from .frontends import serve_frontends
+
+        return serve_frontends(directory, config)
+    warn_if_exposed(config)
     served, app = _load_app(directory, config)
     try:
         sock = bind_socket(config.host, config.port, config.backlog)

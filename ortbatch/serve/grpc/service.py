@@ -412,6 +412,9 @@ class GrpcServer:
             4 MiB; a bigger request is RESOURCE_EXHAUSTED).
         metrics: the HTTP server's :class:`~ortbatch.serve.metrics.ServerMetrics`, so
             its ``/metrics`` counts the gRPC requests too (``ortbatch_grpc_*``).
+        reuse_port: share the port with other processes of this user that also set
+            SO_REUSEPORT (the kernel spreads connections over them: ``--frontends``);
+            off by default, so a port in use is an error.
     """
 
     def __init__(
@@ -425,6 +428,7 @@ class GrpcServer:
         ssl_keyfile: str | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
         metrics: ServerMetrics | None = None,
+        reuse_port: bool = False,
     ) -> None:
         require("grpc", "serve")
         if (ssl_certfile is None) != (ssl_keyfile is None):
@@ -437,6 +441,7 @@ class GrpcServer:
         self._api_key = ApiKey(api_key) if api_key is not None else None
         self._cert = (ssl_certfile, ssl_keyfile)
         self._max = max_message_bytes
+        self._reuse_port = reuse_port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -471,8 +476,8 @@ class GrpcServer:
         options = [
             ("grpc.max_receive_message_length", self._max),
             ("grpc.max_send_message_length", self._max),
-            # a port in use must fail, not be shared with another process
-            ("grpc.so_reuseport", 0),
+            # a port in use must fail, not be shared with another process (unless asked)
+            ("grpc.so_reuseport", 1 if self._reuse_port else 0),
         ]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((_handlers(self.servicer, self._api_key, self._metrics),))

@@ -1,0 +1,446 @@
+"""The engine: ``ortbatch serve DIR --frontends N`` (N >= 2).
+
+This process loads the export and owns its one BatchedSession (one queue, so batching
+stays global). It binds the HTTP socket and reserves the gRPC port, then starts N
+front-end processes (``spawn``: never a fork of a process that runs ONNX Runtime's
+threads) that serve on them (:mod:`~ortbatch.serve.frontends.frontend`).
+
+Per front end, one :class:`FrontEndLink`: a reader thread takes its frames and submits
+each request straight to ``BatchedSession.submit`` / ``submit_many`` (the feeds are views
+of the request arena, not copies), and a sender thread writes the answers (outputs into
+the response arena) as they complete, every answer ready at that moment in one frame.
+
+Supervision: a front end that dies is restarted (backoff 0.5 s doubling to 10 s, reset
+after it has run 30 s); its requests still queued are cancelled (dropped unrun), those
+already running have their results discarded, and its arenas go with it. The others are
+untouched. SIGTERM/SIGINT: each front end stops accepting, answers what it received and
+reports its counts; then the session drains and closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ...errors import OrtBatchError, ServeError
+from .frontend import FrontEndSpec, run_frontend
+from .proxy import SessionFace
+from .transport import Arena, BlockAllocator, FrameReader, encode_error, pack_tensors, unpack_tensors, write_frame
+
+__all__ = ["FrontEndLink", "reserve_port", "serve_frontends"]
+
+log = logging.getLogger("ortbatch.serve")
+
+#: bytes of shared memory per front end per direction (touched pages only are backed)
+ARENA_BYTES = 256 * 1024 * 1024
+_START_TIMEOUT_S = 120.0
+_BACKOFF_S = (0.5, 10.0)
+_HEALTHY_AFTER_S = 30.0
+
+
+def _say(text: str) -> None:
+    print(f"ortbatch serve: {text}", file=sys.stderr, flush=True)
+
+
+class FrontEndLink:
+    """The engine's side of one front end: its socket, arenas and requests in flight."""
+
+    def __init__(self, session: Any, sock: socket.socket, requests: Arena, responses: Arena) -> None:
+        self.session = session
+        self.sock = sock
+        self.requests = requests
+        self.responses = responses
+        self._resp_alloc = BlockAllocator(responses.size)
+        self.inflight: dict[int, Any] = {}
+        self.ready = threading.Event()
+        self.pid: int | None = None
+        self.counts: dict[str, Any] | None = None
+        self.closed = threading.Event()
+        self._cond = threading.Condition()
+        self._out: list[tuple[Any, ...]] = []
+        self._reader = FrameReader(sock)
+        self._threads = [
+            threading.Thread(target=self._read_loop, name="ortbatch-engine-reader", daemon=True),
+            threading.Thread(target=self._send_loop, name="ortbatch-engine-sender", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- from the front end --------------------------------------------------------------
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                frame = self._reader.read()
+                if frame is None:
+                    break
+                messages, payload = frame
+                for msg in messages:
+                    self._handle(msg, payload)
+        except Exception:
+            log.exception("engine: a front end's message could not be handled; dropping the front end")
+        finally:
+            self._lost()
+
+    def _handle(self, msg: tuple[Any, ...], payload: bytearray) -> None:
+        kind = msg[0]
+        if kind == "run":
+            _, rid, names, specs, timeout_s = msg
+            self._submit([rid], names, [specs], timeout_s, payload, many=False)
+        elif kind == "many":
+            _, rids, names, specs, timeout_s = msg
+            self._submit(rids, names, specs, timeout_s, payload, many=True)
+        elif kind == "cancel":
+            fut = self.inflight.get(msg[1])
+            if fut is not None:
+                fut.cancel()  # False once it runs: its answer comes and is discarded there
+        elif kind == "free":
+            for block in msg[1]:
+                self._resp_alloc.free(block)
+        elif kind == "stats":
+            self._post(("msg", ("stats", msg[1], self.session.stats())))
+        elif kind == "ready":
+            self.pid = msg[1]
+            self.ready.set()
+        elif kind == "bye":
+            self.counts = msg[1]
+
+    def _submit(
+        self, rids: list[int], names: Any, specs: list[Any], timeout_s: Any, payload: bytearray, many: bool
+    ) -> None:
+        try:
+            feeds = [dict(unpack_tensors(s, self.requests, payload, copy=False)) for s in specs]
+            if many:
+                futures = self.session.submit_many(feeds, names, timeout_s=timeout_s)
+            else:
+                futures = [self.session.submit(feeds[0], names, timeout_s=timeout_s)]
+        except Exception as exc:
+            for rid in rids:
+                self._post(("err", rid, exc))
+            return
+        for rid, fut in zip(rids, futures, strict=True):
+            self.inflight[rid] = fut
+            fut.add_done_callback(partial(self._done, rid))
+
+    def _done(self, rid: int, fut: Any) -> None:
+        self._post(("fut", rid, fut))
+
+    def _post(self, item: tuple[Any, ...]) -> None:
+        with self._cond:
+            self._out.append(item)
+            if len(self._out) == 1:
+                self._cond.notify()
+
+    # -- to the front end ----------------------------------------------------------------
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._out:
+                    if self.closed.is_set():
+                        if not self.inflight:
+                            return
+                        # a dead front end's running requests: wait for them to finish
+                        self._cond.wait(0.5)
+                        if not self._out:
+                            continue
+                        break
+                    self._cond.wait()
+                items, self._out = self._out, []
+            if self.closed.is_set():
+                # the front end is gone: nothing to tell it; results are discarded
+                for item in items:
+                    if item[0] == "fut":
+                        self.inflight.pop(item[1], None)
+                if not self.inflight:
+                    return
+                continue
+            messages: list[Any] = []
+            payload = bytearray()
+            for item in items:
+                kind = item[0]
+                if kind == "msg":
+                    messages.append(item[1])
+                    continue
+                rid = item[1]
+                if kind == "err":
+                    messages.append(("err", rid, encode_error(item[2])))
+                    continue
+                fut = item[2]
+                self.inflight.pop(rid, None)
+                if fut.cancelled():
+                    messages.append(("gone", rid))
+                    continue
+                exc = fut.exception()
+                if exc is not None:
+                    messages.append(("err", rid, encode_error(exc)))
+                    continue
+                outs = fut.result()
+                specs, block = pack_tensors((("", o) for o in outs), self.responses, self._resp_alloc, payload)
+                messages.append(("ok", rid, specs, block))
+            try:
+                write_frame(self.sock, messages, payload)
+            except OSError:
+                self._lost()
+
+    def send(self, messages: list[Any]) -> None:
+        """Queue control messages (e.g. ``("stop",)``) for the front end."""
+        for m in messages:
+            self._post(("msg", m))
+
+    def _lost(self) -> None:
+        """The front end closed its end or died: drop what it still has queued."""
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        for fut in list(self.inflight.values()):
+            fut.cancel()
+        with self._cond:
+            self._cond.notify()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self.requests.close()
+        self.responses.close()
+
+
+class _FrontEnd:
+    """One front-end slot: its current process and link, restarted when it dies."""
+
+    def __init__(self, index: int, start: Callable[[int], tuple[Any, FrontEndLink]]) -> None:
+        self.index = index
+        self._start = start
+        self.process: Any = None
+        self.link: FrontEndLink | None = None
+        self.started_at = 0.0
+        self.failures = 0
+        self.restart_at: float | None = None
+        self.counts: list[dict[str, Any]] = []
+
+    def start(self) -> None:
+        self.process, self.link = self._start(self.index)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A bound, never listening, SO_REUSEPORT socket holding ``host:port`` (0: a free
+    one) for the front ends' gRPC servers, which bind it with SO_REUSEPORT too."""
+    try:
+        family, _, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except OSError as exc:
+        raise ServeError(f"cannot listen on {host!r}: the address does not resolve ({exc})") from None
+    sock = socket.socket(family, socket.SOCK_STREAM, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"gRPC cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def serve_frontends(directory: str | Path, config: Any) -> int:
+    """``ortbatch serve DIR`` with ``config.frontends`` front-end processes; returns the
+    exit code as :func:`~ortbatch.serve.server.serve` does."""
+    from ..model import ServedModel
+    from ..served_generator import is_generation_export
+    from ..server import _url, bind_socket, load_served, warn_if_exposed
+
+    if is_generation_export(directory):
+        raise OrtBatchError("--frontends > 1 does not serve text-generation exports yet; use --frontends 1")
+    warn_if_exposed(config)
+    served = load_served(directory, config.name, config)
+    assert isinstance(served, ServedModel)
+    session = served.session
+    name = served.name
+    text = "text input on" if served.text_input else "no text input"
+    emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
+    face = SessionFace.of(session)
+    try:
+        sock = bind_socket(config.host, config.port, config.backlog)
+        grpc_hold = reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
+    except BaseException:
+        if "sock" in locals():
+            sock.close()
+        session.close(drain=False)
+        raise
+    grpc_port = grpc_hold.getsockname()[1] if grpc_hold is not None else None
+    ctx = multiprocessing.get_context("spawn")
+
+    def start(index: int) -> tuple[Any, FrontEndLink]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for s in (ours, theirs):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        requests = Arena.create(ARENA_BYTES, f"ortbatch-fe{index}-requests")
+        responses = Arena.create(ARENA_BYTES, f"ortbatch-fe{index}-responses")
+        spec = FrontEndSpec(
+            index=index,
+            directory=str(directory),
+            name=name,
+            config=config,
+            face=face,
+            http_socket=sock,
+            control=theirs,
+            requests=requests.handle,
+            responses=responses.handle,
+            grpc_port=grpc_port,
+        )
+        proc = ctx.Process(target=run_frontend, args=(spec,), name=f"ortbatch-frontend-{index}", daemon=False)
+        # the child starts with SIGINT ignored (it installs its own handler), so a Ctrl-C
+        # while it is still importing is no KeyboardInterrupt traceback
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            proc.start()
+        finally:
+            signal.signal(signal.SIGINT, old)
+        theirs.close()
+        return proc, FrontEndLink(session, ours, requests, responses)
+
+    stopping = threading.Event()
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    slots = [_FrontEnd(i + 1, start) for i in range(config.frontends)]
+    code = 0
+    try:
+        for slot in slots:
+            slot.start()
+        if not _wait_ready(slots, stopping):
+            code = 1
+        else:
+            what = f"{text}, {emb}"
+            if grpc_port is not None:
+                tls = " (TLS)" if config.ssl_certfile is not None else ""
+                host = f"[{config.host}]" if ":" in config.host else config.host
+                what += f"; gRPC{tls} on {host}:{grpc_port}"
+            pids = ", ".join(str(s.process.pid) for s in slots)
+            _say(f"{len(slots)} front-end processes (pids {pids}) over one BatchedSession")
+            _say(
+                f"model {name!r} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}",
+            )
+            _supervise(slots, stopping)
+    finally:
+        _stop_all(slots, config.graceful_timeout_s)
+        for s, h in previous.items():
+            signal.signal(s, h)
+        sock.close()
+        if grpc_hold is not None:
+            grpc_hold.close()
+        session.close(drain=True)
+    return _report(slots) if code == 0 else code
+
+
+def _wait_ready(slots: list[_FrontEnd], stopping: threading.Event) -> bool:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while not all(s.link is not None and s.link.ready.is_set() for s in slots):
+        for s in slots:
+            if s.process.exitcode is not None:
+                _say(f"error: front end {s.index} exited while starting (exit code {s.process.exitcode})")
+                return False
+        if stopping.is_set():
+            return False
+        if time.monotonic() > deadline:
+            _say(f"error: the front ends did not start within {_START_TIMEOUT_S:g} s")
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _supervise(slots: list[_FrontEnd], stopping: threading.Event) -> None:
+    """Until told to stop: restart a front end that died, with backoff."""
+    from multiprocessing.connection import wait
+
+    while not stopping.is_set():
+        live = [s.process.sentinel for s in slots if s.restart_at is None]
+        if live:
+            wait(live, timeout=0.1)
+        else:
+            stopping.wait(0.1)
+        now = time.monotonic()
+        for s in slots:
+            if stopping.is_set():
+                return
+            if s.restart_at is None and s.process.exitcode is not None:
+                code = s.process.exitcode
+                how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                if s.link is not None and s.link.counts is not None:
+                    s.counts.append(s.link.counts)
+                s.failures = 0 if now - s.started_at > _HEALTHY_AFTER_S else s.failures + 1
+                delay = min(_BACKOFF_S[0] * 2 ** max(s.failures - 1, 0), _BACKOFF_S[1])
+                if s.link is not None:
+                    dropped = len(s.link.inflight)
+                    s.link._lost()
+                else:
+                    dropped = 0
+                _say(
+                    f"front end {s.index} (pid {s.process.pid}) died ({how}); {dropped} request(s) it held "
+                    f"were dropped; restarting it in {delay:g} s"
+                )
+                s.process.join(0)
+                s.restart_at = now + delay
+            elif s.restart_at is not None and now >= s.restart_at:
+                s.start()
+                assert s.link is not None
+                s.link.ready.wait(_START_TIMEOUT_S)
+                _say(f"front end {s.index} restarted (pid {s.process.pid})")
+
+
+def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
+    """Tell every front end to stop, wait for them to answer what they hold and exit."""
+    for s in slots:
+        if s.process is not None and s.process.exitcode is None and s.link is not None:
+            s.link.send([("stop",)])
+    limit = time.monotonic() + (grace if grace is not None else 3600.0) + 15.0
+    for s in slots:
+        if s.process is None:
+            continue
+        s.process.join(max(limit - time.monotonic(), 0.1))
+        if s.process.exitcode is None:
+            _say(f"front end {s.index} (pid {s.process.pid}) did not stop; killing it")
+            s.process.kill()
+            s.process.join(5)
+        if s.link is not None:
+            s.link.closed.wait(5)  # its reader has seen the end of the stream (and the counts)
+            if s.link.counts is not None and s.restart_at is None:
+                s.counts.append(s.link.counts)
+            s.link._lost()
+
+
+def _report(slots: list[_FrontEnd]) -> int:
+    total = {k: 0 for k in ("accepted", "answered", "abandoned", "grpc_accepted", "grpc_answered")}
+    per = []
+    started = True
+    for s in slots:
+        last = s.counts[-1] if s.counts else None
+        if last is None:
+            started = False
+        for c in s.counts:
+            for k in total:
+                total[k] += int(c.get(k, 0))
+        mine = sum(int(c.get("accepted", 0)) + int(c.get("grpc_accepted", 0)) for c in s.counts)
+        per.append(f"{s.index}: {mine}")
+    rpc = f"; gRPC accepted={total['grpc_accepted']} answered={total['grpc_answered']}"
+    _say(
+        f"stopped; requests accepted={total['accepted']} answered={total['answered']} "
+        f"abandoned by their clients={total['abandoned']}{rpc}; by front end: {', '.join(per)}"
+    )
+    if not started:
+        return 1
+    unanswered = total["accepted"] - total["answered"] - total["abandoned"]
+    unanswered += total["grpc_accepted"] - total["grpc_answered"]
+    if unanswered > 0:
+        _say(f"{unanswered} request(s) were cancelled unanswered (--graceful-timeout-s exceeded)")
+        return 1
+    return 0
