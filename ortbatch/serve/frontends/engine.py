@@ -206,9 +206,11 @@ class FrontEndLink:
         with self._cond:
             self._cond.notify()
         try:
-            self.sock.close()
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader if it still waits
         except OSError:
             pass
+        self._reader.close()
+        self.sock.close()
         self.requests.close()
         self.responses.close()
 

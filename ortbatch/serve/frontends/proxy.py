@@ -392,6 +392,8 @@ class ProxySession:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self._thread.join(5)
+        self._reader.close()
         self._sock.close()
 
 
