@@ -103,7 +103,7 @@ def test_tensors_go_through_the_arena_and_fall_back_to_the_payload_when_it_is_fu
     big = [("c", np.arange(2000, dtype=np.float64))]  # 16 kB: larger than the arena
     specs, block = pack_tensors(big, arena, alloc, payload)
     assert block is None and len(payload) == 16000
-    (_, c), = unpack_tensors(specs, arena, payload, copy=False)
+    ((_, c),) = unpack_tensors(specs, arena, payload, copy=False)
     assert np.array_equal(c, big[0][1])
 
 

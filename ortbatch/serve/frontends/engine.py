@@ -66,6 +66,8 @@ class FrontEndLink:
         self.pid: int | None = None
         self.counts: dict[str, Any] | None = None
         self.closed = threading.Event()
+        #: requests still in the engine when the front end went away (dropped or discarded)
+        self.dropped = 0
         self._cond = threading.Condition()
         self._out: list[tuple[Any, ...]] = []
         self._reader = FrameReader(sock)
@@ -201,6 +203,7 @@ class FrontEndLink:
         if self.closed.is_set():
             return
         self.closed.set()
+        self.dropped = len(self.inflight)
         for fut in list(self.inflight.values()):
             fut.cancel()
         with self._cond:
@@ -382,10 +385,8 @@ def _supervise(slots: list[_FrontEnd], stopping: threading.Event) -> None:
                 s.failures = 0 if now - s.started_at > _HEALTHY_AFTER_S else s.failures + 1
                 delay = min(_BACKOFF_S[0] * 2 ** max(s.failures - 1, 0), _BACKOFF_S[1])
                 if s.link is not None:
-                    dropped = len(s.link.inflight)
                     s.link._lost()
-                else:
-                    dropped = 0
+                dropped = s.link.dropped if s.link is not None else 0
                 _say(
                     f"front end {s.index} (pid {s.process.pid}) died ({how}); {dropped} request(s) it held "
                     f"were dropped; restarting it in {delay:g} s"
