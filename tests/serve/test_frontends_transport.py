@@ -254,7 +254,7 @@ def test_concurrent_requests_each_get_their_own_answer(adder_path):
     session = BatchedSession(adder_path, max_batch_size=8, max_delay_ms=1)
     face = SessionFace.of(session)
     # an arena too small for every request at once: the rest go in the frame's payload
-    link, proxy = _pair(session, face, arena_bytes=4096)
+    _link, proxy = _pair(session, face, arena_bytes=4096)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((int(rng.integers(1, 4)), 3)).astype(np.float32) for _ in range(300)]
 
@@ -337,7 +337,7 @@ def _wait(cond: Any, timeout: float = 10.0) -> None:
 def test_served_model_metadata_comes_from_the_face_without_a_session(tmp_path: Path):
     from ortbatch.serve.model import ServedModel
 
-    link, proxy = _pair(Scripted())
+    _link, proxy = _pair(Scripted())
     served = ServedModel.for_export(proxy, tmp_path, name="fake")
     assert served.metadata()["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}]
     assert served.triton_config()["max_batch_size"] == 4
