@@ -51,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from serve_cost import _inproc, _ok, build_identity, build_pool  # noqa: E402
+from serve_cost import _inproc, _ok, build_identity, build_pool
 
 MODES = ("http-json", "http-binary", "grpc")
 _DT = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
