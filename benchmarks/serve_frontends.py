@@ -245,6 +245,7 @@ def measure(mode: str, c: int, server: Server, ctx: dict, args: argparse.Namespa
         else:
             run_wrk(f"http://{server.http}{path}", ctx[f"{mode}-script"], c, args.warmup)
     cpu0 = cpu_seconds(server.pids)
+    engine0 = cpu_seconds(server.pids[:1])
     t0 = time.monotonic()
     if mode == "grpc":
         proc_cpu = _child_cpu()
@@ -255,6 +256,7 @@ def measure(mode: str, c: int, server: Server, ctx: dict, args: argparse.Namespa
     wall = time.monotonic() - t0
     load_cpu = _child_cpu() - proc_cpu
     server_cpu = cpu_seconds(server.pids) - cpu0
+    engine_cpu = cpu_seconds(server.pids[:1]) - engine0
     stop.set()
     checker.join(60)
     r.pop("raw")
@@ -263,6 +265,7 @@ def measure(mode: str, c: int, server: Server, ctx: dict, args: argparse.Namespa
     r["errors"] += checker.errors + int(server.failures() - failures0)
     n = max(r["answered"], 1)
     r["server_cpu_us"] = round(server_cpu / n * 1e6)
+    r["engine_cpu_us"] = round(engine_cpu / n * 1e6)  # with one process: all of it
     r["load_cpu_us"] = round(load_cpu / n * 1e6)
     r["server_cores"] = round(server_cpu / wall, 2)
     return r
