@@ -310,3 +310,31 @@ def test_cli_refuses_frontends_for_a_repository_and_for_generation(tmp_path, enc
     r = _cli(str(gen), "--frontends", "2")
     assert r.returncode == 2 and "text-generation exports" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_ctrl_c_stops_the_whole_group_without_a_traceback(tmp_path, encoder_dir):
+    """A terminal's Ctrl-C sends SIGINT to every process of the group at once."""
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ortbatch.cli", "serve", str(encoder_dir), *ARGS, "--port", "0"],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (m := re.search(r"listening on (http://\S+)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        assert httpx.post(m.group(1) + "/v2/models/tiny/infer", json=infer_body(np.array([[2, 5, 3]]))).is_success
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert re.search(r"stopped; requests accepted=1 answered=1 ", text), text
