@@ -177,12 +177,14 @@ async def _inproc(model: Path, output: str, pool: list, tasks: int, window: tupl
 class Server:
     """``ortbatch serve MODEL --port 0 --grpc-port 0`` in a subprocess."""
 
-    def __init__(self, model: Path, name: str, max_batch_size: int, log: Path) -> None:
+    def __init__(self, model: Path, name: str, max_batch_size: int, log: Path, extra: tuple[str, ...] = ()) -> None:
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.log_path = log
+        self.text = ""
         cmd = [sys.executable, "-m", "ortbatch.cli", "serve", str(model), "--name", name, "--port", "0"]
         cmd += ["--grpc-port", "0", "--no-access-log", "--log-level", "warning"]
         cmd += ["--max-batch-size", str(max_batch_size), "--max-queue", "4096"]
+        cmd += extra  # later flags win (serve_frontends.py adds --frontends N)
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -190,6 +192,7 @@ class Server:
             m = re.search(r"gRPC on (\S+?)\); listening on http://(\S+)", text)
             if m:
                 self.grpc, self.http = m.group(1), m.group(2)
+                self.text = text
                 return
             if self.proc.poll() is not None:
                 break

@@ -37,7 +37,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -51,6 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import serve_cost
 from serve_cost import _inproc, _ok, build_identity, build_pool
 
 MODES = ("http-json", "http-binary", "grpc")
@@ -71,45 +71,22 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-class Server:
-    """``ortbatch serve MODEL --frontends N --grpc-port 0`` in a subprocess."""
+class Server(serve_cost.Server):
+    """``ortbatch serve MODEL --frontends N --grpc-port 0`` in a subprocess; ``pids`` are
+    the engine's and its front ends'."""
 
     def __init__(self, model: Path, name: str, frontends: int, args: argparse.Namespace, log: Path) -> None:
+        extra = ("--frontends", str(frontends), "--max-queue", "8192", "--limit-concurrency", "4096")
+        super().__init__(model, name, args.max_batch_size, log, extra)
         self.frontends = frontends
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "ortbatch.cli", "serve", str(model), "--name", name, "--port", "0"]
-        cmd += ["--grpc-port", "0", "--no-access-log", "--log-level", "warning", "--frontends", str(frontends)]
-        cmd += ["--max-batch-size", str(args.max_batch_size), "--max-queue", "8192", "--limit-concurrency", "4096"]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            text = log.read_text(errors="replace")
-            m = re.search(r"gRPC on (\S+?)\); listening on http://(\S+)", text)
-            if m:
-                self.grpc, self.http = m.group(1), m.group(2)
-                p = re.search(r"pids ([\d, ]+)\)", text)
-                self.pids = [self.proc.pid] + ([int(x) for x in p.group(1).split(", ")] if p else [])
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        self.stop()
-        raise SystemExit(f"serve_frontends: the server did not start:\n{log.read_text(errors='replace')}")
+        p = re.search(r"pids ([\d, ]+)\)", self.text)
+        self.pids = [self.proc.pid] + ([int(x) for x in p.group(1).split(", ")] if p else [])
 
     def failures(self) -> float:
         import httpx
 
         text = httpx.get(f"http://{self.http}/metrics", timeout=30).text
         return sum(float(v) for v in re.findall(r"^ortbatch_session_failures_total\{[^}]*\} ([0-9.e+]+)", text, re.M))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self._log.close()
 
 
 # -- pre-serialized requests -------------------------------------------------------------

@@ -251,10 +251,14 @@ def _build_app(
 
 
 def _grpc_server(
-    served: ServedModel | ServedGenerator | ModelRepository, config: ServeConfig, app: Any = None
+    served: ServedModel | ServedGenerator | ModelRepository,
+    config: ServeConfig,
+    app: Any = None,
+    reuse_port: bool = False,
 ) -> GrpcServer | None:
     """The started gRPC service when ``config.grpc_port`` is set (None otherwise); its
-    requests are counted in ``app``'s ``/metrics``."""
+    requests are counted in ``app``'s ``/metrics``. ``reuse_port``: share the port with the
+    other front ends (``--frontends``)."""
     if config.grpc_port is None:
         return None
     from .grpc import GrpcServer
@@ -268,6 +272,7 @@ def _grpc_server(
         ssl_keyfile=config.ssl_keyfile,
         max_message_bytes=config.max_body_bytes,
         metrics=app.state.metrics if app is not None else None,
+        reuse_port=reuse_port,
     ).start()
 
 

@@ -11,6 +11,7 @@ fails what it holds with 503 / UNAVAILABLE and exits.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -101,9 +102,8 @@ def _run(spec: FrontEndSpec) -> int:
         signal.signal(s, on_signal)
 
     from ...errors import OrtBatchError
-    from ..grpc import GrpcServer
     from ..model import ServedModel
-    from ..server import _build_app, _uvicorn_config
+    from ..server import _build_app, _grpc_server, _uvicorn_config
 
     config = spec.config
 
@@ -137,18 +137,8 @@ def _run(spec: FrontEndSpec) -> int:
 
         server = uvicorn.Server(_uvicorn_config(app, config))
         state["server"] = server
-        grpc_server = None
-        if spec.grpc_port is not None:
-            grpc_server = GrpcServer(
-                served,
-                host=config.host,
-                port=spec.grpc_port,
-                api_key=config.api_key,
-                ssl_certfile=config.ssl_certfile,
-                ssl_keyfile=config.ssl_keyfile,
-                max_message_bytes=config.max_body_bytes,
-                reuse_port=True,
-            ).start()
+        grpc_server = _grpc_server(served, dataclasses.replace(config, grpc_port=spec.grpc_port), app, reuse_port=True)
+        if grpc_server is not None:
             state["grpc"] = grpc_server
     except OrtBatchError as exc:
         print(f"ortbatch serve: front end {spec.index}: error: {exc}", file=sys.stderr, flush=True)
