@@ -66,6 +66,7 @@ class FrontEndLink:
         self.pid: int | None = None
         self.counts: dict[str, Any] | None = None
         self.closed = threading.Event()
+        self._drop_lock = threading.Lock()
         #: requests still in the engine when the front end went away (dropped or discarded)
         self.dropped = 0
         self._cond = threading.Condition()
@@ -91,7 +92,7 @@ class FrontEndLink:
         except Exception:
             log.exception("engine: a front end's message could not be handled; dropping the front end")
         finally:
-            self._lost()
+            self.drop()
 
     def _handle(self, msg: tuple[Any, ...], payload: bytearray) -> None:
         kind = msg[0]
@@ -191,18 +192,19 @@ class FrontEndLink:
             try:
                 write_frame(self.sock, messages, payload)
             except OSError:
-                self._lost()
+                self.drop()
 
     def send(self, messages: list[Any]) -> None:
         """Queue control messages (e.g. ``("stop",)``) for the front end."""
         for m in messages:
             self._post(("msg", m))
 
-    def _lost(self) -> None:
+    def drop(self) -> None:
         """The front end closed its end or died: drop what it still has queued."""
-        if self.closed.is_set():
-            return
-        self.closed.set()
+        with self._drop_lock:
+            if self.closed.is_set():
+                return
+            self.closed.set()
         self.dropped = len(self.inflight)
         for fut in list(self.inflight.values()):
             fut.cancel()
@@ -229,6 +231,8 @@ class _FrontEnd:
         self.started_at = 0.0
         self.failures = 0
         self.restart_at: float | None = None
+        #: restarted, and "restarted" not yet said (it is once the new process serves)
+        self.announce = False
         self.counts: list[dict[str, Any]] = []
 
     def start(self) -> None:
@@ -385,7 +389,7 @@ def _supervise(slots: list[_FrontEnd], stopping: threading.Event) -> None:
                 s.failures = 0 if now - s.started_at > _HEALTHY_AFTER_S else s.failures + 1
                 delay = min(_BACKOFF_S[0] * 2 ** max(s.failures - 1, 0), _BACKOFF_S[1])
                 if s.link is not None:
-                    s.link._lost()
+                    s.link.drop()
                 dropped = s.link.dropped if s.link is not None else 0
                 _say(
                     f"front end {s.index} (pid {s.process.pid}) died ({how}); {dropped} request(s) it held "
@@ -395,8 +399,10 @@ def _supervise(slots: list[_FrontEnd], stopping: threading.Event) -> None:
                 s.restart_at = now + delay
             elif s.restart_at is not None and now >= s.restart_at:
                 s.start()
-                assert s.link is not None
-                s.link.ready.wait(_START_TIMEOUT_S)
+                s.announce = True
+            elif s.announce and s.link is not None and s.link.ready.is_set():
+                # said once it serves (the loop keeps watching the others meanwhile)
+                s.announce = False
                 _say(f"front end {s.index} restarted (pid {s.process.pid})")
 
 
@@ -418,7 +424,7 @@ def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
             s.link.closed.wait(5)  # its reader has seen the end of the stream (and the counts)
             if s.link.counts is not None and s.restart_at is None:
                 s.counts.append(s.link.counts)
-            s.link._lost()
+            s.link.drop()
 
 
 def _report(slots: list[_FrontEnd]) -> int:
