@@ -338,3 +338,25 @@ def test_ctrl_c_stops_the_whole_group_without_a_traceback(tmp_path, encoder_dir)
     text = log.read_text()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     assert re.search(r"stopped; requests accepted=1 answered=1 ", text), text
+
+
+def test_sigterm_answers_a_request_still_queued_in_the_engine(serve_process, encoder_dir):
+    """A 2 s batching window holds the request in the engine's queue while SIGTERM
+    arrives: the front end waits for its answer, the session drains before it closes."""
+    srv = serve_process(str(encoder_dir), "--name", "tiny", "--frontends", "2", "--max-delay-ms", "2000")
+    result: dict[str, Any] = {}
+
+    def call() -> None:
+        result["r"] = httpx.post(srv.url + "/v2/models/tiny/infer", json=infer_body(np.array([[2, 5, 3]])), timeout=60)
+
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not re.search(r"^ortbatch_queue_depth 1\.0", httpx.get(srv.url + "/metrics").text, re.M):
+        assert time.monotonic() < deadline, "the request never reached the engine's queue"
+        time.sleep(0.02)
+    srv.terminate()
+    assert srv.wait(60) == 0, srv.text()
+    t.join(30)
+    assert result["r"].status_code == 200, result["r"].text
+    assert re.search(r"requests accepted=(\d+) answered=\1 ", srv.text()), srv.text()

@@ -151,7 +151,7 @@ def _run(spec: FrontEndSpec) -> int:
         while not server.started and not stop.is_set():
             time.sleep(0.01)
         if server.started:
-            proxy._send([("ready", os.getpid())])
+            proxy.notify([("ready", os.getpid())])
 
     threading.Thread(target=announce, name="ortbatch-frontend-ready", daemon=True).start()
     server.run(sockets=[spec.http_socket])

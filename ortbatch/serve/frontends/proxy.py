@@ -281,6 +281,10 @@ class ProxySession:
             self._outbox, self._payload = [], bytearray()
         self._send(messages, payload)
 
+    def notify(self, messages: list[Any]) -> None:
+        """Send control messages to the engine now (e.g. ``("ready", pid)``)."""
+        self._send(messages)
+
     def _send(self, messages: list[Any], payload: bytearray | bytes = b"") -> None:
         try:
             with self._send_lock:
