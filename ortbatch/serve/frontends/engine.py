@@ -277,10 +277,13 @@ def serve_frontends(directory: str | Path, config: Any) -> int:
     face = SessionFace.of(session)
     try:
         sock = bind_socket(config.host, config.port, config.backlog)
+    except BaseException:
+        session.close(drain=False)
+        raise
+    try:
         grpc_hold = reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
     except BaseException:
-        if "sock" in locals():
-            sock.close()
+        sock.close()
         session.close(drain=False)
         raise
     grpc_port = grpc_hold.getsockname()[1] if grpc_hold is not None else None
