@@ -467,6 +467,10 @@ class BackgroundServer:
         close_model: bool = True,
     ) -> None:
         self.config = config or ServeConfig(port=0, access_log=False, log_level="warning")
+        if self.config.frontends != 1:
+            raise ServeError(
+                "BackgroundServer serves from a thread of this process: frontends must be 1 (serve() runs more)"
+            )
         self.model = model
         self.app = _build_app(model, self.config, close_model)
         self._sock = bind_socket(self.config.host, self.config.port, self.config.backlog)

@@ -127,3 +127,10 @@ def test_engine_gone_is_503_and_not_ready():
         direct.stop()
         proxy.shutdown()
         link.closed.wait(10)
+
+
+def test_background_server_refuses_frontends():
+    from ortbatch.errors import ServeError
+
+    with pytest.raises(ServeError, match="frontends must be 1"):
+        BackgroundServer(ServedModel(OneProcess(), "m"), ServeConfig(port=0, frontends=2))
