@@ -257,7 +257,9 @@ def _build(
     if rcp.quantize is not None:
         say(f"quantizing ({rcp.quantize.label}) with onnxruntime.quantization")
         for f in onnx_files:
-            quantized = quantize_model(out / f, rcp.quantize, tokenizer=tokenizer, texts=rcp.samples)
+            quantized = quantize_model(
+                out / f, rcp.quantize, tokenizer=tokenizer, texts=rcp.samples, max_length=max_seq
+            )
     tokenizer.save_pretrained(out)
     manifest = _write_manifest(out, resolved, rcp, tokenizer, onnx_files, max_seq)
     if quantized is not None:  # the variant and the int8 tolerances the checks will use

@@ -1,0 +1,212 @@
+"""Graph rewrites that make dynamic int8 accurate on transformer encoders.
+
+Dynamic int8 (``MatMulInteger`` after ``DynamicQuantizeLinear``) takes one activation
+scale per tensor. Two things set that scale on an encoder, and both crush the precision
+of everything else in the tensor (measured on all-MiniLM-L6-v2, docs/benchmarks.md):
+
+- **Outlier channels.** A few hidden units of a trained transformer carry values 20-45x
+  the median unit's (MiniLM's units 63, 99, 157, 223 after LayerNorm; some GELU outputs),
+  the same units for every token. :func:`prepare_int8` finds them by calibration (an
+  input channel whose largest ``|x|`` exceeds ``outlier_ratio`` times the median
+  channel's) and computes them in float, the rest in int8, as LLM.int8() does:
+  ``X @ W = (X * inlier_mask) @ W  +  X[..., outliers] @ W[outliers, :]``. The int8 part
+  no longer sees the outliers, so its scale fits the other units; the float part is a
+  MatMul with a handful of rows. Exact in fp32 (the two parts add up to the original).
+- **Padding.** In a right-padded batch the pad positions' hidden states (which attention
+  masks out, so no real token ever reads them) still enter the per-tensor range, so one
+  row's answer moves with its batch mates' lengths. ``mask_padding`` multiplies each
+  quantized MatMul's input by the attention mask first: pad rows become 0 and only real
+  tokens set the scale. Exact for every real token; the pad positions' outputs (which
+  every consumer ignores) change.
+
+Both are plain ONNX operators (Mul, Gather, MatMul, Add, Unsqueeze, Cast), so the export
+stays a plain ONNX model that any onnxruntime runs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExportError
+
+__all__ = ["Int8Prep", "prepare_int8"]
+
+_PAD_MASK = "ortbatch_pad_mask"
+
+
+@dataclass
+class Int8Prep:
+    """What :func:`prepare_int8` did: the float nodes to keep out of quantization and counts
+    for the manifest."""
+
+    float_nodes: list[str] = field(default_factory=list)
+    outlier_channels: int = 0
+    split_inputs: int = 0
+    masked_inputs: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "outlier_channels": self.outlier_channels,
+            "outlier_split_inputs": self.split_inputs,
+            "padding_masked_inputs": self.masked_inputs,
+        }
+
+
+def _weight_matmuls(model: Any) -> dict[str, list[tuple[int, Any]]]:
+    """(position, node) of the MatMuls whose B is a 2-D float initializer, grouped by their
+    (shared) input A."""
+    import onnx
+
+    inits = {i.name: i for i in model.graph.initializer}
+    groups: dict[str, list[tuple[int, Any]]] = {}
+    for pos, node in enumerate(model.graph.node):
+        if node.op_type != "MatMul" or node.input[1] not in inits:
+            continue
+        w = inits[node.input[1]]
+        if len(w.dims) == 2 and w.data_type == onnx.TensorProto.FLOAT:
+            groups.setdefault(node.input[0], []).append((pos, node))
+    return groups
+
+
+def _input_amax(
+    model: Any, names: Sequence[str], feeds: Sequence[Mapping[str, np.ndarray]], workdir: Path
+) -> dict[str, tuple[np.ndarray, int]]:
+    """Per-channel max |x| of each tensor in ``names`` over ``feeds`` (rows where the feed's
+    attention mask is set), with the tensor's rank."""
+    import onnx
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in have:
+            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    path = workdir / "probe.onnx"
+    big = probe.ByteSize() > 1_800_000_000
+    onnx.save(probe, os.fspath(path), save_as_external_data=big, location="probe.onnx.data" if big else None)
+    del probe
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    # the plain graph: ORT's fusions would rename or fold the tensors we read
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(os.fspath(path), opts, providers=["CPUExecutionProvider"])
+    amax: dict[str, tuple[np.ndarray, int]] = {}
+    for feed in feeds:
+        mask = feed.get("attention_mask")
+        for name, value in zip(names, sess.run(list(names), dict(feed)), strict=True):
+            v = np.abs(np.asarray(value, dtype=np.float32))
+            if mask is not None and v.ndim == 3 and v.shape[:2] == mask.shape:
+                v = v[mask.astype(bool)]
+            v = v.reshape(-1, v.shape[-1])
+            cur = v.max(axis=0) if len(v) else np.zeros(v.shape[-1], np.float32)
+            prev = amax.get(name)
+            amax[name] = (cur if prev is None else np.maximum(prev[0], cur), np.asarray(value).ndim)
+    return amax
+
+
+def prepare_int8(
+    model: Any,
+    *,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    outlier_ratio: float | None,
+    mask_padding: bool,
+    exclude: Sequence[str] = (),
+) -> Int8Prep:
+    """Rewrite ``model`` (an ``onnx.ModelProto``, in place) for dynamic int8.
+
+    ``feeds`` (tokenized real texts) calibrate the channel ranges. MatMuls named in
+    ``exclude`` stay float and untouched. Returns the float nodes the quantizer must skip.
+    Raises :class:`ExportError` when the model cannot take a rewrite asked for.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    if not feeds:
+        raise ExportError("int8 outlier_ratio / mask_padding need calibration texts")
+    graph = model.graph
+    inputs = {i.name for i in graph.input}
+    if mask_padding and ("attention_mask" not in inputs or any("past" in n for n in inputs)):
+        raise ExportError(
+            "quantization.mask_padding needs an encoder with an attention_mask input (batch, sequence); "
+            f"this model takes {sorted(inputs)}"
+        )
+    skip = set(exclude)
+    groups = {x: [(p, n) for p, n in nodes if n.name not in skip] for x, nodes in _weight_matmuls(model).items()}
+    groups = {x: nodes for x, nodes in groups.items() if nodes}
+    if not groups:
+        raise ExportError("int8 outlier_ratio / mask_padding: the model has no MatMul with a weight matrix")
+    with tempfile.TemporaryDirectory(prefix="ortbatch-int8prep-") as tmp:
+        amax = _input_amax(model, list(groups), feeds, Path(tmp))
+    inits = {i.name: i for i in graph.initializer}
+    prep = Int8Prep()
+    before: dict[int, list[Any]] = {}  # node position -> nodes to insert before it
+    after: dict[int, list[Any]] = {}
+    head: list[Any] = []
+    if mask_padding:
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        if opset >= 13:
+            axes = numpy_helper.from_array(np.array([-1], np.int64), f"{_PAD_MASK}_axes")
+            graph.initializer.append(axes)
+            unsq = helper.make_node("Unsqueeze", ["attention_mask", axes.name], [f"{_PAD_MASK}_u"], name="PadMaskUnsq")
+        else:
+            unsq = helper.make_node("Unsqueeze", ["attention_mask"], [f"{_PAD_MASK}_u"], name="PadMaskUnsq", axes=[-1])
+        cast = helper.make_node("Cast", [f"{_PAD_MASK}_u"], [_PAD_MASK], name="PadMaskCast", to=onnx.TensorProto.FLOAT)
+        head = [unsq, cast]
+    for i, (x, nodes) in enumerate(groups.items()):
+        channels, rank = amax[x]
+        key = f"ortbatch_int8_{i}"
+        cur = x
+        added: list[Any] = []
+        if mask_padding and rank == 3:
+            added.append(helper.make_node("Mul", [cur, _PAD_MASK], [f"{key}_unpadded"], name=f"{key}_PadMul"))
+            cur = f"{key}_unpadded"
+            prep.masked_inputs += 1
+        idx = np.zeros(0, np.int64)
+        if outlier_ratio is not None and channels.size > 1:
+            median = float(np.median(channels))
+            idx = np.flatnonzero(channels > outlier_ratio * max(median, 1e-12)).astype(np.int64)
+        if idx.size:
+            keep = np.ones(channels.size, np.float32)
+            keep[idx] = 0.0
+            graph.initializer.extend(
+                [numpy_helper.from_array(keep, f"{key}_inliers_mask"), numpy_helper.from_array(idx, f"{key}_outliers")]
+            )
+            added += [
+                helper.make_node("Mul", [cur, f"{key}_inliers_mask"], [f"{key}_inliers"], name=f"{key}_InlierMul"),
+                helper.make_node("Gather", [x, f"{key}_outliers"], [f"{key}_outlier_x"], name=f"{key}_Gather", axis=-1),
+            ]
+            cur = f"{key}_inliers"
+            prep.outlier_channels += int(idx.size)
+            prep.split_inputs += 1
+        if not added:
+            continue
+        before.setdefault(nodes[0][0], []).extend(added)
+        for j, (pos, node) in enumerate(nodes):
+            node.input[0] = cur
+            if not idx.size:
+                continue
+            w = numpy_helper.to_array(inits[node.input[1]])
+            rows = numpy_helper.from_array(np.ascontiguousarray(w[idx]), f"{key}_{j}_outlier_rows")
+            graph.initializer.append(rows)
+            y = node.output[0]
+            node.output[0] = f"{key}_{j}_int8_part"
+            fm = helper.make_node(
+                "MatMul", [f"{key}_outlier_x", rows.name], [f"{key}_{j}_float_part"], name=f"{key}_{j}_FloatMatMul"
+            )
+            add = helper.make_node("Add", [node.output[0], fm.output[0]], [y], name=f"{key}_{j}_Add")
+            after.setdefault(pos, []).extend([fm, add])
+            prep.float_nodes.append(fm.name)
+    order = list(head)
+    for pos, node in enumerate(graph.node):
+        order += [*before.get(pos, []), node, *after.get(pos, [])]
+    del graph.node[:]
+    graph.node.extend(order)
+    return prep
