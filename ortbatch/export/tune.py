@@ -2,7 +2,9 @@
 
 1. Build the candidate variants that fit this machine (:func:`candidates`): fp32, ORT
    fusions O1/O2, int8 dynamic (per-channel; on the fused graph; first and last layers
-   kept in float), int8 static; on a GPU also fp16 (O4) and TensorRT fp16.
+   kept in float; outlier units kept in float with padding masked, searched from the
+   fewest float units to more until the checks pass), int8 static; on a GPU also fp16
+   (O4) and TensorRT fp16.
 2. Run the full built-in checks on each, with the user's floors (``min_cosine``, ...)
    merged over the variant's own tolerances. A variant that fails is never benchmarked
    and never chosen; the table says which metric failed and by how much.
@@ -28,7 +30,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,14 @@ class Variant:
     dtype: str = "fp32"
     device: str = "cpu"
     trt: bool = False
+    #: accuracy-aware search: quantizations to try in turn, each keeping more in float
+    #: (so slower, more accurate), when the one before fails the checks; the first that
+    #: passes is the variant. Only the check samples drive it, never the held-out set.
+    fallbacks: tuple[QuantizeConfig, ...] = ()
+
+    def attempts(self) -> list[Variant]:
+        """This variant, then one per fallback quantization."""
+        return [self, *(replace(self, quantize=q, fallbacks=()) for q in self.fallbacks)]
 
     def export_kwargs(self) -> dict[str, Any]:
         return {
@@ -106,6 +116,13 @@ def candidates(providers: Sequence[str] | None = None) -> list[Variant]:
         Variant("O1", optimize="O1"),
         Variant("O2", optimize="O2"),
         Variant("int8", quantize=QuantizeConfig("int8")),
+        # outlier units in float and padding out of the scale (ortbatch.export.outliers);
+        # 7-bit weights: the u8s8 kernels of CPUs without VNNI saturate int16 sums otherwise
+        Variant(
+            "int8-outliers",
+            quantize=_outliers(6.0),
+            fallbacks=(_outliers(4.0), _outliers(3.0), _outliers(2.0)),
+        ),
         Variant("O2+int8", optimize="O2", quantize=QuantizeConfig("int8")),
         Variant("int8-float-edges", quantize=QuantizeConfig("int8", keep_float="edges")),
         Variant("int8-static", quantize=QuantizeConfig("int8-static", op_types=("MatMul",))),
@@ -115,6 +132,10 @@ def candidates(providers: Sequence[str] | None = None) -> list[Variant]:
     if TRT in providers:
         out.append(Variant("trt-fp16", dtype="fp16", device="cuda", trt=True))
     return out
+
+
+def _outliers(ratio: float) -> QuantizeConfig:
+    return QuantizeConfig("int8", reduce_range=True, outlier_ratio=ratio, mask_padding=True)
 
 
 @dataclass
@@ -135,6 +156,8 @@ class VariantResult:
     holdout: str = "-"
     directory: Path | None = None
     onnx_mib: float | None = None
+    quantization: str | None = None  # the label of the quantization that was built
+    attempts: list[str] = field(default_factory=list)  # the search's rejected tries, in order
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -151,6 +174,8 @@ class VariantResult:
             "speedup_vs_fp32": None if self.speedup is None else round(self.speedup, 3),
             "holdout": self.holdout,
             "onnx_mib": None if self.onnx_mib is None else round(self.onnx_mib, 1),
+            "quantization": self.quantization,
+            "attempts": self.attempts,
         }
 
 
@@ -169,6 +194,8 @@ class TuneResult:
         rows = []
         for r in self.rows:
             checks = r.status if not r.failure else f"{r.status}: {r.failure}"
+            if r.attempts:
+                checks += f" (as {r.quantization}; rejected first: " + "; ".join(r.attempts) + ")"
             if not markdown and len(checks) > 100:
                 checks = checks[:99] + "…"
             mark = " (chosen)" if self.chosen is not None and r.variant == self.chosen.variant else ""
@@ -310,7 +337,16 @@ def tune(
                 _tick(bar)
                 continue
             say(f"[{i + 1}/{len(chosen_variants)}] {var.name}: export and checks")
-            row = _build(model_ref, work / _slug(var.name), var, rcp, floors)
+            row = _search(
+                model_ref,
+                work / _slug(var.name),
+                var,
+                rcp,
+                floors,
+                lambda: deadline - time.perf_counter(),
+                0.2 * budget_s,
+                say,
+            )
             rows.append(row)
             _tick(bar)
             if row.directory is not None:
@@ -459,6 +495,48 @@ def _slug(name: str) -> str:
 def _tick(bar: Any) -> None:
     if bar is not None:
         bar.update(1)
+
+
+def _search(
+    model: str,
+    d: Path,
+    var: Variant,
+    rcp: Any,
+    floors: dict[str, float],
+    left: Callable[[], float],
+    reserve_s: float,
+    say: Progress,
+) -> VariantResult:
+    """Build ``var``; while its checks fail and it has fallbacks (each keeping more of the
+    model in float), build the next, as long as one more build fits in ``left()`` minus
+    ``reserve_s``. Returns the first that passes, or the last tried, with the rejected
+    tries (quantization, worst metric) in ``attempts``."""
+    tries = var.attempts()
+    notes: list[str] = []
+    spent = 0.0
+    row: VariantResult | None = None
+    for k, attempt in enumerate(tries):
+        if row is not None:  # the previous try failed its checks
+            if left() < reserve_s + row.export_s:
+                notes.append(f"{len(tries) - k} more not tried: budget")
+                break
+            notes.append(f"{row.quantization}: {row.worst_metric}")
+            say(f"  {var.name}: {notes[-1]}; trying {_qlabel(attempt)}")
+            if row.directory is not None:
+                shutil.rmtree(row.directory, ignore_errors=True)
+        row = _build(model, d, attempt, rcp, floors)
+        spent += row.export_s
+        row.variant, row.quantization = var.name, _qlabel(attempt)
+        if row.status != "failed":
+            break
+    assert row is not None
+    row.export_s = spent
+    row.attempts = notes
+    return row
+
+
+def _qlabel(var: Variant) -> str | None:
+    return var.quantize.label if var.quantize is not None else None
 
 
 def _build(model: str, d: Path, var: Variant, rcp: Any, floors: dict[str, float]) -> VariantResult:
