@@ -33,6 +33,8 @@ checks use, and the TensorRT profile. Keyword arguments given to ``export_model`
     reduce_range = false
     keep_float = "none"                    # or "edges": first and last layers stay float
     nodes_to_exclude = []
+    outlier_ratio = 4.0                    # int8, encoders: outlier input channels in float
+    mask_padding = true                    # int8, encoders: padding never sets the scale
 
     [tolerances.int8]                      # overrides of INT8_TOLERANCES for the task
     cosine = 0.99

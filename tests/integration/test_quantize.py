@@ -138,3 +138,51 @@ def test_quantization_errors_are_typed_and_name_the_problem(tiny_model, tmp_path
         export_model(tiny_model("bert"), tmp_path / "a", quantize=cfg, validate=False)
     with pytest.raises(ExportError, match="fp32 CPU exports"):
         export_model(tiny_model("bert"), tmp_path / "b", quantize="int8", dtype="fp16", validate=False)
+
+
+def test_outlier_split_and_padding_mask_rescue_the_model_all_nodes_int8_breaks(outlier_bert, tmp_path):
+    """The same model plain int8 breaks (above): its outlier unit computed in float and
+    padding kept out of the scale, int8 passes the int8 checks; the export records what
+    the rewrite did and stays plain ONNX."""
+    from ortbatch.export import export_model
+    from ortbatch.export.quantize import QuantizeConfig
+
+    cfg = QuantizeConfig("int8", outlier_ratio=6.0, mask_padding=True)
+    res = export_model(outlier_bert, tmp_path / "int8", quantize=cfg, raise_on_failure=False)
+    assert res.report.passed, res.report.summary()
+    q = json.loads((res.directory / "ortbatch.json").read_text())["source"]["quantization"]
+    assert q["outlier_ratio"] == 6.0 and q["mask_padding"] is True
+    # the planted unit (channel 0 of every FFN output projection's input) is split off
+    assert q["outlier_channels"] >= 2 and q["outlier_split_inputs"] >= 2
+    assert q["padding_masked_inputs"] > 0
+    assert {"MatMulInteger", "DynamicQuantizeLinear", "Gather"} <= _op_types(res.directory / "model.onnx")
+
+
+def test_the_outlier_rewrite_is_exact_in_float(tiny_model, tmp_path):
+    """Before quantization the rewrite changes no real token's value: split parts add up
+    to the original MatMul and pad masking touches pad rows only."""
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    from ortbatch.export import export_model
+    from ortbatch.export.outliers import prepare_int8
+
+    d = export_model(tiny_model("bert"), tmp_path / "fp32").directory
+    model = onnx.load(str(d / "model.onnx"))
+    tok = AutoTokenizer.from_pretrained(d)
+    feeds = [{k: v.astype(np.int64) for k, v in tok([t], return_tensors="np").items()} for t in ("a b c", "hello")]
+    graph_inputs = {i.name for i in model.graph.input}
+    feeds = [{k: v for k, v in f.items() if k in graph_inputs} for f in feeds]
+    prep = prepare_int8(model, feeds=feeds, outlier_ratio=1.5, mask_padding=True)
+    assert prep.outlier_channels > 0 and prep.masked_inputs > 0 and prep.float_nodes
+    onnx.checker.check_model(model)
+    rewritten = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    original = ort.InferenceSession(str(d / "model.onnx"), providers=["CPUExecutionProvider"])
+    enc = tok(["a much longer sentence than the other", "hi"], return_tensors="np", padding=True)
+    feed = {k: v.astype(np.int64) for k, v in enc.items() if k in graph_inputs}
+    want, got = original.run(None, feed)[0], rewritten.run(None, feed)[0]
+    real = feed["attention_mask"].astype(bool)
+    np.testing.assert_allclose(got[real], want[real], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ExportError, match="mask_padding needs an encoder"):
+        gpt = onnx.load(str(export_model(tiny_model("gpt2"), tmp_path / "gpt").directory / "model.onnx"))
+        prepare_int8(gpt, feeds=feeds, outlier_ratio=None, mask_padding=True)
