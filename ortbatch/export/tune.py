@@ -634,6 +634,9 @@ def _length_filtered_texts(export_dir: Path, low: int, high: int, texts: list[st
     return dest
 
 
+_CYCLES = 64
+
+
 def _measure(
     directory: Path, s: RuntimeSetting, workload: Any, concurrency: int, seconds: float, warm_s: float = 5.0
 ) -> tuple[float, float, float]:
@@ -657,7 +660,9 @@ def _measure(
         run_clients(
             "batched", call, workload, warm, concurrency, max_seconds=warm_s, keep=frozenset(), on_progress=None
         )
-        ids = list(range(len(workload)))
+        # cycle the workload: the cell's time, not the number of distinct requests, ends it
+        # (one pass of 512 requests took ~3 s of a 10 s cell on MiniLM, too short to measure)
+        ids = list(range(len(workload))) * _CYCLES
         res = run_clients(
             "batched", call, workload, ids, concurrency, max_seconds=seconds, keep=frozenset(), on_progress=None
         )
