@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .._ort import CPU
 from ..errors import ExportError
 
 __all__ = ["Int8Prep", "prepare_int8"]
@@ -97,7 +98,7 @@ def _input_amax(
     opts.log_severity_level = 3
     # the plain graph: ORT's fusions would rename or fold the tensors we read
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(os.fspath(path), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(os.fspath(path), opts, providers=[CPU])
     amax: dict[str, tuple[np.ndarray, int]] = {}
     for feed in feeds:
         mask = feed.get("attention_mask")
