@@ -163,7 +163,7 @@ def test_errors_cross_as_their_own_class_with_message_and_attributes(exc):
 
 def test_an_unknown_error_class_becomes_an_inference_error_naming_it():
     class Weird(Exception):
-        pass
+        """An error class the decoding side has no reason to trust or import."""
 
     back = decode_error(*encode_error(Weird("boom")))
     assert type(back) is InferenceError and "Weird: boom" in str(back)
