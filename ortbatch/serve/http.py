@@ -307,7 +307,8 @@ def assemble_app(routes: list[Any], served: Any, metrics: ServerMetrics, *, clos
         )
 
     async def prometheus(request: Any) -> Any:
-        data, ctype = metrics.render()
+        # off the event loop: a collector may wait (over --frontends, for the engine's stats)
+        data, ctype = await asyncio.to_thread(metrics.render)
         return Response(data, headers={"Content-Type": ctype})
 
     routes = [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_frontends_transport import FACE, Scripted
 
+from ortbatch.runtime.stats import Stats
 from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel
 from ortbatch.serve.frontends.engine import FrontEndLink
 from ortbatch.serve.frontends.proxy import ProxySession
@@ -134,3 +136,38 @@ def test_background_server_refuses_frontends():
 
     with pytest.raises(ServeError, match="frontends must be 1"):
         BackgroundServer(ServedModel(OneProcess(), "m"), ServeConfig(port=0, frontends=2))
+
+
+class SlowStats(OneProcess):
+    """A session whose ``stats()`` blocks until released, as a ProxySession's does while
+    the engine is slow to answer its stats request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = threading.Event()
+        self.release = threading.Event()
+
+    def stats(self) -> Any:
+        self.asked.set()
+        self.release.wait(30)
+        return Stats(0, 0, 0, 0, 0, 0, 0.0, 0.0, {}, 0.0, {}, {}, {}, 0, 1)
+
+
+def test_a_slow_stats_answer_does_not_stall_the_server():
+    """/metrics reads the session's stats off the event loop: while a scrape waits on them
+    (over --frontends, a round trip to the engine), every other request is still served."""
+    session = SlowStats()
+    srv = BackgroundServer(ServedModel(session, "m"), ServeConfig(port=0, access_log=False)).start()  # type: ignore[arg-type]
+    scrape: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: scrape.update(r=httpx.get(srv.url + "/metrics", timeout=60)))
+    try:
+        t.start()
+        assert session.asked.wait(30), "the scrape never asked for the stats"
+        r = httpx.get(srv.url + "/v2/health/live", timeout=5)
+        assert r.status_code == 200
+        assert t.is_alive(), "the scrape ended before its stats were released"
+    finally:
+        session.release.set()
+        t.join(30)
+        srv.stop()
+    assert scrape["r"].status_code == 200 and "ortbatch_queue_depth" in scrape["r"].text
