@@ -229,8 +229,12 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_ray_replaces_it(
     from ortbatch.ray import REPLICA_HEADER, build_app, run
     from ortbatch.serve.server import ServeConfig
 
-    # no warm-up grid: the replacement answers sooner (this test is about failure, not speed)
-    config = ServeConfig(name="killed", max_batch_size=8, warmup=False)
+    # No warm-up grid: the replacement answers sooner (this test is about failure, not speed).
+    # A 100 ms batching window: with 8 clients and 2 replicas a batch never fills, so each
+    # request waits in its replica for the window and the victim always has some in flight
+    # when it is killed (without it a request takes ~2 ms there, and a kill could land between
+    # requests: nothing would fail, and the test would prove nothing about failing ones).
+    config = ServeConfig(name="killed", max_batch_size=8, max_delay_ms=100.0, warmup=False)
     # health checks every second: the controller notices the dead actor within about one
     apps = build_app(minilm, config=config, replicas=2, deployment_options={"health_check_period_s": 1})
     run(apps)
