@@ -133,6 +133,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssl-keyfile", default=None, help="PEM private key of --ssl-certfile")
     limits = parser.add_argument_group("connection limits (docs/serving.md)")
     limits.add_argument("--header-timeout-s", type=float, default=10.0, help="seconds to send headers (default 10)")
+    limits.add_argument(
+        "--http",
+        choices=("auto", "httptools", "h11"),
+        default="auto",
+        help="HTTP/1.1 parser: httptools (C, less CPU per request), h11 (pure Python), auto: httptools if "
+        "installed (default)",
+    )
     limits.add_argument("--body-timeout-s", type=float, default=60.0, help="seconds to send a body (default 60)")
     limits.add_argument(
         "--limit-concurrency", type=_positive_int, default=1000, help="connections at once; beyond: 503 (default 1000)"
@@ -258,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
         header_timeout_s=args.header_timeout_s,
+        http_parser=args.http,
         body_timeout_s=args.body_timeout_s,
         limit_concurrency=args.limit_concurrency,
         max_text_chars=args.max_text_chars,

@@ -397,9 +397,13 @@ def _connect(url: str) -> socket.socket:
     return sock
 
 
-def test_slow_headers_are_cut_off(adder_path):
+PARSERS = pytest.mark.parametrize("parser", ["h11", "httptools"])
+
+
+@PARSERS
+def test_slow_headers_are_cut_off(adder_path, parser):
     model = ServedModel.load(adder_path)
-    with BackgroundServer(model, quiet(header_timeout_s=0.3)) as srv:
+    with BackgroundServer(model, quiet(header_timeout_s=0.3, http_parser=parser)) as srv:
         silent = _connect(srv.url)  # never sends a byte
         slow = _connect(srv.url)
         slow.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")  # ... and never ends its headers
@@ -409,6 +413,55 @@ def test_slow_headers_are_cut_off(adder_path):
         assert httpx.get(srv.url + "/v2/health/live").status_code == 200  # others unaffected
         silent.close()
         slow.close()
+
+
+@PARSERS
+def test_slow_headers_of_a_second_request_are_cut_off(adder_path, parser):
+    """A keep-alive connection that sent one whole request, then starts another and
+    never ends its headers, is closed too (while a finished request's connection is
+    only closed by the keep-alive timeout)."""
+    model = ServedModel.load(adder_path)
+    with BackgroundServer(model, quiet(header_timeout_s=0.3, keep_alive_s=60, http_parser=parser)) as srv:
+        sock = _connect(srv.url)
+        sock.settimeout(20)
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        time.sleep(0.6)  # idle past the header timeout: still open (keep-alive)
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHo")
+        assert sock.recv(100) == b""  # closed by the server
+        sock.close()
+
+
+@PARSERS
+def test_endless_headers_are_refused(adder_path, parser):
+    """Headers that keep coming without an end are a 400 and a closed connection once
+    over 16 KiB, long before the header timeout (httptools alone would buffer them all)."""
+    model = ServedModel.load(adder_path)
+    with BackgroundServer(model, quiet(header_timeout_s=60, http_parser=parser)) as srv:
+        sock = _connect(srv.url)
+        sock.settimeout(20)
+        # 17 KiB of one header value, never ended (sent at once, so that the server has
+        # read all of it when it closes: unread bytes would turn its close into a reset)
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 17 * 1024)
+        answer = b""
+        while chunk := sock.recv(4096):  # the server answers and closes
+            answer += chunk
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert httpx.get(srv.url + "/v2/health/live").status_code == 200
+
+
+def test_httptools_is_the_default_parser():
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from ortbatch.errors import OrtBatchError
+    from ortbatch.serve.server import _header_timeout_protocol
+
+    assert issubclass(_header_timeout_protocol(1.0), HttpToolsProtocol)
+    with pytest.raises(OrtBatchError, match="'auto', 'httptools' or 'h11'"):
+        _header_timeout_protocol(1.0, "picohttp")
 
 
 def test_a_slow_body_is_408(adder_path):
