@@ -62,6 +62,8 @@ DEFAULT_BODY_TIMEOUT_S = 60.0
 # does not stall every other connection.
 _OFFLOAD_BYTES = 1 << 20
 _RETRY_AFTER_S = "1"
+#: asyncio.timeout_at (Python 3.11+): a deadline over many awaits without a task for each
+_timeout_at: Any = getattr(asyncio, "timeout_at", None)
 
 
 @dataclass(frozen=True)
@@ -104,18 +106,22 @@ async def run_or_abandon(receive: Callable[[], Awaitable[MutableMapping[str, Any
     its still-queued requests from the batch queue (no compute for a caller who left),
     and raise :class:`ClientGone`."""
     work = asyncio.ensure_future(coro)
-    watch = asyncio.ensure_future(disconnected(receive))
+    # the watcher cancels the work itself (cheaper per request than asyncio.wait on both)
+    watch = asyncio.ensure_future(_cancel_when_gone(receive, work))
     try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        work.cancel()
-        watch.cancel()
+        if watch.done() and not watch.cancelled() and watch.result():
+            raise ClientGone("the client disconnected before the response was ready") from None
+        work.cancel()  # this task was cancelled (e.g. a shutdown)
         raise
-    if work.done():
+    finally:
         watch.cancel()
-        return work.result()
-    work.cancel()
-    raise ClientGone("the client disconnected before the response was ready")
+
+
+async def _cancel_when_gone(receive: Callable[[], Awaitable[MutableMapping[str, Any]]], work: Any) -> bool:
+    await disconnected(receive)
+    return work.cancel()  # False if the work had finished meanwhile
 
 
 @dataclass
@@ -216,24 +222,33 @@ async def read_request_body(
         if size > max_body_bytes:
             raise HTTPError(413, f"request body of {size} bytes exceeds the limit of {max_body_bytes}")
     chunks = bytearray()
+
+    def take(chunk: bytes) -> None:
+        chunks.extend(chunk)
+        if len(chunks) > max_body_bytes:
+            raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+
     loop = asyncio.get_running_loop()
     deadline = None if timeout_s is None else loop.time() + timeout_s
     stream = request.stream().__aiter__()
-    while True:
-        try:
-            if deadline is None:
-                chunk = await stream.__anext__()
-            else:
-                chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - loop.time(), 0.0))
-        except StopAsyncIteration:
-            break
-        except asyncio.TimeoutError:
-            raise HTTPError(
-                408, f"the request body did not arrive within {timeout_s:g} s", {"Connection": "close"}
-            ) from None
-        chunks += chunk
-        if len(chunks) > max_body_bytes:
-            raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+    try:
+        if _timeout_at is not None:  # one deadline over the whole body, no task per chunk
+            async with _timeout_at(deadline):
+                async for chunk in stream:
+                    take(chunk)
+        else:  # Python 3.10
+            while True:
+                try:
+                    if deadline is None:
+                        chunk = await stream.__anext__()
+                    else:
+                        chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - loop.time(), 0.0))
+                except StopAsyncIteration:
+                    break
+                take(chunk)
+    except asyncio.TimeoutError:
+        message = f"the request body did not arrive within {timeout_s:g} s"
+        raise HTTPError(408, message, {"Connection": "close"}) from None
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return bytes(chunks)
