@@ -327,9 +327,9 @@ def assemble_app(routes: list[Any], served: Any, metrics: ServerMetrics, *, clos
         return Response(data, headers={"Content-Type": ctype})
 
     routes = [
+        *routes,  # first: Starlette tries routes in order, and these take the traffic
         handled_route("/v2/health/live", live, "GET"),
         handled_route("/v2/health/ready", ready, "GET"),
-        *routes,
         handled_route("/v1/models", list_models, "GET"),
         handled_route("/metrics", prometheus, "GET"),
     ]

@@ -83,7 +83,10 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     route = handled_route
     base = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
+    # Starlette tries routes in order: the one every request takes goes first
     return [
+        route(base + "/infer", infer, "POST"),
+        route(versioned + "/infer", infer, "POST"),
         route("/v2", server_metadata, "GET"),
         route(base, model_metadata, "GET"),
         route(versioned, model_metadata, "GET"),
@@ -91,6 +94,4 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
         route(versioned + "/config", model_config, "GET"),
         route(base + "/ready", model_ready, "GET"),
         route(versioned + "/ready", model_ready, "GET"),
-        route(base + "/infer", infer, "POST"),
-        route(versioned + "/infer", infer, "POST"),
     ]

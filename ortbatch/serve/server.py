@@ -15,6 +15,7 @@ connections or requests at once uvicorn answers 503.
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import signal
 import socket
@@ -274,6 +275,18 @@ def _httptools_protocol(timeout_s: float) -> type[Any]:
                     self.send_400_response(f"Request line and headers over {MAX_HEADER_BYTES} bytes.")
                     return
             self._rearm()
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn answers what the parser refuses (an unknown method, a malformed
+            # line, headers over the cap) in plain text; every error of this server is JSON
+            body = json.dumps({"error": msg}).encode()
+            head = [b"HTTP/1.1 400 Bad Request\r\n"]
+            head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+            head.append(
+                b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+            )
+            self.transport.write(b"".join(head) + body)
+            self.transport.close()
 
         # the parser's callbacks
         def on_message_begin(self) -> None:
