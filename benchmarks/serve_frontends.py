@@ -77,6 +77,7 @@ class Server(serve_cost.Server):
 
     def __init__(self, model: Path, name: str, frontends: int, args: argparse.Namespace, log: Path) -> None:
         extra = ("--frontends", str(frontends), "--max-queue", "8192", "--limit-concurrency", "4096")
+        extra += tuple(args.server_args.split())
         super().__init__(model, name, args.max_batch_size, log, extra)
         self.frontends = frontends
         p = re.search(r"pids ([\d, ]+)\)", self.text)
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--pool", type=int, default=64, help="distinct requests")
     p.add_argument("--json", type=Path)
+    p.add_argument("--server-args", default="", help="more ortbatch serve flags for every server (e.g. '--http h11')")
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     for tool, modes_of in (("wrk", ("http-json", "http-binary")), ("h2load", ("grpc",))):
@@ -325,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers.values():
             s.stop()
     load = os.getloadavg()[0]
-    print(f"\n{name}, {args.duration:g} s per cell, load average {load:.1f} at the end, {os.cpu_count()} CPUs\n")
+    extra = f", server flags {args.server_args!r}" if args.server_args else ""
+    print(f"\n{name}, {args.duration:g} s per cell, load average {load:.1f} at the end, {os.cpu_count()} CPUs{extra}\n")
     keys = list(results)
     print("| clients | " + " | ".join(keys) + " |")
     print("|" + "---|" * (len(keys) + 1))
