@@ -120,7 +120,10 @@ async def run_or_abandon(receive: Callable[[], Awaitable[MutableMapping[str, Any
 
 
 async def _cancel_when_gone(receive: Callable[[], Awaitable[MutableMapping[str, Any]]], work: Any) -> bool:
-    await disconnected(receive)
+    try:
+        await disconnected(receive)
+    except Exception:  # the connection's receive failing: nobody to answer either
+        pass
     return work.cancel()  # False if the work had finished meanwhile
 
 

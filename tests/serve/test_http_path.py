@@ -52,6 +52,19 @@ def test_a_client_that_leaves_cancels_its_work():
     assert asyncio.run(main()) == {"cancelled": True}
 
 
+def test_a_failing_receive_counts_as_a_client_gone():
+    async def receive():
+        raise OSError("connection reset")
+
+    async def main():
+        started, state = asyncio.Event(), {}
+        with pytest.raises(ClientGone):
+            await run_or_abandon(receive, _work(started, state))
+        return state
+
+    assert asyncio.run(main()) == {"cancelled": True}
+
+
 def test_a_cancelled_request_cancels_its_work_and_stays_cancelled():
     async def main():
         gone, started, state = asyncio.Event(), asyncio.Event(), {}
