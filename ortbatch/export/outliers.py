@@ -14,13 +14,28 @@ of everything else in the tensor (measured on all-MiniLM-L6-v2, docs/benchmarks.
   MatMul with a handful of rows. Exact in fp32 (the two parts add up to the original).
 - **Padding.** In a right-padded batch the pad positions' hidden states (which attention
   masks out, so no real token ever reads them) still enter the per-tensor range, so one
-  row's answer moves with its batch mates' lengths. ``mask_padding`` multiplies each
-  quantized MatMul's input by the attention mask first: pad rows become 0 and only real
-  tokens set the scale. Exact for every real token; the pad positions' outputs (which
+  row's answer moves with its batch mates' lengths. ``mask_padding`` multiplies the
+  quantized MatMul inputs that a LayerNormalization produces (where each layer reads the
+  residual stream: Q/K/V and FFN-in) by the attention mask first: pad rows become 0 and
+  only real tokens set the scale. The other inputs' pad rows then derive from those zeros
+  (FFN activations) or from real tokens' values (attention context), so they need no Mul
+  of their own (measured on MiniLM: the same accuracy as masking every input, with 12
+  Muls instead of 24). Exact for every real token; the pad positions' outputs (which
   every consumer ignores) change.
 
-Both are plain ONNX operators (Mul, Gather, MatMul, Add, Unsqueeze, Cast), so the export
-stays a plain ONNX model that any onnxruntime runs.
+- **Smoothing** (``smooth_alpha``, SmoothQuant). For each MatMul input that a
+  LayerNormalization produces (a layer's Q/K/V and FFN-in projections, where the outlier
+  units sit), per input channel ``s_j = max|x_j|^alpha / max|W_j,:|^(1-alpha)`` from
+  calibration: ``X @ W = (X / s) @ (s * W)``, so the activation's range moves into the
+  weights, which have one int8 scale per output column. ``1 / s`` folds into the
+  LayerNorm's gamma and beta when only those MatMuls read its output (pre-LN blocks);
+  in post-LN blocks (BERT) the residual Add reads it too, so it is one elementwise Mul
+  there, much cheaper than the split's Gather + MatMul + Add. Exact in fp32. The split
+  then only takes the channels that remain outliers after smoothing (on MiniLM, 5 GELU
+  outputs instead of 39 channels).
+
+All are plain ONNX operators (Mul, Gather, MatMul, Add, Unsqueeze, Cast) or changed
+initializers, so the export stays a plain ONNX model that any onnxruntime runs.
 """
 
 from __future__ import annotations
@@ -51,12 +66,16 @@ class Int8Prep:
     outlier_channels: int = 0
     split_inputs: int = 0
     masked_inputs: int = 0
+    smoothed_inputs: int = 0
+    folded_inputs: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {
             "outlier_channels": self.outlier_channels,
             "outlier_split_inputs": self.split_inputs,
             "padding_masked_inputs": self.masked_inputs,
+            "smoothed_inputs": self.smoothed_inputs,
+            "smoothing_folded_into_layernorm": self.folded_inputs,
         }
 
 
@@ -113,6 +132,41 @@ def _input_amax(
     return amax
 
 
+def _smooth_scales(x_amax: np.ndarray, w_amax: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's per-input-channel factors ``s_j = max|x_j|^alpha / max|W_j,:|^(1-alpha)``
+    (channels that never fire or have zero weights keep 1)."""
+    x = np.asarray(x_amax, np.float64)
+    w = np.asarray(w_amax, np.float64)
+    ok = (x > 0) & (w > 0)
+    s = np.ones_like(x)
+    s[ok] = x[ok] ** alpha / w[ok] ** (1.0 - alpha)
+    return s.astype(np.float32)
+
+
+def _fold_into_layernorm(
+    ln: Any,
+    s: np.ndarray,
+    uses: Mapping[str, int],
+    inits: Mapping[str, Any],
+    readers: Sequence[Any],
+    group: Sequence[Any],
+) -> bool:
+    """Divide LayerNormalization ``ln``'s gamma and beta by ``s`` in place, when that is exact:
+    its output is read only by the MatMuls of ``group`` (a pre-LN block; in a post-LN block
+    such as BERT's the residual Add reads it too) and nothing else uses gamma or beta."""
+    from onnx import numpy_helper
+
+    if any(r is None or all(r is not g for g in group) for r in readers):
+        return False
+    params = [n for n in ln.input[1:3] if n]
+    if any(uses.get(n, 0) != 1 for n in params):
+        return False
+    for name in params:
+        value = numpy_helper.to_array(inits[name]).astype(np.float32)
+        inits[name].CopyFrom(numpy_helper.from_array((value / s).astype(np.float32), name))
+    return True
+
+
 def prepare_int8(
     model: Any,
     *,
@@ -120,18 +174,20 @@ def prepare_int8(
     outlier_ratio: float | None,
     mask_padding: bool,
     exclude: Sequence[str] = (),
+    smooth_alpha: float | None = None,
 ) -> Int8Prep:
     """Rewrite ``model`` (an ``onnx.ModelProto``, in place) for dynamic int8.
 
     ``feeds`` (tokenized real texts) calibrate the channel ranges. MatMuls named in
-    ``exclude`` stay float and untouched. Returns the float nodes the quantizer must skip.
+    ``exclude`` stay float and untouched. ``smooth_alpha`` smooths the LayerNorm-fed inputs
+    first; ``outlier_ratio`` then judges the smoothed ranges. Returns the float nodes the quantizer must skip.
     Raises :class:`ExportError` when the model cannot take a rewrite asked for.
     """
     import onnx
     from onnx import helper, numpy_helper
 
     if not feeds:
-        raise ExportError("int8 outlier_ratio / mask_padding need calibration texts")
+        raise ExportError("int8 outlier_ratio / mask_padding / smooth_alpha need calibration texts")
     graph = model.graph
     inputs = {i.name for i in graph.input}
     if mask_padding and ("attention_mask" not in inputs or any("past" in n for n in inputs)):
@@ -143,7 +199,9 @@ def prepare_int8(
     groups = {x: [(p, n) for p, n in nodes if n.name not in skip] for x, nodes in _weight_matmuls(model).items()}
     groups = {x: nodes for x, nodes in groups.items() if nodes}
     if not groups:
-        raise ExportError("int8 outlier_ratio / mask_padding: the model has no MatMul with a weight matrix")
+        raise ExportError(
+            "int8 outlier_ratio / mask_padding / smooth_alpha: the model has no MatMul with a weight matrix"
+        )
     with tempfile.TemporaryDirectory(prefix="ortbatch-int8prep-") as tmp:
         amax = _input_amax(model, list(groups), feeds, Path(tmp))
     inits = {i.name: i for i in graph.initializer}
@@ -161,18 +219,61 @@ def prepare_int8(
             unsq = helper.make_node("Unsqueeze", ["attention_mask"], [f"{_PAD_MASK}_u"], name="PadMaskUnsq", axes=[-1])
         cast = helper.make_node("Cast", [f"{_PAD_MASK}_u"], [_PAD_MASK], name="PadMaskCast", to=onnx.TensorProto.FLOAT)
         head = [unsq, cast]
+    uses: dict[str, int] = {}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+            consumers.setdefault(name, []).append(node)
+    for out in graph.output:
+        uses[out.name] = uses.get(out.name, 0) + 1
+        consumers.setdefault(out.name, []).append(None)
+    # smoothing applies where a LayerNormalization with constant gamma/beta makes the input
+    producers = {
+        node.output[0]: node
+        for node in graph.node
+        if node.op_type == "LayerNormalization" and all(i in inits for i in node.input[1:3]) and len(node.input) > 1
+    }
+    # pad rows are zeroed where the layers read the residual stream (LayerNorm outputs):
+    # every other input's pad rows are then computed from those zeros or from real tokens
+    # (attention mixes only real tokens' values), measured as accurate on MiniLM with half
+    # the Muls. A model without LayerNormalization nodes gets all its inputs masked.
+    normed = {node.output[0] for node in graph.node if node.op_type == "LayerNormalization"}
+    normed_groups = [x for x in groups if x in normed]
     for i, (x, nodes) in enumerate(groups.items()):
         channels, rank = amax[x]
         key = f"ortbatch_int8_{i}"
         cur = x
         added: list[Any] = []
-        if mask_padding and rank == 3:
+        if mask_padding and rank == 3 and (x in normed or not normed_groups):
             added.append(helper.make_node("Mul", [cur, _PAD_MASK], [f"{key}_unpadded"], name=f"{key}_PadMul"))
             cur = f"{key}_unpadded"
             prep.masked_inputs += 1
+        producer = producers.get(x)
+        if smooth_alpha is not None and channels.size > 1 and producer is not None:
+            weights = [numpy_helper.to_array(inits[n.input[1]]) for _, n in nodes]
+            s = _smooth_scales(channels, np.max([np.abs(w).max(axis=1) for w in weights], axis=0), smooth_alpha)
+            if cur == x and _fold_into_layernorm(producer, s, uses, inits, consumers[x], [n for _, n in nodes]):
+                prep.folded_inputs += 1
+            else:
+                graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), f"{key}_smooth"))
+                added.append(
+                    helper.make_node("Mul", [cur, f"{key}_smooth"], [f"{key}_smoothed"], name=f"{key}_SmoothMul")
+                )
+                cur = f"{key}_smoothed"
+            for j, ((_, node), w) in enumerate(zip(nodes, weights, strict=True)):
+                name = node.input[1]
+                if uses.get(name, 0) > 1:  # shared with another node: the scaled copy is this one's own
+                    name = f"{key}_{j}_smoothed_w"
+                    graph.initializer.append(onnx.TensorProto())
+                    inits[name] = graph.initializer[-1]
+                    node.input[1] = name
+                inits[name].CopyFrom(numpy_helper.from_array((w * s[:, None]).astype(np.float32), name))
+            channels = channels / s
+            prep.smoothed_inputs += 1
         idx = np.zeros(0, np.int64)
         if outlier_ratio is not None and channels.size > 1:
-            median = float(np.median(channels))
+            median = float(np.median(channels))  # after smoothing, if any
             idx = np.flatnonzero(channels > outlier_ratio * max(median, 1e-12)).astype(np.int64)
         if idx.size:
             keep = np.ones(channels.size, np.float32)
@@ -182,7 +283,9 @@ def prepare_int8(
             )
             added += [
                 helper.make_node("Mul", [cur, f"{key}_inliers_mask"], [f"{key}_inliers"], name=f"{key}_InlierMul"),
-                helper.make_node("Gather", [x, f"{key}_outliers"], [f"{key}_outlier_x"], name=f"{key}_Gather", axis=-1),
+                helper.make_node(
+                    "Gather", [cur, f"{key}_outliers"], [f"{key}_outlier_x"], name=f"{key}_Gather", axis=-1
+                ),
             ]
             cur = f"{key}_inliers"
             prep.outlier_channels += int(idx.size)

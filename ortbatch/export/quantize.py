@@ -17,7 +17,9 @@ nodes kept in float: by name, or ``keep_float="edges"`` for the first and last
 transformer layers (the usual first thing to try when int8 costs too much accuracy). On
 encoders, ``outlier_ratio`` and ``mask_padding`` (:mod:`ortbatch.export.outliers`) keep
 the few outlier hidden units in float and padding out of the dynamic scale: what takes
-all-MiniLM-L6-v2 from cosine 0.96 to above 0.99 (docs/benchmarks.md).
+all-MiniLM-L6-v2 from cosine 0.96 to above 0.99 (docs/benchmarks.md). ``smooth_alpha``
+(SmoothQuant-style scaling of the LayerNorm-fed MatMul inputs) tames most outliers with
+one elementwise Mul, or none, instead of a float MatMul each, so far fewer need the split.
 
 onnxruntime is imported only when a model is quantized, so recipes can be read without it.
 """
@@ -70,6 +72,13 @@ class QuantizeConfig:
         mask_padding: dynamic mode, encoders: zero the pad positions of each quantized
             MatMul's input, so padding never sets the per-tensor activation scale and a
             row's answer does not move with its batch mates' lengths.
+        smooth_alpha: dynamic mode: SmoothQuant-style scaling of the MatMul inputs that a
+            LayerNormalization produces (QKV and FFN-in of a transformer layer): per input
+            channel ``s = max|x|^alpha / max|W_row|^(1-alpha)`` from calibration, ``x / s``
+            on the activation path (folded into the LayerNorm's gamma and beta where its
+            output feeds only those MatMuls), ``s * W`` in the weights. Exact in fp32; the
+            activations' range moves into the weights. ``None``: off. ``outlier_ratio`` then
+            applies to the smoothed ranges.
     """
 
     mode: str = "int8"
@@ -82,6 +91,7 @@ class QuantizeConfig:
     calibration_texts: str | None = None
     outlier_ratio: float | None = None
     mask_padding: bool = False
+    smooth_alpha: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in QUANTIZE_MODES:
@@ -99,8 +109,13 @@ class QuantizeConfig:
         r = self.outlier_ratio
         if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 1.0):
             raise ExportError(f"quantization.outlier_ratio must be a number above 1 (or unset), got {r!r}")
-        if self.mode != "int8" and (r is not None or self.mask_padding):
-            raise ExportError("quantization.outlier_ratio and mask_padding apply to mode 'int8' (dynamic)")
+        a = self.smooth_alpha
+        if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 < a < 1.0):
+            raise ExportError(f"quantization.smooth_alpha must be a number between 0 and 1 (or unset), got {a!r}")
+        if self.mode != "int8" and (r is not None or self.mask_padding or a is not None):
+            raise ExportError(
+                "quantization.outlier_ratio, mask_padding and smooth_alpha apply to mode 'int8' (dynamic)"
+            )
         if self.calibration not in CALIBRATION_METHODS:
             raise ExportError(
                 f"quantization.calibration must be one of {list(CALIBRATION_METHODS)}, got {self.calibration!r}"
@@ -150,6 +165,8 @@ class QuantizeConfig:
             parts.append(f"float-{self.keep_float}")
         if self.nodes_to_exclude:
             parts.append(f"float-{len(self.nodes_to_exclude)}")
+        if self.smooth_alpha is not None:
+            parts.append(f"smooth{self.smooth_alpha:g}")
         if self.outlier_ratio is not None:
             parts.append(f"outliers{self.outlier_ratio:g}")
         if self.mask_padding:
@@ -218,7 +235,7 @@ def quantize_model(
         root.setLevel(max(level, logging.ERROR))
         try:
             src, prepared = p, None
-            if config.outlier_ratio is not None or config.mask_padding:
+            if config.outlier_ratio is not None or config.mask_padding or config.smooth_alpha is not None:
                 src, prepared = _prepare(
                     p, config, tokenizer, texts, graph_inputs, excluded, external, Path(tmp), max_length
                 )
@@ -287,7 +304,7 @@ def _prepare(
     tmp: Path,
     max_length: int | None,
 ) -> tuple[Path, Any]:
-    """The outlier / padding rewrite (:mod:`.outliers`) of ``p``, saved under ``tmp/prep``."""
+    """The outlier / padding / smoothing rewrite (:mod:`.outliers`) of ``p``, saved under ``tmp/prep``."""
     import onnx
 
     from .outliers import prepare_int8
@@ -304,6 +321,7 @@ def _prepare(
         outlier_ratio=config.outlier_ratio,
         mask_padding=config.mask_padding,
         exclude=excluded,
+        smooth_alpha=config.smooth_alpha,
     )
     d = tmp / "prep"
     d.mkdir()

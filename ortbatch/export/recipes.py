@@ -35,6 +35,7 @@ checks use, and the TensorRT profile. Keyword arguments given to ``export_model`
     nodes_to_exclude = []
     outlier_ratio = 4.0                    # int8, encoders: outlier input channels in float
     mask_padding = true                    # int8, encoders: padding never sets the scale
+    smooth_alpha = 0.65                    # int8: SmoothQuant scaling of LayerNorm-fed MatMul inputs
 
     [tolerances.int8]                      # overrides of INT8_TOLERANCES for the task
     cosine = 0.99

@@ -186,3 +186,80 @@ def test_the_outlier_rewrite_is_exact_in_float(tiny_model, tmp_path):
     with pytest.raises(ExportError, match="mask_padding needs an encoder"):
         gpt = onnx.load(str(export_model(tiny_model("gpt2"), tmp_path / "gpt").directory / "model.onnx"))
         prepare_int8(gpt, feeds=feeds, outlier_ratio=None, mask_padding=True)
+
+
+def _ln_graph(residual: bool) -> tuple[object, dict[str, np.ndarray]]:
+    """x -> LayerNorm (channel 0's gamma 30x the rest: an outlier unit) -> two MatMuls; with
+    ``residual`` the LayerNorm output also feeds the sum (a post-LN block's residual)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    hid = 16
+    gamma = np.ones(hid, np.float32)
+    gamma[0] = 30.0
+    inits = [
+        numpy_helper.from_array(gamma, "gamma"),
+        numpy_helper.from_array(rng.normal(0, 0.1, hid).astype(np.float32), "beta"),
+        numpy_helper.from_array(rng.normal(0, 0.2, (hid, hid)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.2, (hid, hid)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], name="LN", axis=-1),
+        helper.make_node("MatMul", ["h", "w1"], ["a"], name="MM1"),
+        helper.make_node("MatMul", ["h", "w2"], ["b"], name="MM2"),
+        helper.make_node("Add", ["a", "b"], ["ab" if residual else "y"], name="Sum"),
+    ]
+    if residual:
+        nodes.append(helper.make_node("Add", ["ab", "h"], ["y"], name="Residual"))
+    graph = helper.make_graph(
+        nodes,
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", hid])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", hid])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.normal(0, 1, (2, 5, hid)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["pre-LN: folded into gamma", "post-LN: one Mul"])
+def test_smoothing_is_exact_in_float_and_removes_the_outlier(residual):
+    """SmoothQuant scaling changes no output in fp32; where only the MatMuls read the
+    LayerNorm it costs no node at all (gamma and beta absorb 1/s), else one Mul; and the
+    outlier unit is no longer one to the split: its range moved into the weights."""
+    import copy
+
+    import onnxruntime as ort
+
+    from ortbatch.export.outliers import prepare_int8
+
+    model, feed = _ln_graph(residual)
+    plain = copy.deepcopy(model)
+    before = prepare_int8(copy.deepcopy(model), feeds=[feed], outlier_ratio=4.0, mask_padding=False)
+    assert before.outlier_channels == 1  # channel 0, unsmoothed
+    prep = prepare_int8(model, feeds=[feed], outlier_ratio=4.0, mask_padding=False, smooth_alpha=0.65)
+    onnx.checker.check_model(model)
+    assert prep.smoothed_inputs == 1 and prep.outlier_channels == 0 and not prep.float_nodes
+    ops = [n.op_type for n in model.graph.node]
+    if residual:
+        assert prep.folded_inputs == 0 and ops.count("Mul") == 1
+    else:
+        assert prep.folded_inputs == 1 and "Mul" not in ops and len(ops) == len(plain.graph.node)
+    want = ort.InferenceSession(plain.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_smoothed_int8_passes_on_the_model_plain_int8_breaks_and_is_recorded(outlier_bert, tmp_path):
+    from ortbatch.export import export_model
+    from ortbatch.export.quantize import QuantizeConfig
+
+    cfg = QuantizeConfig("int8", reduce_range=True, smooth_alpha=0.65, outlier_ratio=6.0, mask_padding=True)
+    res = export_model(outlier_bert, tmp_path / "int8", quantize=cfg, raise_on_failure=False)
+    assert res.report.passed, res.report.summary()
+    q = json.loads((res.directory / "ortbatch.json").read_text())["source"]["quantization"]
+    assert q["smooth_alpha"] == 0.65 and q["outlier_ratio"] == 6.0 and q["reduce_range"] is True
+    # BERT is post-LN: every LayerNorm output also feeds a residual Add, so no fold
+    assert q["smoothed_inputs"] > 0 and q["smoothing_folded_into_layernorm"] == 0
+    assert q["outlier_split_inputs"] >= 2  # the planted unit is a GELU output: split, not smoothed
+    assert "Mul" in _op_types(res.directory / "model.onnx")

@@ -63,6 +63,33 @@ def test_tune_never_chooses_the_harmful_variant_and_records_the_choice(outlier_b
         assert (bs.workers, bs.max_batch_size) == (2, 4)
 
 
+def test_tune_chooses_the_smoothed_variant_where_plain_int8_fails(outlier_bert, tmp_path):  # noqa: F811
+    """The only variant that passes is chosen, and the export says how it was quantized."""
+    from ortbatch.export.tune import RuntimeSetting, tune
+
+    out = tmp_path / "tuned"
+    result = tune(
+        outlier_bert,
+        out,
+        lengths="4-64",
+        variants=["int8", "int8-smooth"],
+        settings=[RuntimeSetting(workers=1, max_batch_size=8)],
+        requests=16,
+        concurrency=4,
+        rounds=1,
+        bench_s=0.3,
+        budget_s=300,
+    )
+    rows = {r.variant: r for r in result.rows}
+    assert rows["int8"].status == "failed"
+    assert result.chosen is rows["int8-smooth"] and rows["int8-smooth"].throughput
+    assert rows["int8-smooth"].quantization == "int8-rr-smooth0.65-outliers6-padmask"
+    manifest = json.loads((out / "ortbatch.json").read_text())
+    assert manifest["tune"]["variant"] == "int8-smooth"
+    assert manifest["source"]["quantization"]["smooth_alpha"] == 0.65
+    assert manifest["source"]["quantization"]["smoothed_inputs"] > 0
+
+
 def test_tune_refuses_a_heldout_set_it_would_see(tiny_model, tmp_path):
     from ortbatch.export.recipes import DEFAULT_SAMPLES
     from ortbatch.export.tune import tune

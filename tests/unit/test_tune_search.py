@@ -92,3 +92,21 @@ def test_outlier_options_are_validated(value, message):
 
     with pytest.raises(ExportError, match=message):
         QuantizeConfig.parse(value)
+
+
+def test_the_smoothed_search_is_a_default_candidate_ordered_by_float_share():
+    var = next(v for v in candidates(providers=["CPUExecutionProvider"]) if v.name == "int8-smooth")
+    ratios = [a.quantize.outlier_ratio for a in var.attempts()]
+    assert ratios == sorted(ratios, reverse=True) and len(ratios) > 1
+    assert all(a.quantize.smooth_alpha == 0.65 and a.quantize.mask_padding for a in var.attempts())
+    assert var.quantize.label == "int8-rr-smooth0.65-outliers6-padmask"
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, 1.5, "0.5", True])
+def test_smooth_alpha_must_lie_between_0_and_1(alpha):
+    from ortbatch.errors import ExportError
+
+    with pytest.raises(ExportError, match="smooth_alpha must be a number between 0 and 1"):
+        QuantizeConfig.parse({"mode": "int8", "smooth_alpha": alpha})
+    with pytest.raises(ExportError, match="apply to mode 'int8'"):
+        QuantizeConfig.parse({"mode": "int8-static", "smooth_alpha": 0.5})
