@@ -146,9 +146,8 @@ def _smooth_scales(x_amax: np.ndarray, w_amax: np.ndarray, alpha: float) -> np.n
 def _fold_into_layernorm(
     ln: Any,
     s: np.ndarray,
-    uses: Mapping[str, int],
+    consumers: Mapping[str, Sequence[Any]],
     inits: Mapping[str, Any],
-    readers: Sequence[Any],
     group: Sequence[Any],
 ) -> bool:
     """Divide LayerNormalization ``ln``'s gamma and beta by ``s`` in place, when that is exact:
@@ -156,10 +155,10 @@ def _fold_into_layernorm(
     such as BERT's the residual Add reads it too) and nothing else uses gamma or beta."""
     from onnx import numpy_helper
 
-    if any(r is None or all(r is not g for g in group) for r in readers):
+    if any(r is None or all(r is not g for g in group) for r in consumers[ln.output[0]]):
         return False
     params = [n for n in ln.input[1:3] if n]
-    if any(uses.get(n, 0) != 1 for n in params):
+    if any(len(consumers.get(n, ())) != 1 for n in params):
         return False
     for name in params:
         value = numpy_helper.to_array(inits[name]).astype(np.float32)
@@ -219,33 +218,29 @@ def prepare_int8(
             unsq = helper.make_node("Unsqueeze", ["attention_mask"], [f"{_PAD_MASK}_u"], name="PadMaskUnsq", axes=[-1])
         cast = helper.make_node("Cast", [f"{_PAD_MASK}_u"], [_PAD_MASK], name="PadMaskCast", to=onnx.TensorProto.FLOAT)
         head = [unsq, cast]
-    uses: dict[str, int] = {}
+    # every reader of each value, once per use (None: a graph output)
     consumers: dict[str, list[Any]] = {}
     for node in graph.node:
         for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
             consumers.setdefault(name, []).append(node)
     for out in graph.output:
-        uses[out.name] = uses.get(out.name, 0) + 1
         consumers.setdefault(out.name, []).append(None)
+    layernorms = {node.output[0]: node for node in graph.node if node.op_type == "LayerNormalization"}
     # smoothing applies where a LayerNormalization with constant gamma/beta makes the input
     producers = {
-        node.output[0]: node
-        for node in graph.node
-        if node.op_type == "LayerNormalization" and all(i in inits for i in node.input[1:3]) and len(node.input) > 1
+        x: node for x, node in layernorms.items() if len(node.input) > 1 and all(i in inits for i in node.input[1:3])
     }
     # pad rows are zeroed where the layers read the residual stream (LayerNorm outputs):
     # every other input's pad rows are then computed from those zeros or from real tokens
     # (attention mixes only real tokens' values), measured as accurate on MiniLM with half
     # the Muls. A model without LayerNormalization nodes gets all its inputs masked.
-    normed = {node.output[0] for node in graph.node if node.op_type == "LayerNormalization"}
-    normed_groups = [x for x in groups if x in normed]
+    normed_groups = [x for x in groups if x in layernorms]
     for i, (x, nodes) in enumerate(groups.items()):
         channels, rank = amax[x]
         key = f"ortbatch_int8_{i}"
         cur = x
         added: list[Any] = []
-        if mask_padding and rank == 3 and (x in normed or not normed_groups):
+        if mask_padding and rank == 3 and (x in layernorms or not normed_groups):
             added.append(helper.make_node("Mul", [cur, _PAD_MASK], [f"{key}_unpadded"], name=f"{key}_PadMul"))
             cur = f"{key}_unpadded"
             prep.masked_inputs += 1
@@ -253,7 +248,7 @@ def prepare_int8(
         if smooth_alpha is not None and channels.size > 1 and producer is not None:
             weights = [numpy_helper.to_array(inits[n.input[1]]) for _, n in nodes]
             s = _smooth_scales(channels, np.max([np.abs(w).max(axis=1) for w in weights], axis=0), smooth_alpha)
-            if cur == x and _fold_into_layernorm(producer, s, uses, inits, consumers[x], [n for _, n in nodes]):
+            if cur == x and _fold_into_layernorm(producer, s, consumers, inits, [n for _, n in nodes]):
                 prep.folded_inputs += 1
             else:
                 graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), f"{key}_smooth"))
@@ -263,7 +258,7 @@ def prepare_int8(
                 cur = f"{key}_smoothed"
             for j, ((_, node), w) in enumerate(zip(nodes, weights, strict=True)):
                 name = node.input[1]
-                if uses.get(name, 0) > 1:  # shared with another node: the scaled copy is this one's own
+                if len(consumers.get(name, ())) > 1:  # shared with another node: the scaled copy is this one's own
                     name = f"{key}_{j}_smoothed_w"
                     graph.initializer.append(onnx.TensorProto())
                     inits[name] = graph.initializer[-1]
