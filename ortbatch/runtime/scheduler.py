@@ -29,11 +29,14 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import QueueFullError, RequestTimeoutError, SessionClosedError
+
+if TYPE_CHECKING:
+    from .bridge import AsyncSlot
 
 __all__ = ["BatchPolicy", "CostModel", "Request", "Scheduler", "LightFuture"]
 
@@ -127,14 +130,14 @@ class Request:
         length: int,
         output_names: Any = None,
         deadline: float | None = None,
-        future: Future[Any] | LightFuture | None = None,
+        future: Future[Any] | LightFuture | AsyncSlot | None = None,
     ) -> None:
         self.item = item
         self.rows = rows
         self.length = length
         self.output_names = output_names
         self.deadline = deadline
-        self.future: Future[Any] | LightFuture = future if future is not None else LightFuture()
+        self.future: Future[Any] | LightFuture | AsyncSlot = future if future is not None else LightFuture()
         self.enqueued = 0.0
 
 
@@ -471,10 +474,10 @@ class Scheduler:
 
     def _watch(self, req: Request) -> None:
         fut = req.future
-        if isinstance(fut, LightFuture):
-            fut.on_cancel = self._note_cancelled
-        else:
+        if isinstance(fut, Future):
             fut.add_done_callback(self._note_if_cancelled)
+        else:  # the runtime's own slots
+            fut.on_cancel = self._note_cancelled
 
     def _note_cancelled(self) -> None:
         self._maybe_cancelled = True  # a plain store: safe without the lock

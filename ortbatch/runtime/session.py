@@ -21,6 +21,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from .executor import (
     cpu_count,
     resolve_providers,
 )
+from .bridge import AsyncSlot, Outbox, mailbox_for
 from .scheduler import BatchPolicy, CostModel, LightFuture, Request, Scheduler
 from .signature import ModelSignature
 from .stats import Stats, StatsRecorder
@@ -192,6 +194,8 @@ class BatchedSession:
         )
         self._stats = StatsRecorder()
         self._sched = Scheduler(self._policy, max_queue, on_expired=self._stats.error)
+        # run_async's requests of the current loop turn, per event loop (ortbatch.runtime.bridge)
+        self._outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Outbox] = weakref.WeakKeyDictionary()
         self._executor = Executor(self.session)
         # A batch that runs alone (and an inline run) goes to the latency session if there is one.
         self._alone_executor = Executor(self.latency_session) if self.latency_session is not None else self._executor
@@ -269,23 +273,43 @@ class BatchedSession:
         *,
         timeout_s: float | None = None,
     ) -> list[np.ndarray]:
-        """``await``-able :meth:`run`. Cancelling the task drops a still-queued request."""
-        fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
-        req = self._request(input_feed, output_names, timeout_s, fut)
-        self._sched.put(req)
-        waiter = asyncio.wrap_future(fut)
-        if req.deadline is None:
-            return await waiter
+        """``await``-able :meth:`run`. Cancelling the task drops a still-queued request.
+
+        Requests started in one turn of the event loop are queued together at its next
+        turn, and finished ones are handed back to the loop a batch at a time
+        (:mod:`ortbatch.runtime.bridge`): the loop is woken once per burst, not once
+        per request."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[np.ndarray]] = loop.create_future()
+        req = self._request(input_feed, output_names, timeout_s, AsyncSlot(fut, mailbox_for(loop)))
+        box = self._outboxes.get(loop)
+        if box is None:
+            box = self._outboxes.setdefault(loop, Outbox(loop, self._sched))
+        box.add(req)
+        timer = None
+        if req.deadline is not None:
+            timer = loop.call_later(max(req.deadline - time.monotonic(), 0.0), self._expire, req, box)
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter), timeout=max(req.deadline - time.monotonic(), 0.0))
-        except asyncio.TimeoutError:
-            if self._sched.cancel(req):
-                self._stats.error(RequestTimeoutError())
-                raise RequestTimeoutError("deadline passed before the request could run; it was dropped") from None
-            return await waiter
+            return await fut
         except asyncio.CancelledError:
-            self._sched.cancel(req)
+            if not box.remove(req):
+                self._sched.cancel(req)
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, req: Request, box: Outbox) -> None:
+        """A ``run_async`` request's deadline passed: drop it unless it is running (then
+        its result is on the way)."""
+        if box.remove(req) or self._sched.cancel(req):
+            self._stats.error(RequestTimeoutError())
+            slot = req.future
+            assert isinstance(slot, AsyncSlot)
+            if not slot.future.done():
+                slot.future.set_exception(
+                    RequestTimeoutError("deadline passed before the request could run; it was dropped")
+                )
 
     def submit(
         self,
@@ -350,6 +374,8 @@ class BatchedSession:
         with self._state_lock:
             if self._state == _OPEN:
                 self._state = _CLOSING
+        for box in _values(self._outboxes):
+            box.flush()  # requests started on a loop this turn are queued, so drained like the rest
         dropped = self._sched.close(drain)
         for req in dropped:
             if req.future.set_running_or_notify_cancel():
@@ -402,7 +428,7 @@ class BatchedSession:
         input_feed: Mapping[str, Any],
         output_names: Sequence[str] | None,
         timeout_s: float | None,
-        future: concurrent.futures.Future[Any] | LightFuture,
+        future: concurrent.futures.Future[Any] | LightFuture | AsyncSlot,
     ) -> Request:
         if self._state != _OPEN:
             raise SessionClosedError("the session is closed; no new requests are accepted")
@@ -502,6 +528,15 @@ class BatchedSession:
             except concurrent.futures.InvalidStateError:
                 pass
         self._stats.finished(ok)
+
+
+def _values(boxes: weakref.WeakKeyDictionary[Any, Outbox]) -> list[Outbox]:
+    """The outboxes, read from any thread (a loop may add its own meanwhile)."""
+    while True:
+        try:
+            return list(boxes.values())
+        except RuntimeError:  # changed size during iteration: read again
+            continue
 
 
 def _want_latency_session(

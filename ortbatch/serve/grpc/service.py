@@ -397,6 +397,31 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+#: grpcio servers per process on the gRPC port (see ``GrpcServer``'s ``accept_loops``)
+DEFAULT_ACCEPT_LOOPS = 4
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Raise OrtBatchError when ``host:port`` is taken: the accept loops share their port
+    through SO_REUSEPORT, which would also join another process listening with it."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise OrtBatchError(f"gRPC cannot listen on {_address(host, port)}: {exc}") from None
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            # as grpcio binds: a port left in TIME_WAIT is free, one with a listener is not
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                raise OrtBatchError(
+                    f"gRPC cannot listen on {_address(host, port)} (in use or not an address of this machine): {exc}"
+                ) from None
+
+
 class GrpcServer:
     """The gRPC service on ``host:port`` (``port=0``: a free one, see :attr:`port`),
     run by a grpcio asyncio server on its own thread and event loop.
@@ -415,6 +440,14 @@ class GrpcServer:
         reuse_port: share the port with other processes of this user that also set
             SO_REUSEPORT (the kernel spreads connections over them: ``--frontends``);
             off by default, so a port in use is an error.
+        accept_loops: how many grpcio servers listen on the port in this process (the
+            kernel spreads connections over them). A grpcio asyncio server asks its core
+            for the next call only once it has started the last one, so one server
+            starts one RPC per turn of the event loop and its RPCs reach the
+            BatchedSession one by one; several take calls in parallel on the same loop,
+            which is both cheaper per RPC and lets them batch (docs/benchmarks.md). They
+            share the port through SO_REUSEPORT; unless ``reuse_port``, the port is first
+            checked to be free, so a port in use is still an error.
     """
 
     def __init__(
@@ -429,8 +462,11 @@ class GrpcServer:
         max_message_bytes: int = 64 * 1024 * 1024,
         metrics: ServerMetrics | None = None,
         reuse_port: bool = False,
+        accept_loops: int = DEFAULT_ACCEPT_LOOPS,
     ) -> None:
         require("grpc", "serve")
+        if accept_loops < 1:
+            raise OrtBatchError(f"accept_loops must be >= 1, got {accept_loops}")
         if (ssl_certfile is None) != (ssl_keyfile is None):
             raise OrtBatchError("TLS needs both --ssl-certfile and --ssl-keyfile")
         self._metrics = metrics.grpc() if metrics is not None else None
@@ -442,8 +478,10 @@ class GrpcServer:
         self._cert = (ssl_certfile, ssl_keyfile)
         self._max = max_message_bytes
         self._reuse_port = reuse_port
+        self.accept_loops = accept_loops
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: Any = None
+        self._servers: list[Any] = []
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._stopping: asyncio.Event | None = None
@@ -471,17 +509,7 @@ class GrpcServer:
             raise OrtBatchError(f"cannot read the TLS certificate or key: {exc}") from None
         return grpc.ssl_server_credentials([pair])
 
-    async def _serve(self) -> None:
-        grpc = require("grpc", "serve")
-        options = [
-            ("grpc.max_receive_message_length", self._max),
-            ("grpc.max_send_message_length", self._max),
-            # a port in use must fail, not be shared with another process (unless asked)
-            ("grpc.so_reuseport", 1 if self._reuse_port else 0),
-        ]
-        server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers((_handlers(self.servicer, self._api_key, self._metrics),))
-        address = _address(self.host, self.port)
+    def _bind(self, server: Any, address: str) -> int:
         try:
             if self.tls:
                 port = server.add_secure_port(address, self._credentials())
@@ -491,14 +519,38 @@ class GrpcServer:
             raise OrtBatchError(f"gRPC cannot listen on {address}: {exc}") from None
         if not port:
             raise OrtBatchError(f"gRPC cannot listen on {address} (in use or not an address of this machine)")
+        return int(port)
+
+    async def _serve(self) -> None:
+        grpc = require("grpc", "serve")
+        shared = self._reuse_port or self.accept_loops > 1
+        options = [
+            ("grpc.max_receive_message_length", self._max),
+            ("grpc.max_send_message_length", self._max),
+            # a port in use must fail, not be shared with another process (unless asked)
+            ("grpc.so_reuseport", 1 if shared else 0),
+        ]
+        if shared and not self._reuse_port and self.port != 0:
+            _check_port_free(self.host, self.port)
+        handlers = (_handlers(self.servicer, self._api_key, self._metrics),)
+        servers = []
+        port = self.port
+        for _ in range(self.accept_loops):
+            server = grpc.aio.server(options=options)
+            server.add_generic_rpc_handlers(handlers)
+            # port 0: the first server picks a free port, the others join it
+            port = self._bind(server, _address(self.host, port))
+            servers.append(server)
         self.port = port
         stopping = asyncio.Event()
         self._stopping = stopping
-        await server.start()
-        self._server = server
+        for server in servers:
+            await server.start()
+        self._servers = servers
+        self._server = servers[0]
         self._started.set()
         await stopping.wait()
-        await server.stop(self._grace)
+        await asyncio.gather(*(server.stop(self._grace) for server in servers))
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()

@@ -1,0 +1,212 @@
+"""Where ``BatchedSession.run_async`` meets an event loop, at a cost per burst rather
+than per request.
+
+A caller on an event loop could wrap a :class:`concurrent.futures.Future` per request
+(``asyncio.wrap_future``): each request would then allocate a ``Condition``, chain two
+futures, and wake the loop with its own ``call_soon_threadsafe`` (a write to the loop's
+self-pipe) when its batch is done, and each ``put`` would wake a worker for a batch of
+one. On a server whose requests cost ~1 ms of CPU in all, that was a quarter of it
+(docs/benchmarks.md, "The gRPC path"). Instead:
+
+* **Submission** (:class:`Outbox`): requests started in one turn of the loop are queued
+  together at the start of its next turn (one ``put_many``, one worker wake-up), so
+  requests that arrive together are offered to the batcher together.
+* **Delivery** (:class:`Mailbox`): a worker settles an :class:`AsyncSlot`, which posts
+  the outcome to its loop's mailbox; the first post of a burst schedules one
+  ``call_soon_threadsafe`` that sets every asyncio future posted since.
+
+The slot keeps the state machine the runtime relies on (pending, running, cancelled,
+finished: :class:`~ortbatch.runtime.scheduler.LightFuture`'s), so workers, the
+scheduler's deadline reaping and ``close()`` settle it like any other future.
+"""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import QueueFullError, SessionClosedError
+from .scheduler import _CANCELLED, _FINISHED, _PENDING, _RUNNING, Request, Scheduler
+
+__all__ = ["AsyncSlot", "Mailbox", "Outbox", "mailbox_for"]
+
+
+class Mailbox:
+    """Outcomes posted from worker threads for the asyncio futures of one loop."""
+
+    __slots__ = ("__weakref__", "_items", "_lock", "_loop", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)  # kept by the loop, so it must not keep the loop
+        self._items: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        self._lock = _thread.allocate_lock()
+        self._scheduled = False
+
+    def post(self, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+        with self._lock:
+            self._items.append((fut, value, exc))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        loop = self._loop()
+        try:
+            if loop is None:
+                raise RuntimeError("the event loop is gone")
+            loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: nobody is left to await the outcome
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for fut, value, exc in items:
+            if fut.done():  # its caller was cancelled meanwhile
+                continue
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = weakref.WeakKeyDictionary()
+_mailboxes_lock = _thread.allocate_lock()
+
+
+def mailbox_for(loop: asyncio.AbstractEventLoop) -> Mailbox:
+    """The loop's one mailbox (shared by every session the loop awaits)."""
+    box = _mailboxes.get(loop)
+    if box is None:
+        with _mailboxes_lock:
+            box = _mailboxes.get(loop)
+            if box is None:
+                box = _mailboxes[loop] = Mailbox(loop)
+    return box
+
+
+class AsyncSlot:
+    """The future of one ``run_async`` request, settled by a worker thread and delivered
+    to the caller's asyncio future through the loop's :class:`Mailbox`.
+
+    The subset of :class:`concurrent.futures.Future` the runtime uses (as
+    :class:`~ortbatch.runtime.scheduler.LightFuture`), without a waiter's lock: nobody
+    blocks on it."""
+
+    __slots__ = ("_lock", "_mailbox", "_state", "future", "on_cancel")
+
+    def __init__(self, future: asyncio.Future[Any], mailbox: Mailbox) -> None:
+        self._lock = _thread.allocate_lock()
+        self._state = _PENDING
+        self._mailbox = mailbox
+        self.future = future
+        #: called (no lock held) when a pending slot is cancelled
+        self.on_cancel: Callable[[], None] | None = None
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with self._lock:
+            if self._state == _CANCELLED:
+                return False
+            if self._state != _PENDING:
+                raise RuntimeError("slot already running or done")
+            self._state = _RUNNING
+            return True
+
+    def cancel(self) -> bool:
+        with self._lock:
+            if self._state == _RUNNING or self._state == _FINISHED:
+                return False
+            if self._state == _CANCELLED:
+                return True
+            self._state = _CANCELLED
+        if self.on_cancel is not None:
+            self.on_cancel()
+        return True
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def done(self) -> bool:
+        return self._state == _CANCELLED or self._state == _FINISHED
+
+    def set_result(self, value: Any) -> None:
+        self._settle(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._settle(None, exc)
+
+    def _settle(self, value: Any, exc: BaseException | None) -> None:
+        from concurrent.futures import InvalidStateError
+
+        with self._lock:
+            if self._state == _CANCELLED or self._state == _FINISHED:
+                raise InvalidStateError(f"slot already {'cancelled' if self._state == _CANCELLED else 'done'}")
+            self._state = _FINISHED
+        self._mailbox.post(self.future, value, exc)
+
+
+class Outbox:
+    """Requests started on one loop for one scheduler during the current turn, queued
+    together when the loop next runs its callbacks (or when the session closes)."""
+
+    __slots__ = ("__weakref__", "_items", "_lock", "_loop", "_sched")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sched: Scheduler) -> None:
+        self._loop = weakref.ref(loop)  # kept per loop, so it must not keep the loop
+        self._sched = sched
+        self._items: list[Request] = []
+        self._lock = _thread.allocate_lock()
+
+    def add(self, req: Request) -> None:
+        with self._lock:
+            first = not self._items
+            self._items.append(req)
+        if first:
+            loop = self._loop()
+            assert loop is not None  # add() runs on the loop
+            loop.call_soon(self.flush)
+
+    def remove(self, req: Request) -> bool:
+        """Take ``req`` back if it has not been queued yet."""
+        with self._lock:
+            try:
+                self._items.remove(req)
+            except ValueError:
+                return False
+            return True
+
+    def flush(self) -> None:
+        """Queue what was gathered: all at once when there is room, else one by one
+        until the queue is full; a request refused gets its error."""
+        with self._lock:
+            reqs, self._items = self._items, []
+        if not reqs:
+            return
+        try:
+            self._sched.put_many(reqs)
+            return
+        except SessionClosedError:
+            for req in reqs:
+                _fail_now(req, SessionClosedError("the session is closed; no new requests are accepted"))
+            return
+        except QueueFullError:
+            pass
+        for req in reqs:
+            try:
+                self._sched.put(req)
+            except QueueFullError as exc:
+                _fail_now(req, QueueFullError(exc.queued, exc.max_queue))
+            except SessionClosedError as exc:
+                _fail_now(req, exc)
+
+
+def _fail_now(req: Request, exc: BaseException) -> None:
+    """Fail a request that was never queued (each its own exception: a traceback is
+    written into the exception each time it is raised)."""
+    slot = req.future
+    if isinstance(slot, AsyncSlot) and slot.set_running_or_notify_cancel():
+        slot.set_exception(exc)
