@@ -474,6 +474,9 @@ class BatchedSession:
                     raise
             finally:
                 sched.finished()
+            # drop the batch before waiting for the next: its futures keep their callers'
+            # event loops (and results) alive
+            taken = batch = live = None  # type: ignore[assignment]
 
     def _run(self, reqs: list[Request], binding: WorkerBinding, waits: list[float] | None, executor: Executor) -> None:
         """Collate, run and split ``reqs``; on failure split the group and retry halves,
