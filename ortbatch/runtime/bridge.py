@@ -9,7 +9,7 @@ one. On a server whose requests cost ~1 ms of CPU in all, that was a quarter of 
 (docs/benchmarks.md, "The gRPC path"). Instead:
 
 * **Submission** (:class:`Outbox`): requests started in one turn of the loop are queued
-  together at the start of its next turn (one ``put_many``, one worker wake-up), so
+  together at the start of its next turn (one lock, one worker wake-up), so
   requests that arrive together are offered to the batcher together.
 * **Delivery** (:class:`Mailbox`): a worker settles an :class:`AsyncSlot`, which posts
   the outcome to its loop's mailbox; the first post of a burst schedules one
@@ -28,7 +28,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import QueueFullError, SessionClosedError
 from .scheduler import _CANCELLED, _FINISHED, _PENDING, _RUNNING, Request, Scheduler
 
 __all__ = ["AsyncSlot", "Mailbox", "Outbox", "mailbox_for"]
@@ -180,33 +179,19 @@ class Outbox:
             return True
 
     def flush(self) -> None:
-        """Queue what was gathered: all at once when there is room, else one by one
-        until the queue is full; a request refused gets its error."""
+        """Queue what was gathered, in order, until the queue is full (one lock, one
+        wake-up); a request refused gets its own error."""
         with self._lock:
             reqs, self._items = self._items, []
         if not reqs:
             return
-        try:
-            self._sched.put_many(reqs)
-            return
-        except SessionClosedError:
-            for req in reqs:
-                _fail_now(req, SessionClosedError("the session is closed; no new requests are accepted"))
-            return
-        except QueueFullError:
-            pass
-        for req in reqs:
-            try:
-                self._sched.put(req)
-            except QueueFullError as exc:
-                _fail_now(req, QueueFullError(exc.queued, exc.max_queue))
-            except SessionClosedError as exc:
-                _fail_now(req, exc)
+        for req, error in zip(reqs, self._sched.put_each(reqs), strict=True):
+            if error is not None:
+                _fail_now(req, error)
 
 
 def _fail_now(req: Request, exc: BaseException) -> None:
-    """Fail a request that was never queued (each its own exception: a traceback is
-    written into the exception each time it is raised)."""
+    """Fail a request that was never queued."""
     slot = req.future
     if isinstance(slot, AsyncSlot) and slot.set_running_or_notify_cancel():
         slot.set_exception(exc)

@@ -383,6 +383,30 @@ class Scheduler:
             if self._idle:
                 self._cond.notify()
 
+    def put_each(self, reqs: list[Request]) -> list[BaseException | None]:
+        """Queue independent requests under one lock and at most one wake-up: each is
+        admitted on its own, in order, until the queue is full. Returns, per request,
+        ``None`` (queued) or the error it was refused with."""
+        with self._cond:
+            if self._closed:
+                return [SessionClosedError("the session is closed; no new requests are accepted") for _ in reqs]
+            now = self._clock()
+            out: list[BaseException | None] = []
+            added = 0
+            for req in reqs:
+                if not self._has_room(1):
+                    out.append(QueueFullError(len(self._pending), self.max_queue))
+                    continue
+                req.enqueued = now
+                self._watch(req)
+                self._pending.append(req)
+                added += 1
+                out.append(None)
+            self.accepted += added
+            if added and self._idle:
+                self._cond.notify()
+            return out
+
     def cancel(self, req: Request) -> bool:
         """Remove ``req`` if still queued; True if it was (its future is then cancelled)."""
         with self._cond:

@@ -39,6 +39,7 @@ from ..errors import (
     map_ort_error,
 )
 from ..manifest import MANIFEST_NAME, Manifest
+from .bridge import AsyncSlot, Outbox, mailbox_for
 from .collate import Collator, PaddingCollator
 from .executor import (
     GPU_PROVIDERS,
@@ -49,7 +50,6 @@ from .executor import (
     cpu_count,
     resolve_providers,
 )
-from .bridge import AsyncSlot, Outbox, mailbox_for
 from .scheduler import BatchPolicy, CostModel, LightFuture, Request, Scheduler
 from .signature import ModelSignature
 from .stats import Stats, StatsRecorder
@@ -245,8 +245,8 @@ class BatchedSession:
             raise InvalidInputError(
                 "run_options apply to a whole batch and cannot be set per request in a BatchedSession"
             )
-        req = self._request(input_feed, output_names, timeout_s, LightFuture())
-        fut = req.future
+        fut = LightFuture()
+        req = self._request(input_feed, output_names, timeout_s, fut)
         if self._sched.put(req, inline_ok=True):
             # Idle: run it here, on the caller's thread, skipping two thread hand-offs.
             try:
@@ -323,6 +323,36 @@ class BatchedSession:
         fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
         self._sched.put(self._request(input_feed, output_names, timeout_s, fut))
         return fut
+
+    def submit_each(
+        self,
+        requests: Sequence[tuple[Mapping[str, Any], Sequence[str] | None, float | None]],
+    ) -> list[concurrent.futures.Future[list[np.ndarray]] | OrtBatchError]:
+        """Queue independent requests at once, each ``(input_feed, output_names,
+        timeout_s)``: like calling :meth:`submit` for each, under one lock and at most one
+        worker wake-up (for a caller that receives requests in bursts, such as a
+        front-end link). Unlike :meth:`submit_many`, each is admitted or refused on its
+        own: the result holds, in order, the request's future or the typed error it was
+        refused with (:class:`InvalidInputError`, :class:`QueueFullError` once the queue
+        is full, :class:`SessionClosedError`); nothing is raised."""
+        out: list[concurrent.futures.Future[list[np.ndarray]] | OrtBatchError] = []
+        reqs: list[Request] = []
+        where: list[int] = []
+        for feed, names, timeout_s in requests:
+            fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
+            try:
+                reqs.append(self._request(feed, names, timeout_s, fut))
+            except OrtBatchError as exc:
+                out.append(exc)
+                continue
+            where.append(len(out))
+            out.append(fut)
+        if reqs:
+            for i, error in zip(where, self._sched.put_each(reqs), strict=True):
+                if error is not None:
+                    assert isinstance(error, OrtBatchError)
+                    out[i] = error
+        return out
 
     def submit_many(
         self,

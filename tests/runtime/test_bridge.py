@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ortbatch import BatchedSession, QueueFullError, RequestTimeoutError
+from ortbatch import BatchedSession, InvalidInputError, QueueFullError, RequestTimeoutError, SessionClosedError
 from ortbatch.runtime import bridge
 from tests.runtime.helpers import GatedSession
 
@@ -195,3 +195,23 @@ def test_closed_loops_leave_nothing_behind(echo_path):
         gc.collect()
         assert len(s._outboxes) == 0
         assert not any(isinstance(k, asyncio.AbstractEventLoop) and k.is_closed() for k in bridge._mailboxes)
+
+
+def test_submit_each_admits_or_refuses_each_request_on_its_own(echo_path):
+    sess, s = gated(echo_path, max_queue=2)
+    with s:
+        first = s.submit(feed(1))
+        assert sess.entered.wait(10)
+        bad = {"input_ids": np.ones((1, 4), np.int32)}
+        out = s.submit_each(
+            [(feed(2), None, None), (bad, None, None), (feed(3), ["extra_out"], None), (feed(4), None, None)]
+        )
+        assert isinstance(out[1], InvalidInputError) and "input_ids" in str(out[1])
+        assert isinstance(out[3], QueueFullError) and (out[3].queued, out[3].max_queue) == (2, 2)
+        sess.gate.set()
+        first.result(10)
+        assert rid_of(out[0].result(10)) == 2
+        (extra,) = out[2].result(10)
+        assert int(extra[0, 0]) // 2 == 3
+    closed = s.submit_each([(feed(5), None, None)])
+    assert isinstance(closed[0], SessionClosedError)

@@ -18,6 +18,7 @@ import pytest
 from ortbatch.errors import (
     InferenceError,
     InvalidInputError,
+    OrtBatchError,
     QueueFullError,
     RequestTimeoutError,
     SessionClosedError,
@@ -208,6 +209,25 @@ class Scripted:
         return SimpleNamespace(queued=3, requests=11)
 
 
+class ScriptedEach(Scripted):
+    """Scripted, with ``submit_each`` as BatchedSession has it: the engine queues a
+    frame's runs in one call, each refused on its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def submit_each(self, items):
+        self.calls.append(len(items))
+        out = []
+        for feed, names, timeout_s in items:
+            try:
+                out.append(self.submit(feed, names, timeout_s=timeout_s))
+            except OrtBatchError as exc:
+                out.append(exc)
+        return out
+
+
 FACE = SessionFace(
     (NodeSpec("x", "tensor(float)", ("batch", 3)),), (NodeSpec("y", "tensor(float)", ("batch", 3)),), 4, 8, None
 )
@@ -221,8 +241,10 @@ def _pair(session: Any, face: SessionFace = FACE, arena_bytes: int = 1 << 20, **
     return link, proxy
 
 
-def test_answers_and_typed_errors_come_back_through_the_proxy():
-    link, proxy = _pair(Scripted())
+@pytest.mark.parametrize("script", [Scripted, ScriptedEach])
+def test_answers_and_typed_errors_come_back_through_the_proxy(script):
+    session = script()
+    link, proxy = _pair(session)
 
     async def go():
         async def one(v: float):
@@ -242,6 +264,8 @@ def test_answers_and_typed_errors_come_back_through_the_proxy():
     assert type(bad) is InvalidInputError and bad.input_name == "x"
     assert type(failed) is InferenceError
     assert proxy.stats().queued == 3  # the engine's stats, asked over the socket
+    if isinstance(session, ScriptedEach):  # a frame's runs went in together, errors and all
+        assert sum(session.calls) == 6 and len(session.calls) < 6
     # every request block and every answer block was given back
     assert proxy._alloc.blocks == 0
     _wait(lambda: link._resp_alloc.blocks == 0)

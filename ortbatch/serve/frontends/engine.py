@@ -87,8 +87,17 @@ class FrontEndLink:
                 if frame is None:
                     break
                 messages, payload = frame
+                runs: list[tuple[Any, ...]] = []
                 for msg in messages:
+                    if msg[0] == "run":  # a frame's runs are queued together (one wake-up)
+                        runs.append(msg)
+                        continue
+                    if runs:
+                        self._submit_runs(runs, payload)
+                        runs = []
                     self._handle(msg, payload)
+                if runs:
+                    self._submit_runs(runs, payload)
         except Exception:
             log.exception("engine: a front end's message could not be handled; dropping the front end")
         finally:
@@ -118,10 +127,18 @@ class FrontEndLink:
             self.counts = msg[1]
 
     def _submit(
-        self, rids: list[int], names: Any, specs: list[Any], timeout_s: Any, payload: bytearray, many: bool
+        self,
+        rids: list[int],
+        names: Any,
+        specs: list[Any],
+        timeout_s: Any,
+        payload: bytearray,
+        many: bool,
+        feeds: list[dict[str, Any]] | None = None,
     ) -> None:
         try:
-            feeds = [dict(unpack_tensors(s, self.requests, payload, copy=False)) for s in specs]
+            if feeds is None:
+                feeds = [dict(unpack_tensors(s, self.requests, payload, copy=False)) for s in specs]
             if many:
                 futures = self.session.submit_many(feeds, names, timeout_s=timeout_s)
             else:
@@ -133,6 +150,36 @@ class FrontEndLink:
         for rid, fut in zip(rids, futures, strict=True):
             self.inflight[rid] = fut
             fut.add_done_callback(partial(self._done, rid))
+
+    def _submit_runs(self, runs: list[tuple[Any, ...]], payload: bytearray) -> None:
+        """Single requests of one frame, each admitted or refused on its own."""
+        items = []
+        for _, rid, names, specs, timeout_s in runs:
+            try:
+                feed = dict(unpack_tensors(specs, self.requests, payload, copy=False))
+            except Exception as exc:
+                self._post(("err", rid, exc))
+                continue
+            items.append((rid, (feed, names, timeout_s)))
+        if not items:
+            return
+        submit_each = getattr(self.session, "submit_each", None)
+        if submit_each is None:  # a duck-typed session: one by one
+            for rid, (feed, names, timeout_s) in items:
+                self._submit([rid], names, [None], timeout_s, payload, many=False, feeds=[feed])
+            return
+        try:
+            outcomes = submit_each([item for _, item in items])
+        except Exception as exc:
+            for rid, _ in items:
+                self._post(("err", rid, exc))
+            return
+        for (rid, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                self._post(("err", rid, outcome))
+                continue
+            self.inflight[rid] = outcome
+            outcome.add_done_callback(partial(self._done, rid))
 
     def _done(self, rid: int, fut: Any) -> None:
         self._post(("fut", rid, fut))
