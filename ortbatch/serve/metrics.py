@@ -110,6 +110,27 @@ class _GeneratorCollector:
         )
 
 
+class _InFlight:
+    """An in-flight gauge kept as a plain count and read at scrape time, so the hot path's
+    ``inc``/``dec`` take no lock. Each is changed from one event loop's thread only (the
+    HTTP server's, or the gRPC server's)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, prom: Any, name: str, documentation: str, registry: Any) -> None:
+        self.value = 0
+        prom.Gauge(name, documentation, registry=registry).set_function(self._read)
+
+    def _read(self) -> float:
+        return float(self.value)
+
+    def inc(self) -> None:
+        self.value += 1
+
+    def dec(self) -> None:
+        self.value -= 1
+
+
 class GrpcMetrics:
     """The gRPC service's instruments, in a :class:`ServerMetrics` registry.
 
@@ -134,14 +155,20 @@ class GrpcMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self.in_flight = prom.Gauge(
-            "ortbatch_grpc_requests_in_flight", "gRPC requests being handled now", registry=registry
+        self.in_flight = _InFlight(
+            prom, "ortbatch_grpc_requests_in_flight", "gRPC requests being handled now", registry
         )
+        # the labelled children, looked up once per (method, code): the label set is bounded
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def observe(self, method: str, code: str, started: float) -> None:
         """Record one answered request (``started`` from :func:`time.perf_counter`)."""
-        self.requests.labels(method, code).inc()
-        self.latency.labels(method, code).observe(time.perf_counter() - started)
+        children = self._children.get((method, code))
+        if children is None:
+            children = (self.requests.labels(method, code), self.latency.labels(method, code))
+            self._children[(method, code)] = children
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
 
 
 class ServerMetrics:
@@ -166,9 +193,10 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.in_flight = prom.Gauge(
-            "ortbatch_http_requests_in_flight", "HTTP requests being handled now", registry=self.registry
+        self.in_flight = _InFlight(
+            prom, "ortbatch_http_requests_in_flight", "HTTP requests being handled now", self.registry
         )
+        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._grpc: GrpcMetrics | None = None
         self._grpc_lock = threading.Lock()
         if stats is not None:
@@ -179,8 +207,13 @@ class ServerMetrics:
     def observe(self, endpoint: str, method: str, status: int, started: float) -> None:
         """Record one answered request (``started`` from :func:`time.perf_counter`)."""
         code = str(status)
-        self.requests.labels(endpoint, method, code).inc()
-        self.latency.labels(endpoint, code).observe(time.perf_counter() - started)
+        key = (endpoint, method, code)
+        children = self._children.get(key)
+        if children is None:  # the label set is bounded: route templates, methods, statuses
+            children = (self.requests.labels(endpoint, method, code), self.latency.labels(endpoint, code))
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
 
     def grpc(self) -> GrpcMetrics:
         """The gRPC families, registered on first call (a server without gRPC exports none)."""
