@@ -16,8 +16,8 @@ one. On a server whose requests cost ~1 ms of CPU in all, that was a quarter of 
   ``call_soon_threadsafe`` that sets every asyncio future posted since.
 
 The slot keeps the state machine the runtime relies on (pending, running, cancelled,
-finished: :class:`~ortbatch.runtime.scheduler.LightFuture`'s), so workers, the
-scheduler's deadline reaping and ``close()`` settle it like any other future.
+finished: :class:`~ortbatch.runtime.scheduler.Slot`'s, as ``run()``'s ``LightFuture``), so
+workers, the scheduler's deadline reaping and ``close()`` settle it like any other future.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from __future__ import annotations
 import _thread
 import asyncio
 import weakref
-from collections.abc import Callable
 from typing import Any
 
-from .scheduler import _CANCELLED, _FINISHED, _PENDING, _RUNNING, Request, Scheduler
+from .scheduler import Request, Scheduler, Slot
 
 __all__ = ["AsyncSlot", "Mailbox", "Outbox", "mailbox_for"]
 
@@ -88,63 +87,21 @@ def mailbox_for(loop: asyncio.AbstractEventLoop) -> Mailbox:
     return box
 
 
-class AsyncSlot:
-    """The future of one ``run_async`` request, settled by a worker thread and delivered
-    to the caller's asyncio future through the loop's :class:`Mailbox`.
+class AsyncSlot(Slot):
+    """The slot of one ``run_async`` request: settled by a worker thread, delivered to the
+    caller's asyncio future through the loop's :class:`Mailbox`. Nobody blocks on it, so
+    unlike :class:`~ortbatch.runtime.scheduler.LightFuture` it has no waiter's lock."""
 
-    The subset of :class:`concurrent.futures.Future` the runtime uses (as
-    :class:`~ortbatch.runtime.scheduler.LightFuture`), without a waiter's lock: nobody
-    blocks on it."""
-
-    __slots__ = ("_lock", "_mailbox", "_state", "future", "on_cancel")
+    __slots__ = ("_mailbox", "future")
 
     def __init__(self, future: asyncio.Future[Any], mailbox: Mailbox) -> None:
-        self._lock = _thread.allocate_lock()
-        self._state = _PENDING
+        super().__init__()
         self._mailbox = mailbox
         self.future = future
-        #: called (no lock held) when a pending slot is cancelled
-        self.on_cancel: Callable[[], None] | None = None
 
-    def set_running_or_notify_cancel(self) -> bool:
-        with self._lock:
-            if self._state == _CANCELLED:
-                return False
-            if self._state != _PENDING:
-                raise RuntimeError("slot already running or done")
-            self._state = _RUNNING
-            return True
-
-    def cancel(self) -> bool:
-        with self._lock:
-            if self._state == _RUNNING or self._state == _FINISHED:
-                return False
-            if self._state == _CANCELLED:
-                return True
-            self._state = _CANCELLED
-        if self.on_cancel is not None:
-            self.on_cancel()
-        return True
-
-    def cancelled(self) -> bool:
-        return self._state == _CANCELLED
-
-    def done(self) -> bool:
-        return self._state == _CANCELLED or self._state == _FINISHED
-
-    def set_result(self, value: Any) -> None:
-        self._settle(value, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._settle(None, exc)
-
-    def _settle(self, value: Any, exc: BaseException | None) -> None:
-        from concurrent.futures import InvalidStateError
-
-        with self._lock:
-            if self._state == _CANCELLED or self._state == _FINISHED:
-                raise InvalidStateError(f"slot already {'cancelled' if self._state == _CANCELLED else 'done'}")
-            self._state = _FINISHED
+    def _on_settled(self) -> None:
+        value, exc = self._result, self._exc
+        self._result = self._exc = None  # the caller's future holds them from here
         self._mailbox.post(self.future, value, exc)
 
 

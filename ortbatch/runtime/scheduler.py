@@ -29,36 +29,27 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import QueueFullError, RequestTimeoutError, SessionClosedError
 
-if TYPE_CHECKING:
-    from .bridge import AsyncSlot
-
-__all__ = ["BatchPolicy", "CostModel", "Request", "Scheduler", "LightFuture"]
+__all__ = ["BatchPolicy", "CostModel", "LightFuture", "Request", "Scheduler", "Slot"]
 
 _PENDING, _RUNNING, _CANCELLED, _FINISHED = 0, 1, 2, 3
 
 
-class LightFuture:
-    """A one-shot result for a caller blocked in ``BatchedSession.run``.
+class Slot:
+    """The outcome of one request, as the runtime settles it: the subset of
+    :class:`concurrent.futures.Future` it uses (pending → running → finished, or
+    cancelled while pending), on one bare lock. Subclasses say how a waiter learns of the
+    outcome (:meth:`_on_cancelled` under the lock, :meth:`_on_settled` after it)."""
 
-    The subset of :class:`concurrent.futures.Future` that the runtime uses, built on two
-    bare locks: a ``Future`` allocates a ``Condition`` (and an ``RLock``) per request and
-    wakes its waiter through it, which at thousands of requests per second is a
-    measurable share of the runtime's own cost. ``submit`` and ``run_async`` still hand
-    out real ``Future`` objects; both kinds are settled through the same calls.
-    """
-
-    __slots__ = ("_exc", "_gate", "_lock", "_result", "_state", "on_cancel")
+    __slots__ = ("_exc", "_lock", "_result", "_state", "on_cancel")
 
     def __init__(self) -> None:
         self._lock = _thread.allocate_lock()  # guards _state transitions
-        self._gate = _thread.allocate_lock()  # held until the outcome is set
-        self._gate.acquire()
         self._state = _PENDING
         self._result: Any = None
         self._exc: BaseException | None = None
@@ -81,7 +72,7 @@ class LightFuture:
             if self._state != _PENDING:
                 return True
             self._state = _CANCELLED
-            self._gate.release()
+            self._on_cancelled()
         if self.on_cancel is not None:
             self.on_cancel()
         return True
@@ -104,6 +95,36 @@ class LightFuture:
                 raise InvalidStateError(f"slot already {'cancelled' if self._state == _CANCELLED else 'done'}")
             self._result, self._exc = value, exc
             self._state = _FINISHED
+        self._on_settled()
+
+    def _on_cancelled(self) -> None:
+        """A pending slot was cancelled (the lock is held)."""
+
+    def _on_settled(self) -> None:
+        """The outcome was set (the lock is released)."""
+
+
+class LightFuture(Slot):
+    """A one-shot result for a caller blocked in ``BatchedSession.run``.
+
+    A ``Future`` allocates a ``Condition`` (and an ``RLock``) per request and wakes its
+    waiter through it, which at thousands of requests per second is a measurable share
+    of the runtime's own cost; this waits on a second bare lock, held until the outcome
+    is set. ``submit`` still hands out real ``Future`` objects; both kinds are settled
+    through the same calls.
+    """
+
+    __slots__ = ("_gate",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._gate = _thread.allocate_lock()  # held until the outcome is set
+        self._gate.acquire()
+
+    def _on_cancelled(self) -> None:
+        self._gate.release()
+
+    def _on_settled(self) -> None:
         self._gate.release()
 
     def result(self, timeout: float | None = None) -> Any:
@@ -130,14 +151,14 @@ class Request:
         length: int,
         output_names: Any = None,
         deadline: float | None = None,
-        future: Future[Any] | LightFuture | AsyncSlot | None = None,
+        future: Future[Any] | Slot | None = None,
     ) -> None:
         self.item = item
         self.rows = rows
         self.length = length
         self.output_names = output_names
         self.deadline = deadline
-        self.future: Future[Any] | LightFuture | AsyncSlot = future if future is not None else LightFuture()
+        self.future: Future[Any] | Slot = future if future is not None else LightFuture()
         self.enqueued = 0.0
 
 

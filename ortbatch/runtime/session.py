@@ -50,7 +50,7 @@ from .executor import (
     cpu_count,
     resolve_providers,
 )
-from .scheduler import BatchPolicy, CostModel, LightFuture, Request, Scheduler
+from .scheduler import BatchPolicy, CostModel, LightFuture, Request, Scheduler, Slot
 from .signature import ModelSignature
 from .stats import Stats, StatsRecorder
 
@@ -458,7 +458,7 @@ class BatchedSession:
         input_feed: Mapping[str, Any],
         output_names: Sequence[str] | None,
         timeout_s: float | None,
-        future: concurrent.futures.Future[Any] | LightFuture | AsyncSlot,
+        future: concurrent.futures.Future[Any] | Slot,
     ) -> Request:
         if self._state != _OPEN:
             raise SessionClosedError("the session is closed; no new requests are accepted")
