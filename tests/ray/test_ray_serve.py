@@ -230,11 +230,11 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_ray_replaces_it(
     from ortbatch.serve.server import ServeConfig
 
     # No warm-up grid: the replacement answers sooner (this test is about failure, not speed).
-    # A 100 ms batching window: with 8 clients and 2 replicas a batch never fills, so each
-    # request waits in its replica for the window and the victim always has some in flight
-    # when it is killed (without it a request takes ~2 ms there, and a kill could land between
-    # requests: nothing would fail, and the test would prove nothing about failing ones).
-    config = ServeConfig(name="killed", max_batch_size=8, max_delay_ms=100.0, warmup=False)
+    # A 1 s batching window: with 8 clients and 2 replicas a batch never fills, so each request
+    # waits in its replica for the window, and the kill is placed inside one (below). Without
+    # it a request takes ~2 ms there and a kill could land between requests: nothing would
+    # fail, and the test would prove nothing about failing ones.
+    config = ServeConfig(name="killed", max_batch_size=8, max_delay_ms=1000.0, warmup=False)
     # health checks every second: the controller notices the dead actor within about one
     apps = build_app(minilm, config=config, replicas=2, deployment_options={"health_check_period_s": 1})
     run(apps)
@@ -289,6 +289,17 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_ray_replaces_it(
                 _wait_for("both replicas answering", lambda: len(answered_by()) == 2, 120)
                 victim, survivor = sorted(answered_by())
                 pid = _replica_pid(victim)
+                # Just after the victim answers a batch, its clients' next requests reach it
+                # through Ray's proxy (tens of ms; the router prefers the replica with fewer
+                # requests, which it now is) and wait out a 1 s window: 0.4 s after an answer it
+                # holds them. Killed at any moment, it could be between two windows, holding none.
+                seen = time.monotonic()
+                _wait_for(
+                    "an answer from the victim",
+                    lambda: any(rep == victim and end > seen for _, rep, _, end in list(outcomes.values())),
+                    60,
+                )
+                time.sleep(0.4)
                 killed_at = time.monotonic()
                 os.kill(pid, signal.SIGKILL)
                 _wait_for(
