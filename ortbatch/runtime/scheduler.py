@@ -379,12 +379,7 @@ class Scheduler:
                 return True
             if not self._has_room(1):
                 raise QueueFullError(len(self._pending), self.max_queue)
-            req.enqueued = self._clock()
-            self._watch(req)
-            self._pending.append(req)
-            self.accepted += 1
-            if self._idle:
-                self._cond.notify()
+            self._enqueue([req])
             return False
 
     def put_many(self, reqs: list[Request]) -> None:
@@ -395,14 +390,7 @@ class Scheduler:
                 raise SessionClosedError("the session is closed; no new requests are accepted")
             if not self._has_room(len(reqs)):
                 raise QueueFullError(len(self._pending), self.max_queue)
-            now = self._clock()
-            for req in reqs:
-                req.enqueued = now
-                self._watch(req)
-            self._pending.extend(reqs)
-            self.accepted += len(reqs)
-            if self._idle:
-                self._cond.notify()
+            self._enqueue(reqs)
 
     def put_each(self, reqs: list[Request]) -> list[BaseException | None]:
         """Queue independent requests under one lock and at most one wake-up: each is
@@ -411,21 +399,12 @@ class Scheduler:
         with self._cond:
             if self._closed:
                 return [SessionClosedError("the session is closed; no new requests are accepted") for _ in reqs]
-            now = self._clock()
-            out: list[BaseException | None] = []
-            added = 0
-            for req in reqs:
-                if not self._has_room(1):
-                    out.append(QueueFullError(len(self._pending), self.max_queue))
-                    continue
-                req.enqueued = now
-                self._watch(req)
-                self._pending.append(req)
-                added += 1
-                out.append(None)
-            self.accepted += added
-            if added and self._idle:
-                self._cond.notify()
+            room = 0
+            while room < len(reqs) and self._has_room(room + 1):
+                room += 1
+            self._enqueue(reqs[:room])
+            out: list[BaseException | None] = [None] * room
+            out += [QueueFullError(len(self._pending), self.max_queue) for _ in reqs[room:]]
             return out
 
     def cancel(self, req: Request) -> bool:
@@ -506,6 +485,19 @@ class Scheduler:
             return dropped
 
     # -- internals (lock held) ------------------------------------------------------------
+    def _enqueue(self, reqs: list[Request]) -> None:
+        """Queue ``reqs`` (room already checked), waking a waiting worker."""
+        if not reqs:
+            return
+        now = self._clock()
+        for req in reqs:
+            req.enqueued = now
+            self._watch(req)
+        self._pending.extend(reqs)
+        self.accepted += len(reqs)
+        if self._idle:
+            self._cond.notify()
+
     def _has_room(self, n: int) -> bool:
         """Whether ``n`` more requests fit; scans for cancelled ones only when one of the
         queued futures was cancelled since the last scan."""
