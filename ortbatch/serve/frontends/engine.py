@@ -127,18 +127,10 @@ class FrontEndLink:
             self.counts = msg[1]
 
     def _submit(
-        self,
-        rids: list[int],
-        names: Any,
-        specs: list[Any],
-        timeout_s: Any,
-        payload: bytearray,
-        many: bool,
-        feeds: list[dict[str, Any]] | None = None,
+        self, rids: list[int], names: Any, specs: list[Any], timeout_s: Any, payload: bytearray, many: bool
     ) -> None:
         try:
-            if feeds is None:
-                feeds = [dict(unpack_tensors(s, self.requests, payload, copy=False)) for s in specs]
+            feeds = [dict(unpack_tensors(s, self.requests, payload, copy=False)) for s in specs]
             if many:
                 futures = self.session.submit_many(feeds, names, timeout_s=timeout_s)
             else:
@@ -148,11 +140,15 @@ class FrontEndLink:
                 self._post(("err", rid, exc))
             return
         for rid, fut in zip(rids, futures, strict=True):
-            self.inflight[rid] = fut
-            fut.add_done_callback(partial(self._done, rid))
+            self._track(rid, fut)
 
     def _submit_runs(self, runs: list[tuple[Any, ...]], payload: bytearray) -> None:
         """Single requests of one frame, each admitted or refused on its own."""
+        submit_each = getattr(self.session, "submit_each", None)
+        if submit_each is None:  # a duck-typed session: one by one
+            for msg in runs:
+                self._handle(msg, payload)
+            return
         items = []
         for _, rid, names, specs, timeout_s in runs:
             try:
@@ -162,11 +158,6 @@ class FrontEndLink:
                 continue
             items.append((rid, (feed, names, timeout_s)))
         if not items:
-            return
-        submit_each = getattr(self.session, "submit_each", None)
-        if submit_each is None:  # a duck-typed session: one by one
-            for rid, (feed, names, timeout_s) in items:
-                self._submit([rid], names, [None], timeout_s, payload, many=False, feeds=[feed])
             return
         try:
             outcomes = submit_each([item for _, item in items])
@@ -178,8 +169,12 @@ class FrontEndLink:
             if isinstance(outcome, BaseException):
                 self._post(("err", rid, outcome))
                 continue
-            self.inflight[rid] = outcome
-            outcome.add_done_callback(partial(self._done, rid))
+            self._track(rid, outcome)
+
+    def _track(self, rid: int, fut: Any) -> None:
+        """A request in the engine: its answer goes back when ``fut`` is done."""
+        self.inflight[rid] = fut
+        fut.add_done_callback(partial(self._done, rid))
 
     def _done(self, rid: int, fut: Any) -> None:
         self._post(("fut", rid, fut))
