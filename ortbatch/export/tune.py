@@ -128,8 +128,8 @@ def candidates(providers: Sequence[str] | None = None) -> list[Variant]:
         # what stays an outlier (on MiniLM the GELU outputs of 4 layers)
         Variant(
             "int8-smooth",
-            quantize=_smoothed(6.0),
-            fallbacks=(_smoothed(4.0), _smoothed(3.0)),
+            quantize=_outliers(6.0, smooth_alpha=SMOOTH_ALPHA),
+            fallbacks=(_outliers(4.0, smooth_alpha=SMOOTH_ALPHA), _outliers(3.0, smooth_alpha=SMOOTH_ALPHA)),
         ),
         Variant("O2+int8", optimize="O2", quantize=QuantizeConfig("int8")),
         Variant("int8-float-edges", quantize=QuantizeConfig("int8", keep_float="edges")),
@@ -142,14 +142,13 @@ def candidates(providers: Sequence[str] | None = None) -> list[Variant]:
     return out
 
 
-def _outliers(ratio: float) -> QuantizeConfig:
-    return QuantizeConfig("int8", reduce_range=True, outlier_ratio=ratio, mask_padding=True)
+#: int8-smooth's alpha: with 7-bit weights the most accurate of those measured on MiniLM
+#: (docs/export.md, "Smoothing")
+SMOOTH_ALPHA = 0.65
 
 
-def _smoothed(ratio: float) -> QuantizeConfig:
-    # alpha 0.65 with 7-bit weights: the most accurate of those measured on MiniLM
-    # (docs/export.md, "Smoothing")
-    return QuantizeConfig("int8", reduce_range=True, smooth_alpha=0.65, outlier_ratio=ratio, mask_padding=True)
+def _outliers(ratio: float, smooth_alpha: float | None = None) -> QuantizeConfig:
+    return QuantizeConfig("int8", reduce_range=True, smooth_alpha=smooth_alpha, outlier_ratio=ratio, mask_padding=True)
 
 
 @dataclass
