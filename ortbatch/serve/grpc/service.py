@@ -480,8 +480,7 @@ class GrpcServer:
         self._reuse_port = reuse_port
         self.accept_loops = accept_loops
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: Any = None
-        self._servers: list[Any] = []
+        self._server: Any = None  # the first of the accept loops' servers, once started
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._stopping: asyncio.Event | None = None
@@ -546,7 +545,6 @@ class GrpcServer:
         self._stopping = stopping
         for server in servers:
             await server.start()
-        self._servers = servers
         self._server = servers[0]
         self._started.set()
         await stopping.wait()
