@@ -17,8 +17,9 @@ the machine's load hits each alike; an idle server costs nothing. The loads:
 * ``http-json`` / ``http-binary``: ``wrk -t1 -cC`` keep-alive connections cycling through
   pre-serialized KServe v2 requests (distinct random inputs; binary: the
   ``Inference-Header-Content-Length`` form, binary outputs);
-* ``grpc``: ``h2load`` sending one pre-serialized ModelInferRequest (raw_input_contents)
-  on C concurrent streams (C/2 connections of 2 streams, at most 64 connections);
+* ``grpc``: ``h2load`` on C concurrent streams (C/2 connections of 2 streams, at most 64
+  connections), split over up to 8 h2load processes that each send their own
+  pre-serialized ModelInferRequest (raw_input_contents) from the same pool;
 * ``inproc``: the same requests from C asyncio tasks on one BatchedSession in this process.
 
 Correctness: while each load runs, a checker in this process sends a sample of distinct
@@ -54,6 +55,8 @@ import serve_cost
 from serve_cost import _inproc, _ok, build_identity, build_pool
 
 MODES = ("http-json", "http-binary", "grpc")
+#: distinct gRPC requests, one per h2load process (at most one process per connection)
+GRPC_BODIES = 8
 _DT = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 
 
@@ -83,11 +86,17 @@ class Server(serve_cost.Server):
         p = re.search(r"pids ([\d, ]+)\)", self.text)
         self.pids = [self.proc.pid] + ([int(x) for x in p.group(1).split(", ")] if p else [])
 
-    def failures(self) -> float:
+    def counters(self) -> tuple[float, float, float]:
+        """The sessions' failures, batches and rows so far (from /metrics)."""
         import httpx
 
         text = httpx.get(f"http://{self.http}/metrics", timeout=30).text
-        return sum(float(v) for v in re.findall(r"^ortbatch_session_failures_total\{[^}]*\} ([0-9.e+]+)", text, re.M))
+
+        def total(metric: str) -> float:
+            return sum(float(v) for v in re.findall(rf"^{metric}(?:\{{[^}}]*\}})? ([0-9.e+]+)", text, re.M))
+
+        rows = total("ortbatch_batch_rows_sum")
+        return total("ortbatch_session_failures_total"), total("ortbatch_batch_rows_count"), rows
 
 
 # -- pre-serialized requests -------------------------------------------------------------
@@ -153,20 +162,32 @@ def run_wrk(url: str, script: Path, connections: int, seconds: float) -> dict[st
     return {"answered": n - bad, "errors": bad + socket_errors, "raw": out}
 
 
-def run_h2load(target: str, data: Path, concurrency: int, seconds: float) -> dict[str, Any]:
+def run_h2load(target: str, data: list[Path], concurrency: int, seconds: float) -> dict[str, Any]:
+    """``concurrency`` gRPC streams from several h2load processes at once, each sending
+    its own pre-serialized request (h2load posts one body), so the server sees distinct
+    requests (for a text model: distinct lengths) as wrk's HTTP loads do."""
     # many connections: SO_REUSEPORT spreads connections (not streams) over the front ends,
     # so two connections would land on one front end half the time
     clients = min(max(1, concurrency // 2), 64)
     streams = max(1, concurrency // clients)
-    cmd = ["h2load", "-c", str(clients), "-m", str(streams), "-t1", "-D", f"{seconds:g}", "-d", str(data)]
-    cmd += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
-    cmd += [f"http://{target}/inference.GRPCInferenceService/ModelInfer"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
-    m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
-    f = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
-    ok = int(m.group(1)) if m else 0
-    errors = (int(f.group(2)) + int(f.group(3))) if f else 0
-    return {"answered": ok, "errors": errors, "raw": out}
+    bodies = data[: min(len(data), clients)]
+    procs = []
+    for i, body in enumerate(bodies):
+        share = clients // len(bodies) + (1 if i < clients % len(bodies) else 0)
+        cmd = ["h2load", "-c", str(share), "-m", str(streams), "-t1", "-D", f"{seconds:g}", "-d", str(body)]
+        cmd += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+        cmd += [f"http://{target}/inference.GRPCInferenceService/ModelInfer"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+    ok = errors = 0
+    raw = []
+    for proc in procs:
+        out = proc.communicate(timeout=seconds + 60)[0]
+        raw.append(out)
+        m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+        f = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+        ok += int(m.group(1)) if m else 0
+        errors += (int(f.group(2)) + int(f.group(3))) if f else 1
+    return {"answered": ok, "errors": errors, "raw": "\n".join(raw)}
 
 
 # -- the correctness sample ----------------------------------------------------------------
@@ -216,7 +237,7 @@ class Checker(threading.Thread):
 def measure(mode: str, c: int, server: Server, ctx: dict, args: argparse.Namespace) -> dict[str, Any]:
     stop = threading.Event()
     checker = Checker(mode, server, ctx["name"], ctx["output"], ctx["pool"], stop)
-    failures0 = server.failures()
+    failures0, batches0, rows0 = server.counters()
     checker.start()
     path = f"/v2/models/{ctx['name']}/infer"
     if args.warmup > 0:
@@ -242,7 +263,9 @@ def measure(mode: str, c: int, server: Server, ctx: dict, args: argparse.Namespa
     r.pop("raw")
     r["rps"] = round(r["answered"] / args.duration, 1)
     r["checked"], r["wrong"] = checker.checked, checker.wrong
-    r["errors"] += checker.errors + int(server.failures() - failures0)
+    failures1, batches1, rows1 = server.counters()
+    r["errors"] += checker.errors + int(failures1 - failures0)
+    r["rows_per_batch"] = round((rows1 - rows0) / max(batches1 - batches0, 1), 1)
     n = max(r["answered"], 1)
     r["server_cpu_us"] = round(server_cpu / n * 1e6)
     r["engine_cpu_us"] = round(engine_cpu / n * 1e6)  # with one process: all of it
@@ -298,8 +321,10 @@ def main(argv: list[str] | None = None) -> int:
             (body, {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(head)})
         )
     ctx["http-binary-script"] = wrk_script(tmp / "binary.lua", path, binary)
-    ctx["grpc_data"] = tmp / "grpc.bin"
-    ctx["grpc_data"].write_bytes(grpc_message(name, pool[0]["feed"], output))
+    ctx["grpc_data"] = []
+    for i, item in enumerate(pool[:GRPC_BODIES]):
+        ctx["grpc_data"].append(tmp / f"grpc-{i}.bin")
+        ctx["grpc_data"][-1].write_bytes(grpc_message(name, item["feed"], output))
     counts = [int(f) for f in args.frontends.split(",")]
     levels = [int(c) for c in args.concurrency.split(",")]
     servers: dict[int, Server] = {}
