@@ -26,13 +26,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ...errors import OrtBatchError, ServeError
+from ...errors import OrtBatchError, ServeError, SessionClosedError
 from .frontend import FrontEndSpec, run_frontend
 from .proxy import SessionFace
 from .transport import Arena, BlockAllocator, FrameReader, encode_error, pack_tensors, unpack_tensors, write_frame
@@ -53,10 +53,25 @@ def _say(text: str) -> None:
 
 
 class FrontEndLink:
-    """The engine's side of one front end: its socket, arenas and requests in flight."""
+    """The engine's side of one front end: its socket, arenas and requests in flight.
 
-    def __init__(self, session: Any, sock: socket.socket, requests: Arena, responses: Arena) -> None:
-        self.session = session
+    ``sessions``: the session the front end's requests go to, or a mapping from model key
+    to session (a repository's models; the engine updates it as models load).
+    ``on_control(link, message)`` gets the front end's repository requests (``load``,
+    ``unload``, ``released``), on the reader thread.
+    """
+
+    def __init__(
+        self,
+        sessions: Any,
+        sock: socket.socket,
+        requests: Arena,
+        responses: Arena,
+        *,
+        on_control: Callable[[FrontEndLink, tuple[Any, ...]], None] | None = None,
+    ) -> None:
+        self.sessions: Mapping[int, Any] = sessions if isinstance(sessions, Mapping) else {0: sessions}
+        self.on_control = on_control
         self.sock = sock
         self.requests = requests
         self.responses = responses
@@ -106,11 +121,11 @@ class FrontEndLink:
     def _handle(self, msg: tuple[Any, ...], payload: bytearray) -> None:
         kind = msg[0]
         if kind == "run":
-            _, rid, names, specs, timeout_s = msg
-            self._submit([rid], names, [specs], timeout_s, payload, many=False)
+            _, key, rid, names, specs, timeout_s = msg
+            self._submit(key, [rid], names, [specs], timeout_s, payload, many=False)
         elif kind == "many":
-            _, rids, names, specs, timeout_s = msg
-            self._submit(rids, names, specs, timeout_s, payload, many=True)
+            _, key, rids, names, specs, timeout_s = msg
+            self._submit(key, rids, names, specs, timeout_s, payload, many=True)
         elif kind == "cancel":
             fut = self.inflight.get(msg[1])
             if fut is not None:
@@ -119,22 +134,33 @@ class FrontEndLink:
             for block in msg[1]:
                 self._resp_alloc.free(block)
         elif kind == "stats":
-            self._post(("msg", ("stats", msg[1], self.session.stats())))
+            _, token, key = msg
+            session = self.sessions.get(key)
+            self._post(("msg", ("stats", token, session.stats() if session is not None else None)))
         elif kind == "ready":
             self.pid = msg[1]
             self.ready.set()
         elif kind == "bye":
             self.counts = msg[1]
+        elif self.on_control is not None:
+            self.on_control(self, msg)
+
+    def _session(self, key: int) -> Any:
+        session = self.sessions.get(key)
+        if session is None:  # a model unloaded meanwhile (a front end holds none it was not given)
+            raise SessionClosedError("the model is no longer loaded; the request was not run")
+        return session
 
     def _submit(
-        self, rids: list[int], names: Any, specs: list[Any], timeout_s: Any, payload: bytearray, many: bool
+        self, key: int, rids: list[int], names: Any, specs: list[Any], timeout_s: Any, payload: bytearray, many: bool
     ) -> None:
         try:
+            session = self._session(key)
             feeds = [dict(unpack_tensors(s, self.requests, payload, copy=False)) for s in specs]
             if many:
-                futures = self.session.submit_many(feeds, names, timeout_s=timeout_s)
+                futures = session.submit_many(feeds, names, timeout_s=timeout_s)
             else:
-                futures = [self.session.submit(feeds[0], names, timeout_s=timeout_s)]
+                futures = [session.submit(feeds[0], names, timeout_s=timeout_s)]
         except Exception as exc:
             for rid in rids:
                 self._post(("err", rid, exc))
@@ -143,14 +169,28 @@ class FrontEndLink:
             self._track(rid, fut)
 
     def _submit_runs(self, runs: list[tuple[Any, ...]], payload: bytearray) -> None:
-        """Single requests of one frame, each admitted or refused on its own."""
-        submit_each = getattr(self.session, "submit_each", None)
+        """Single requests of one frame, each admitted or refused on its own (those of
+        one model together)."""
+        by_key: dict[int, list[tuple[Any, ...]]] = {}
+        for msg in runs:
+            by_key.setdefault(msg[1], []).append(msg)
+        for key, group in by_key.items():
+            try:
+                session = self._session(key)
+            except Exception as exc:
+                for msg in group:
+                    self._post(("err", msg[2], exc))
+                continue
+            self._submit_each(session, group, payload)
+
+    def _submit_each(self, session: Any, runs: list[tuple[Any, ...]], payload: bytearray) -> None:
+        submit_each = getattr(session, "submit_each", None)
         if submit_each is None:  # a duck-typed session: one by one
             for msg in runs:
                 self._handle(msg, payload)
             return
         items = []
-        for _, rid, names, specs, timeout_s in runs:
+        for _, _key, rid, names, specs, timeout_s in runs:
             try:
                 feed = dict(unpack_tensors(specs, self.requests, payload, copy=False))
             except Exception as exc:

@@ -29,11 +29,13 @@ import numpy as np
 from ...errors import InvalidInputError, SessionClosedError
 from .transport import Arena, BlockAllocator, FrameReader, decode_error, pack_tensors, unpack_tensors, write_frame
 
-__all__ = ["NodeSpec", "ProxySession", "SessionFace"]
+__all__ = ["ModelProxy", "NodeSpec", "ProxySession", "SessionFace"]
 
 log = logging.getLogger("ortbatch.serve")
 
 _STATS_TIMEOUT_S = 5.0
+#: the engine's answers to requests; other messages go to ``ProxySession.on_message``
+_ANSWERS = frozenset({"ok", "err", "gone"})
 
 
 @dataclass(frozen=True)
@@ -78,13 +80,90 @@ class _Pending:
         self.block = block
 
 
-class ProxySession:
+class _ModelFace:
+    """The BatchedSession face of one model of the engine, over a :class:`ProxySession`'s
+    link (``_link``; ``_key`` names the model there)."""
+
+    _link: ProxySession
+    _key: int
+    _face: SessionFace
+    _view_closed: bool
+
+    def _init_face(self, link: ProxySession, face: SessionFace, key: int) -> None:
+        self._link, self._face, self._key = link, face, key
+        self._view_closed = False
+        self.manifest = face.manifest
+        self.max_batch_size = face.max_batch_size
+        self.max_queue = face.max_queue
+
+    def get_inputs(self) -> list[NodeSpec]:
+        return list(self._face.inputs)
+
+    def get_outputs(self) -> list[NodeSpec]:
+        return list(self._face.outputs)
+
+    @property
+    def closed(self) -> bool:
+        return self._view_closed or self._link._closed or self._link._lost
+
+    @property
+    def ready(self) -> bool:
+        return not self.closed
+
+    def close(self, drain: bool = True) -> None:
+        """Accept no more requests for this model (the engine's session is the engine's to
+        close)."""
+        self._view_closed = True
+
+    async def run_async(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *, timeout_s: float | None = None
+    ) -> list[np.ndarray]:
+        """Run one request in the engine; cancelling the awaiting task drops it there if
+        it has not started."""
+        self._check_view()
+        return await self._link._run(self._key, output_names, input_feed, timeout_s)
+
+    def submit_many(
+        self,
+        input_feeds: Sequence[Mapping[str, Any]],
+        output_names: Sequence[str] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> list[concurrent.futures.Future[list[np.ndarray]]]:
+        """Queue several requests in the engine as one unit (all admitted or all failed
+        with the same error, as ``BatchedSession.submit_many``); cancelling a future drops
+        its request there if it has not started."""
+        self._check_view()
+        return self._link._submit_many(self._key, input_feeds, output_names, timeout_s)
+
+    def stats(self) -> Any:
+        """The engine's ``BatchedSession.stats()`` now (asked over the socket; the last
+        snapshot, or None, if the engine does not answer within 5 s)."""
+        return self._link._stats(self._key)
+
+    def _check_view(self) -> None:
+        if self._view_closed and not self._link._lost:
+            raise SessionClosedError("the server is shutting down; no new requests are accepted")
+
+
+class ModelProxy(_ModelFace):
+    """Another model of the same engine, over a :class:`ProxySession`'s link
+    (:meth:`ProxySession.for_model`): a repository served by front ends."""
+
+    def __init__(self, link: ProxySession, face: SessionFace, key: int) -> None:
+        self._init_face(link, face, key)
+
+
+class ProxySession(_ModelFace):
     """A BatchedSession in another process (the engine), reached over ``sock`` with the
-    tensor bytes in the two arenas.
+    tensor bytes in the two arenas. It is the link to the engine and the face of model
+    ``key`` there (0: the one export of ``ortbatch serve DIR``); :meth:`for_model` gives
+    the face of another model over the same link.
 
     ``on_engine_lost`` is called (from the reader thread) when the engine's end closes
     without this side having closed first: every request still waiting has then failed
-    with :class:`SessionClosedError`.
+    with :class:`SessionClosedError`. ``on_message`` gets the engine's messages that are
+    not answers (a repository's model updates and replies), on the reader thread.
     """
 
     def __init__(
@@ -95,12 +174,9 @@ class ProxySession:
         responses: Arena,
         *,
         on_engine_lost: Callable[[], None] | None = None,
+        key: int = 0,
     ) -> None:
         self._sock = sock
-        self._face = face
-        self.manifest = face.manifest
-        self.max_batch_size = face.max_batch_size
-        self.max_queue = face.max_queue
         self._req = requests
         self._resp = responses
         self._alloc = BlockAllocator(requests.size)
@@ -114,60 +190,41 @@ class ProxySession:
         self._closed = False
         self._lost = False
         self._stats_waiters: dict[int, tuple[threading.Event, list[Any]]] = {}
-        self._last_stats: Any = None
+        self._last_stats: dict[int, Any] = {}
         self._on_engine_lost = on_engine_lost
+        self._init_face(self, face, key)
         self._reader = FrameReader(sock)
         self._thread = threading.Thread(target=self._read_loop, name="ortbatch-frontend-reader", daemon=True)
         self._thread.start()
 
-    # -- the session's face --------------------------------------------------------------
-    def get_inputs(self) -> list[NodeSpec]:
-        return list(self._face.inputs)
-
-    def get_outputs(self) -> list[NodeSpec]:
-        return list(self._face.outputs)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed or self._lost
-
-    @property
-    def ready(self) -> bool:
-        return not self.closed
+    def for_model(self, key: int, face: SessionFace) -> ModelProxy:
+        """The face of the engine's model ``key`` over this link."""
+        return ModelProxy(self, face, key)
 
     @property
     def in_flight(self) -> int:
-        """Requests sent to the engine and not answered yet."""
+        """Requests sent to the engine and not answered yet (every model's)."""
         return len(self._pending)
 
-    def close(self, drain: bool = True) -> None:
-        """Accept no more requests (the engine's session is the engine's to close)."""
-        self._closed = True
-
-    async def run_async(
-        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *, timeout_s: float | None = None
+    async def _run(
+        self, key: int, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], timeout_s: float | None
     ) -> list[np.ndarray]:
-        """Run one request in the engine; cancelling the awaiting task drops it there if
-        it has not started."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[np.ndarray]] = loop.create_future()
-        rid = self._send_run(input_feed, output_names, timeout_s, fut, loop)
+        rid = self._send_run(key, input_feed, output_names, timeout_s, fut, loop)
         try:
             return await fut
         except asyncio.CancelledError:
             self.cancel(rid)
             raise
 
-    def submit_many(
+    def _submit_many(
         self,
+        key: int,
         input_feeds: Sequence[Mapping[str, Any]],
-        output_names: Sequence[str] | None = None,
-        *,
-        timeout_s: float | None = None,
+        output_names: Sequence[str] | None,
+        timeout_s: float | None,
     ) -> list[concurrent.futures.Future[list[np.ndarray]]]:
-        """Queue several requests in the engine as one unit (all admitted or all failed
-        with the same error, as ``BatchedSession.submit_many``); cancelling a future drops
-        its request there if it has not started."""
         self._check_open()
         futures: list[concurrent.futures.Future[list[np.ndarray]]] = []
         rids: list[int] = []
@@ -183,7 +240,7 @@ class ProxySession:
                     rids.append(rid)
                     specs.append(spec)
                 names = None if output_names is None else list(output_names)
-                self._outbox.append(("many", rids, names, specs, timeout_s))
+                self._outbox.append(("many", key, rids, names, specs, timeout_s))
         except BaseException:
             # nothing was announced: take the blocks back
             with self._lock:
@@ -197,24 +254,22 @@ class ProxySession:
         self._schedule_flush(_running_loop())
         return futures
 
-    def stats(self) -> Any:
-        """The engine's ``BatchedSession.stats()`` now (asked over the socket; the last
-        snapshot, or None, if the engine does not answer within 5 s)."""
-        if self.closed:
-            return self._last_stats
+    def _stats(self, key: int) -> Any:
+        if self._closed or self._lost:
+            return self._last_stats.get(key)
         token = next(self._ids)
         event = threading.Event()
         box: list[Any] = []
         self._stats_waiters[token] = (event, box)
         try:
-            self._send([("stats", token)])
+            self._send([("stats", token, key)])
             if event.wait(_STATS_TIMEOUT_S) and box:
-                self._last_stats = box[0]
+                self._last_stats[key] = box[0]
         except OSError:
             pass
         finally:
             self._stats_waiters.pop(token, None)
-        return self._last_stats
+        return self._last_stats.get(key)
 
     # -- sending -------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -225,6 +280,7 @@ class ProxySession:
 
     def _send_run(
         self,
+        key: int,
         feed: Mapping[str, Any],
         output_names: Sequence[str] | None,
         timeout_s: float | None,
@@ -239,7 +295,7 @@ class ProxySession:
             rid = next(self._ids)
             spec, block = pack_tensors(feed.items(), self._req, self._alloc, self._payload)
             self._pending[rid] = _Pending(fut, loop, block)
-            self._outbox.append(("run", rid, names, spec, timeout_s))
+            self._outbox.append(("run", key, rid, names, spec, timeout_s))
         self._schedule_flush(loop)
         return rid
 
@@ -319,6 +375,10 @@ class ProxySession:
             if kind == "stop":
                 self._on_stop()
                 continue
+            if kind not in _ANSWERS:
+                if self.on_message is not None:
+                    self.on_message(msg)
+                continue
             rid = msg[1]
             with self._lock:
                 p = self._pending.pop(rid, None)
@@ -360,6 +420,8 @@ class ProxySession:
 
     #: called from the reader thread when the engine says to stop (set by the front end)
     on_stop: Callable[[], None] | None = None
+    #: called from the reader thread with each engine message that is not an answer
+    on_message: Callable[[tuple[Any, ...]], None] | None = None
 
     def _on_stop(self) -> None:
         if self.on_stop is not None:
