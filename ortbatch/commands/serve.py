@@ -227,13 +227,6 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.frontends > 1 and many:
-        print(
-            "ortbatch serve: error: --frontends > 1 serves one export; several models or --repository are not "
-            "supported yet",
-            file=sys.stderr,
-        )
-        return 2
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         print("ortbatch serve: error: TLS needs both --ssl-certfile and --ssl-keyfile", file=sys.stderr)
         return 2

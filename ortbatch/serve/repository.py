@@ -137,6 +137,8 @@ class Loaded:
     retired: bool = False
     #: set once retired and the last request on it has been released
     idle: threading.Event = field(default_factory=threading.Event)
+    #: called once it is retired and closed (a front end tells the engine it let go)
+    on_retired: Callable[[], None] | None = None
 
     def kind(self) -> str:
         from .served_generator import ServedGenerator
@@ -200,10 +202,7 @@ class ModelRepository:
     # -- loading -----------------------------------------------------------------------
     def _build(self, directory: Path, name: str) -> Loaded:
         """Load, warm up and wrap one export (blocking)."""
-        from .app import build_app
-        from .http import BodyLimits
         from .server import load_served
-        from .tasks import served_endpoints
 
         assert self.config is not None
         if not directory.exists():
@@ -211,19 +210,24 @@ class ModelRepository:
         served = self.loader(directory, name) if self.loader is not None else load_served(directory, name, self.config)
         try:
             _warm_up(served)
-            # no API-key door here: the repository's own app has it, in front of every model
-            body = BodyLimits(self.config.max_body_bytes, self.config.body_timeout_s)
-            app = build_app(served, body, close_on_shutdown=False)
-            from .model import ServedModel
-
-            if isinstance(served, ServedModel):
-                endpoints = served_endpoints(served)
-            else:
-                endpoints = {"completions": ""}
-            return Loaded(served, app, endpoints)
+            return self._wrap(served)
         except BaseException:
             served.close(drain=False)
             raise
+
+    def _wrap(self, served: Any) -> Loaded:
+        """A loaded model's app and endpoints around ``served``."""
+        from .app import build_app
+        from .http import BodyLimits
+        from .model import ServedModel
+        from .tasks import served_endpoints
+
+        assert self.config is not None
+        # no API-key door here: the repository's own app has it, in front of every model
+        body = BodyLimits(self.config.max_body_bytes, self.config.body_timeout_s)
+        app = build_app(served, body, close_on_shutdown=False)
+        endpoints = served_endpoints(served) if isinstance(served, ServedModel) else {"completions": ""}
+        return Loaded(served, app, endpoints)
 
     def load_all(self) -> list[tuple[str, str]]:
         """Load every model (blocking, at startup); returns ``(name, reason)`` for each that
@@ -249,14 +253,15 @@ class ModelRepository:
         """Load ``name``, or reload it from its directory if loaded (the old one serves
         until the new one is ready, then drains). Raises :class:`HTTPError` 400 when it
         cannot be loaded (a loaded model keeps serving), 404 when there is no such model."""
-        await _in_thread(self._load, name)
+        await _in_thread(self.load_now, name)
 
     async def unload(self, name: str) -> None:
         """Take ``name`` out of service; returns once its in-flight requests are answered
         and its session is closed. Unloading a model that is not loaded is a no-op."""
-        await _in_thread(self._unload, name)
+        await _in_thread(self.unload_now, name)
 
-    def _load(self, name: str) -> None:
+    def load_now(self, name: str) -> None:
+        """:meth:`load`, blocking the calling thread."""
         with self._mutex:
             entry = self._entries.get(name)
         if entry is None:
@@ -289,13 +294,14 @@ class ModelRepository:
                 new.served.close(False)
                 raise HTTPError(503, "the server is shutting down")
             if old is not None:
-                threading.Thread(target=self._retire, args=(old,), name="ortbatch-retire", daemon=True).start()
+                self._retire_soon(old)
 
     def _set_state(self, entry: _Entry, state: str, reason: str) -> None:
         with self._mutex:  # the index reads both together, from another thread
             entry.state, entry.reason = state, reason
 
-    def _unload(self, name: str) -> None:
+    def unload_now(self, name: str) -> None:
+        """:meth:`unload`, blocking the calling thread."""
         with self._mutex:
             entry = self._entries.get(name)
         if entry is None:
@@ -320,6 +326,28 @@ class ModelRepository:
         finally:
             with self._mutex:
                 self._retiring.discard(old)
+            if old.on_retired is not None:
+                old.on_retired()
+
+    def _retire_soon(self, old: Loaded) -> None:
+        threading.Thread(target=self._retire, args=(old,), name="ortbatch-retire", daemon=True).start()
+
+    def install(self, name: str, directory: Path, loaded: Loaded | None, state: str, reason: str) -> None:
+        """Serve ``loaded`` as ``name`` (a model built elsewhere: a front end's view of the
+        engine's), or with None take ``name`` out of service, recording ``state`` and
+        ``reason``; the model it replaces is retired on a thread of its own (closed once
+        its last request is answered)."""
+        with self._mutex:
+            entry = self._entries.setdefault(name, _Entry(name, Path(directory)))
+            old = entry.loaded
+            entry.loaded, entry.state, entry.reason = loaded, state, reason
+        if old is not None and old is not loaded:
+            self._retire_soon(old)
+
+    def states(self) -> list[tuple[str, Path, str, str]]:
+        """``(name, directory, state, reason)`` of every model."""
+        with self._mutex:
+            return [(e.name, e.directory, e.state, e.reason) for e in self._entries.values()]
 
     # -- requests ----------------------------------------------------------------------
     def acquire(self, name: str) -> Loaded:

@@ -445,12 +445,8 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
     config = config or ServeConfig()
     uvicorn = require("uvicorn")
     if config.frontends != 1:
-        from .repository import ModelRepository
-
         if isinstance(config.frontends, bool) or not isinstance(config.frontends, int) or config.frontends < 1:
             raise ServeError(f"frontends must be a positive integer, got {config.frontends!r}")
-        if isinstance(directory, ModelRepository):
-            raise ServeError("--frontends > 1 serves one export; a model repository is not supported yet")
         from .frontends import serve_frontends
 
         return serve_frontends(directory, config)

@@ -290,9 +290,7 @@ def test_cli_refuses_bad_frontends(encoder_dir, extra, message):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_cli_refuses_frontends_for_a_repository_and_for_generation(tmp_path, encoder_dir, adder_path):
-    r = _cli("--repository", str(encoder_dir.parent), "--frontends", "2")
-    assert r.returncode == 2 and "not supported yet" in r.stderr and "Traceback" not in r.stderr
+def test_cli_refuses_frontends_for_generation(tmp_path, adder_path):
     from ortbatch.manifest import InputSpec, Manifest, OutputSpec
 
     gen = tmp_path / "gen"

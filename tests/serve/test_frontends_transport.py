@@ -36,6 +36,7 @@ from ortbatch.serve.frontends.transport import (
     unpack_tensors,
     write_frame,
 )
+from ortbatch.serve.http import HTTPError
 from ortbatch.serve.model import RequestTooLargeError
 
 pytestmark = pytest.mark.timeout(60)
@@ -151,6 +152,7 @@ def test_a_truncated_frame_is_the_end_of_the_stream():
         SessionClosedError("closed"),
         InferenceError("ORT failed"),
         ValueError("plain"),
+        HTTPError(404, "unknown model 'x'", {"Retry-After": "1"}),
     ],
     ids=lambda e: type(e).__name__,
 )

@@ -33,7 +33,9 @@ from types import FrameType
 from typing import Any
 
 from ...errors import OrtBatchError, ServeError, SessionClosedError
+from ..repository import ModelRepository
 from .frontend import FrontEndSpec, run_frontend
+from .models import EngineModels, frontend_loader
 from .proxy import SessionFace
 from .transport import Arena, BlockAllocator, FrameReader, encode_error, pack_tensors, unpack_tensors, write_frame
 
@@ -58,7 +60,8 @@ class FrontEndLink:
     ``sessions``: the session the front end's requests go to, or a mapping from model key
     to session (a repository's models; the engine updates it as models load).
     ``on_control(link, message)`` gets the front end's repository requests (``load``,
-    ``unload``, ``released``), on the reader thread.
+    ``unload``, ``released``), on the reader thread; ``on_drop(link)`` is called once the
+    front end is gone.
     """
 
     def __init__(
@@ -69,9 +72,11 @@ class FrontEndLink:
         responses: Arena,
         *,
         on_control: Callable[[FrontEndLink, tuple[Any, ...]], None] | None = None,
+        on_drop: Callable[[FrontEndLink], None] | None = None,
     ) -> None:
         self.sessions: Mapping[int, Any] = sessions if isinstance(sessions, Mapping) else {0: sessions}
         self.on_control = on_control
+        self.on_drop = on_drop
         self.sock = sock
         self.requests = requests
         self.responses = responses
@@ -300,6 +305,8 @@ class FrontEndLink:
         self.sock.close()
         self.requests.close()
         self.responses.close()
+        if self.on_drop is not None:
+            self.on_drop(self)
 
 
 class _FrontEnd:
@@ -340,33 +347,50 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_frontends(directory: str | Path, config: Any) -> int:
-    """``ortbatch serve DIR`` with ``config.frontends`` front-end processes; returns the
-    exit code as :func:`~ortbatch.serve.server.serve` does."""
+def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int:
+    """``ortbatch serve DIR`` (or a model repository: several models, ``--repository``)
+    with ``config.frontends`` front-end processes; returns the exit code as
+    :func:`~ortbatch.serve.server.serve` does."""
     from ..model import ServedModel
     from ..served_generator import is_generation_export
     from ..server import _url, bind_socket, load_served, warn_if_exposed
 
-    if is_generation_export(directory):
+    repository = directory if isinstance(directory, ModelRepository) else None
+    if not isinstance(directory, ModelRepository) and is_generation_export(directory):
         raise OrtBatchError("--frontends > 1 does not serve text-generation exports yet; use --frontends 1")
     warn_if_exposed(config)
-    served = load_served(directory, config.name, config)
-    assert isinstance(served, ServedModel)
-    session = served.session
-    name = served.name
-    text = "text input on" if served.text_input else "no text input"
-    emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
-    face = SessionFace.of(session)
+    models: EngineModels | None = None
+    if repository is not None:
+        if repository.loader is None:
+            repository.loader = frontend_loader(config)
+        repository.load_all()  # strict: raises, having closed what it loaded
+        models = EngineModels(repository)
+        closer: Any = repository
+        what = "a model repository: POST /v2/repository/index"
+        label = "serving"
+        sessions: Any = models.sessions
+        face = name = None
+    else:
+        assert not isinstance(directory, ModelRepository)
+        served = load_served(directory, config.name, config)
+        assert isinstance(served, ServedModel)
+        closer = sessions = served.session
+        name = served.name
+        text = "text input on" if served.text_input else "no text input"
+        emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
+        what = f"{text}, {emb}"
+        label = f"model {name!r}"
+        face = SessionFace.of(served.session)
     try:
         sock = bind_socket(config.host, config.port, config.backlog)
     except BaseException:
-        session.close(drain=False)
+        closer.close(drain=False)
         raise
     try:
         grpc_hold = reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
     except BaseException:
         sock.close()
-        session.close(drain=False)
+        closer.close(drain=False)
         raise
     grpc_port = grpc_hold.getsockname()[1] if grpc_hold is not None else None
     ctx = multiprocessing.get_context("spawn")
@@ -377,10 +401,14 @@ def serve_frontends(directory: str | Path, config: Any) -> int:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         requests = Arena.create(ARENA_BYTES, f"ortbatch-fe{index}-requests")
         responses = Arena.create(ARENA_BYTES, f"ortbatch-fe{index}-responses")
+        hooks: dict[str, Any] = {}
+        if models is not None:
+            hooks = {"on_control": models.on_control, "on_drop": models.detach}
+        link = FrontEndLink(sessions, ours, requests, responses, **hooks)
         spec = FrontEndSpec(
             index=index,
-            directory=str(directory),
-            name=name,
+            directory=str(directory) if repository is None else "",
+            name=name or "",
             config=config,
             face=face,
             http_socket=sock,
@@ -388,6 +416,7 @@ def serve_frontends(directory: str | Path, config: Any) -> int:
             requests=requests.handle,
             responses=responses.handle,
             grpc_port=grpc_port,
+            models=models.attach(link) if models is not None else None,
         )
         proc = ctx.Process(target=run_frontend, args=(spec,), name=f"ortbatch-frontend-{index}", daemon=False)
         # the child starts with SIGINT ignored (it installs its own handler), so a Ctrl-C
@@ -398,7 +427,7 @@ def serve_frontends(directory: str | Path, config: Any) -> int:
         finally:
             signal.signal(signal.SIGINT, old)
         theirs.close()
-        return proc, FrontEndLink(session, ours, requests, responses)
+        return proc, link
 
     stopping = threading.Event()
 
@@ -414,16 +443,17 @@ def serve_frontends(directory: str | Path, config: Any) -> int:
         if not _wait_ready(slots, stopping):
             code = 1
         else:
-            what = f"{text}, {emb}"
+            if repository is not None:
+                for line in repository.status_lines():
+                    _say(line)
             if grpc_port is not None:
                 tls = " (TLS)" if config.ssl_certfile is not None else ""
                 host = f"[{config.host}]" if ":" in config.host else config.host
                 what += f"; gRPC{tls} on {host}:{grpc_port}"
             pids = ", ".join(str(s.process.pid) for s in slots)
-            _say(f"{len(slots)} front-end processes (pids {pids}) over one BatchedSession")
-            _say(
-                f"model {name!r} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}",
-            )
+            over = "one engine (one BatchedSession per model)" if repository is not None else "one BatchedSession"
+            _say(f"{len(slots)} front-end processes (pids {pids}) over {over}")
+            _say(f"{label} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}")
             _supervise(slots, stopping)
     finally:
         _stop_all(slots, config.graceful_timeout_s)
@@ -432,7 +462,7 @@ def serve_frontends(directory: str | Path, config: Any) -> int:
         sock.close()
         if grpc_hold is not None:
             grpc_hold.close()
-        session.close(drain=True)
+        closer.close(drain=True)
     return _report(slots) if code == 0 else code
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from .models import FrontEndRepository, Record
 from .proxy import ProxySession, SessionFace
 from .transport import Arena, ArenaHandle
 
@@ -44,12 +46,15 @@ class FrontEndSpec:
     directory: str
     name: str
     config: Any  # ServeConfig
-    face: SessionFace
+    face: SessionFace | None
     http_socket: socket.socket
     control: socket.socket
     requests: ArenaHandle
     responses: ArenaHandle
     grpc_port: int | None
+    #: several models (a repository): each one's record; None: the one export
+    #: ``directory`` (named ``name``, with ``face``)
+    models: list[Record] | None = None
 
 
 class _FrontEndCollector:
@@ -116,21 +121,36 @@ def _run(spec: FrontEndSpec) -> int:
             flush=True,
         )
         request_stop()
+        repository = state.get("repository")
+        if repository is not None:
+            repository.engine_lost()
         threading.Timer(_ORPHAN_EXIT_S, os._exit, (1,)).start()
 
+    updates: queue.SimpleQueue[Any] = queue.SimpleQueue()
     proxy = ProxySession(
-        spec.control, spec.face, Arena(spec.requests), Arena(spec.responses), on_engine_lost=engine_lost
+        spec.control,
+        spec.face if spec.models is None else None,
+        Arena(spec.requests),
+        Arena(spec.responses),
+        on_engine_lost=engine_lost,
+        on_message=updates.put,
     )
     proxy.on_stop = request_stop
     try:
-        served = ServedModel.for_export(
-            proxy,
-            spec.directory,
-            name=spec.name,
-            normalize_embeddings=config.normalize_embeddings,
-            max_text_chars=config.max_text_chars,
-            truncate=config.truncate,
-        )
+        served: ServedModel | FrontEndRepository
+        if spec.models is None:
+            served = ServedModel.for_export(
+                proxy,
+                spec.directory,
+                name=spec.name,
+                normalize_embeddings=config.normalize_embeddings,
+                max_text_chars=config.max_text_chars,
+                truncate=config.truncate,
+            )
+        else:
+            served = state["repository"] = FrontEndRepository(
+                link=proxy, records=spec.models, updates=updates, config=config
+            )
         app = _build_app(served, config)
         app.state.metrics.registry.register(_FrontEndCollector(spec.index))
         import uvicorn

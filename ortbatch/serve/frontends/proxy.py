@@ -71,6 +71,10 @@ class SessionFace:
         )
 
 
+#: the face of a link that serves no model of its own (a repository's front end)
+_NO_MODEL = SessionFace((), (), 1, 1, None)
+
+
 class _Pending:
     __slots__ = ("block", "future", "loop")
 
@@ -89,7 +93,8 @@ class _ModelFace:
     _face: SessionFace
     _view_closed: bool
 
-    def _init_face(self, link: ProxySession, face: SessionFace, key: int) -> None:
+    def _init_face(self, link: ProxySession, face: SessionFace | None, key: int) -> None:
+        face = face if face is not None else _NO_MODEL
         self._link, self._face, self._key = link, face, key
         self._view_closed = False
         self.manifest = face.manifest
@@ -162,18 +167,20 @@ class ProxySession(_ModelFace):
 
     ``on_engine_lost`` is called (from the reader thread) when the engine's end closes
     without this side having closed first: every request still waiting has then failed
-    with :class:`SessionClosedError`. ``on_message`` gets the engine's messages that are
+    with :class:`SessionClosedError`. ``face=None``: the link of a repository's front end,
+    whose models all come through :meth:`for_model`. ``on_message`` gets the engine's messages that are
     not answers (a repository's model updates and replies), on the reader thread.
     """
 
     def __init__(
         self,
         sock: socket.socket,
-        face: SessionFace,
+        face: SessionFace | None,
         requests: Arena,
         responses: Arena,
         *,
         on_engine_lost: Callable[[], None] | None = None,
+        on_message: Callable[[tuple[Any, ...]], None] | None = None,
         key: int = 0,
     ) -> None:
         self._sock = sock
@@ -192,6 +199,7 @@ class ProxySession(_ModelFace):
         self._stats_waiters: dict[int, tuple[threading.Event, list[Any]]] = {}
         self._last_stats: dict[int, Any] = {}
         self._on_engine_lost = on_engine_lost
+        self.on_message = on_message
         self._init_face(self, face, key)
         self._reader = FrameReader(sock)
         self._thread = threading.Thread(target=self._read_loop, name="ortbatch-frontend-reader", daemon=True)
@@ -200,6 +208,11 @@ class ProxySession(_ModelFace):
     def for_model(self, key: int, face: SessionFace) -> ModelProxy:
         """The face of the engine's model ``key`` over this link."""
         return ModelProxy(self, face, key)
+
+    @property
+    def engine_gone(self) -> bool:
+        """Whether the engine's end has closed (or failed)."""
+        return self._lost
 
     @property
     def in_flight(self) -> int:

@@ -281,10 +281,18 @@ class FrameReader:
 _SIMPLE = (str, int, float, bool, type(None))
 
 
+def _simple(value: Any) -> bool:
+    """A value that crosses as it is: a scalar, or a dict of them by string (headers)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and isinstance(v, _SIMPLE) for k, v in value.items())
+    return isinstance(value, _SIMPLE)
+
+
 def encode_error(exc: BaseException) -> tuple[str, str, str, dict[str, Any]]:
-    """``(module, class name, message, simple attributes)`` of an exception."""
+    """``(module, class name, message, simple attributes)`` of an exception (scalars, and
+    dicts of them such as an HTTPError's headers)."""
     cls = type(exc)
-    attrs = {k: v for k, v in vars(exc).items() if isinstance(v, _SIMPLE)} if hasattr(exc, "__dict__") else {}
+    attrs = {k: v for k, v in vars(exc).items() if _simple(v)} if hasattr(exc, "__dict__") else {}
     message = str(exc.args[0]) if len(exc.args) == 1 else str(exc)
     return cls.__module__, cls.__qualname__, message, attrs
 
