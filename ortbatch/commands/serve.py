@@ -200,7 +200,6 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import OrtBatchError
     from ..serve.auth import resolve_api_key
     from ..serve.repository import ModelRepository, parse_model_args
-    from ..serve.served_generator import is_generation_export
     from ..serve.server import ServeConfig, serve
     from ._target import export_target
 
@@ -270,12 +269,6 @@ def run(args: argparse.Namespace) -> int:
     if not many:  # one export: the same check and message as every command, and its recorded checks
         target = export_target(args.directory[0], onnx_file=True)
         refuse_failed_checks(target, args.allow_unvalidated)
-        if args.frontends > 1 and is_generation_export(target):
-            print(
-                "ortbatch serve: error: --frontends > 1 does not serve text-generation exports yet; use --frontends 1",
-                file=sys.stderr,
-            )
-            return 2
         return serve(target, config)
     try:
         models = parse_model_args(args.directory)

@@ -392,6 +392,21 @@ def _submit_all(
     return futures
 
 
+async def _admitted(futures: list[Future[Any]]) -> None:
+    """Wait until every request is queued where its generator is another process's (a
+    front end's: the future's ``admitted``), so a refusal there (a full queue) is still
+    a JSON error; then, or at once for an in-process generator, return."""
+    admissions = [a for f in futures if (a := getattr(f, "admitted", None)) is not None]
+    if not admissions:
+        return
+    try:
+        await asyncio.gather(*(asyncio.wrap_future(a) for a in admissions))
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        raise
+
+
 def _rest_of_context(generator: Any, prompt: Any) -> int:
     """Room left after a token-id prompt (at least 1: too long a prompt is refused by submit)."""
     return max(1, int(generator.layout.max_context_length) - len(prompt))
@@ -483,7 +498,7 @@ class _CompletionsEndpoint:
 
     async def _answer(self, request: Any, req: CompletionRequest, api: _AnswerShape) -> Any:
         if req.stream:
-            return self._stream(request, req, api)
+            return await self._stream(request, req, api)
         futures = _submit_all(self.generator, req)
         waits = [asyncio.wrap_future(f) for f in futures]  # cancelling one cancels its request
         try:
@@ -495,7 +510,7 @@ class _CompletionsEndpoint:
         choices = [api.choice(i, c.text, c.finish_reason) for i, c in enumerate(results)]
         return json_response({**api.head, "object": api.object, "choices": choices, "usage": _usage(results)})
 
-    def _stream(self, request: Any, req: CompletionRequest, api: _AnswerShape) -> Any:
+    async def _stream(self, request: Any, req: CompletionRequest, api: _AnswerShape) -> Any:
         from starlette.responses import StreamingResponse
 
         loop = asyncio.get_running_loop()
@@ -513,6 +528,7 @@ class _CompletionsEndpoint:
         # Submission errors (bad prompt, queue full) are answered as JSON errors, before
         # any byte of the stream is sent.
         futures = _submit_all(self.generator, req, on_token)
+        await _admitted(futures)
 
         def ended(i: int) -> Callable[[Future[Any]], None]:
             return lambda _fut: put((i, None))

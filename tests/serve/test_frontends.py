@@ -290,26 +290,6 @@ def test_cli_refuses_bad_frontends(encoder_dir, extra, message):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_cli_refuses_frontends_for_generation(tmp_path, adder_path):
-    from ortbatch.manifest import InputSpec, Manifest, OutputSpec
-
-    gen = tmp_path / "gen"
-    gen.mkdir()
-    (gen / "model.onnx").write_bytes(adder_path.read_bytes())
-    Manifest(
-        model="model.onnx",
-        inputs={
-            "input_ids": InputSpec("int64", ("batch", "sequence"), 0),
-            "past_key_values.0.key": InputSpec("float32", ("batch", None, "past", None), 0),
-        },
-        outputs={"logits": OutputSpec(("batch", "sequence", None))},
-        validation={"passed": True},
-    ).save(gen)
-    r = _cli(str(gen), "--frontends", "2")
-    assert r.returncode == 2 and "text-generation exports" in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr
-
-
 def test_ctrl_c_stops_the_whole_group_without_a_traceback(tmp_path, encoder_dir):
     """A terminal's Ctrl-C sends SIGINT to every process of the group at once."""
     log = tmp_path / "serve.log"

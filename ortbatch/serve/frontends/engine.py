@@ -32,11 +32,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ...errors import OrtBatchError, ServeError, SessionClosedError
+from ...errors import ServeError, SessionClosedError
 from ..repository import ModelRepository
 from .frontend import FrontEndSpec, run_frontend
-from .models import EngineModels, frontend_loader
-from .proxy import SessionFace
+from .models import EngineModels, engine_side
 from .transport import Arena, BlockAllocator, FrameReader, encode_error, pack_tensors, unpack_tensors, write_frame
 
 __all__ = ["FrontEndLink", "reserve_port", "serve_frontends"]
@@ -131,6 +130,9 @@ class FrontEndLink:
         elif kind == "many":
             _, key, rids, names, specs, timeout_s = msg
             self._submit(key, rids, names, specs, timeout_s, payload, many=True)
+        elif kind == "gen":
+            _, key, rid, request, stream = msg
+            self._generate(key, rid, request, stream)
         elif kind == "cancel":
             fut = self.inflight.get(msg[1])
             if fut is not None:
@@ -216,13 +218,30 @@ class FrontEndLink:
                 continue
             self._track(rid, outcome)
 
-    def _track(self, rid: int, fut: Any) -> None:
+    def _generate(self, key: int, rid: int, request: tuple[Any, ...], stream: bool) -> None:
+        """A generation request for the generator ``key``: ``admitted`` once queued, a
+        ``tok`` per token when streamed, then its Completion (``done``) or its error."""
+        prompt, params, timeout_s = request
+        on_token = partial(self._token, rid) if stream else None
+        try:
+            fut = self._session(key).submit(prompt, params=params, timeout_s=timeout_s, on_token=on_token)
+        except Exception as exc:
+            self._post(("err", rid, exc))
+            return
+        self._post(("msg", ("admitted", rid)))
+        self._track(rid, fut, "gen")
+
+    def _token(self, rid: int, token: Any) -> None:
+        # on the generator's thread, before its future settles: the order is kept
+        self._post(("msg", ("tok", rid, token)))
+
+    def _track(self, rid: int, fut: Any, kind: str = "fut") -> None:
         """A request in the engine: its answer goes back when ``fut`` is done."""
         self.inflight[rid] = fut
-        fut.add_done_callback(partial(self._done, rid))
+        fut.add_done_callback(partial(self._done, rid, kind))
 
-    def _done(self, rid: int, fut: Any) -> None:
-        self._post(("fut", rid, fut))
+    def _done(self, rid: int, kind: str, fut: Any) -> None:
+        self._post((kind, rid, fut))
 
     def _post(self, item: tuple[Any, ...]) -> None:
         with self._cond:
@@ -248,7 +267,7 @@ class FrontEndLink:
             if self.closed.is_set():
                 # the front end is gone: nothing to tell it; results are discarded
                 for item in items:
-                    if item[0] == "fut":
+                    if item[0] in ("fut", "gen"):
                         self.inflight.pop(item[1], None)
                 if not self.inflight:
                     return
@@ -272,6 +291,9 @@ class FrontEndLink:
                 exc = fut.exception()
                 if exc is not None:
                     messages.append(("err", rid, encode_error(exc)))
+                    continue
+                if kind == "gen":
+                    messages.append(("done", rid, fut.result()))
                     continue
                 outs = fut.result()
                 specs, block = pack_tensors((("", o) for o in outs), self.responses, self._resp_alloc, payload)
@@ -352,35 +374,32 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
     with ``config.frontends`` front-end processes; returns the exit code as
     :func:`~ortbatch.serve.server.serve` does."""
     from ..model import ServedModel
-    from ..served_generator import is_generation_export
     from ..server import _url, bind_socket, load_served, warn_if_exposed
 
-    repository = directory if isinstance(directory, ModelRepository) else None
-    if not isinstance(directory, ModelRepository) and is_generation_export(directory):
-        raise OrtBatchError("--frontends > 1 does not serve text-generation exports yet; use --frontends 1")
     warn_if_exposed(config)
+    repository = directory if isinstance(directory, ModelRepository) else None
     models: EngineModels | None = None
     if repository is not None:
-        if repository.loader is None:
-            repository.loader = frontend_loader(config)
         repository.load_all()  # strict: raises, having closed what it loaded
         models = EngineModels(repository)
         closer: Any = repository
         what = "a model repository: POST /v2/repository/index"
         label = "serving"
         sessions: Any = models.sessions
-        face = name = None
+        face: Any = None
+        name = None
     else:
         assert not isinstance(directory, ModelRepository)
-        served = load_served(directory, config.name, config)
-        assert isinstance(served, ServedModel)
-        closer = sessions = served.session
+        served = closer = load_served(directory, config.name, config)
         name = served.name
-        text = "text input on" if served.text_input else "no text input"
-        emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
-        what = f"{text}, {emb}"
         label = f"model {name!r}"
-        face = SessionFace.of(served.session)
+        if isinstance(served, ServedModel):
+            text = "text input on" if served.text_input else "no text input"
+            emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
+            what = f"{text}, {emb}"
+        else:
+            what = "text generation: /v1/completions"
+        sessions, face = engine_side(served)
     try:
         sock = bind_socket(config.host, config.port, config.backlog)
     except BaseException:
@@ -451,7 +470,7 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
                 host = f"[{config.host}]" if ":" in config.host else config.host
                 what += f"; gRPC{tls} on {host}:{grpc_port}"
             pids = ", ".join(str(s.process.pid) for s in slots)
-            over = "one engine (one BatchedSession per model)" if repository is not None else "one BatchedSession"
+            over = "one engine (one session per model)" if repository is not None else f"one {type(sessions).__name__}"
             _say(f"{len(slots)} front-end processes (pids {pids}) over {over}")
             _say(f"{label} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}")
             _supervise(slots, stopping)

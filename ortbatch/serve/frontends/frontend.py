@@ -22,10 +22,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .models import FrontEndRepository, Record
+from .generation import GeneratorFace
+from .models import FrontEndRepository, Record, front_end_view
 from .proxy import ProxySession, SessionFace
 from .transport import Arena, ArenaHandle
 
@@ -46,7 +48,7 @@ class FrontEndSpec:
     directory: str
     name: str
     config: Any  # ServeConfig
-    face: SessionFace | None
+    face: SessionFace | GeneratorFace | None
     http_socket: socket.socket
     control: socket.socket
     requests: ArenaHandle
@@ -107,7 +109,6 @@ def _run(spec: FrontEndSpec) -> int:
         signal.signal(s, on_signal)
 
     from ...errors import OrtBatchError
-    from ..model import ServedModel
     from ..server import _build_app, _grpc_server, _uvicorn_config
 
     config = spec.config
@@ -129,7 +130,7 @@ def _run(spec: FrontEndSpec) -> int:
     updates: queue.SimpleQueue[Any] = queue.SimpleQueue()
     proxy = ProxySession(
         spec.control,
-        spec.face if spec.models is None else None,
+        None,  # the models' faces come through for_model
         Arena(spec.requests),
         Arena(spec.responses),
         on_engine_lost=engine_lost,
@@ -137,16 +138,10 @@ def _run(spec: FrontEndSpec) -> int:
     )
     proxy.on_stop = request_stop
     try:
-        served: ServedModel | FrontEndRepository
+        served: Any
         if spec.models is None:
-            served = ServedModel.for_export(
-                proxy,
-                spec.directory,
-                name=spec.name,
-                normalize_embeddings=config.normalize_embeddings,
-                max_text_chars=config.max_text_chars,
-                truncate=config.truncate,
-            )
+            assert spec.face is not None
+            served = front_end_view(proxy, 0, spec.face, Path(spec.directory), spec.name, config)
         else:
             served = state["repository"] = FrontEndRepository(
                 link=proxy, records=spec.models, updates=updates, config=config

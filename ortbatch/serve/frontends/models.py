@@ -7,7 +7,9 @@ end serves a :class:`FrontEndRepository`: the same repository class, whose model
 views of the engine's (:meth:`~ortbatch.serve.frontends.proxy.ProxySession.for_model`),
 so its HTTP and gRPC routes, errors and index are the one-process repository's.
 
-* Each model the engine loads gets a **key**; a front end's request names it.
+* Each model the engine loads gets a **key**; a front end's request names it. A model is
+  a BatchedSession (its face: :class:`~ortbatch.serve.frontends.proxy.SessionFace`) or a
+  BatchedGenerator (:class:`~ortbatch.serve.frontends.generation.GeneratorFace`).
 * The engine tells every front end of each change, as a :data:`Record` ``(name,
   directory, state, reason, key, face)``: at start, in the front end's spec; later, in a
   ``("model", *record)`` message after each load, reload or unload.
@@ -31,19 +33,19 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ...errors import OrtBatchError, SessionClosedError
+from ...errors import SessionClosedError
 from ..http import HTTPError
 from ..repository import READY, UNAVAILABLE, Loaded, ModelRepository
+from .generation import GeneratorFace, ProxyGenerator
 from .proxy import SessionFace
 from .transport import decode_error, encode_error
 
-__all__ = ["EngineModels", "FrontEndRepository", "Record", "frontend_loader"]
+__all__ = ["EngineModels", "FrontEndRepository", "Record", "engine_side", "front_end_view"]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -52,21 +54,38 @@ _SYNC_TIMEOUT_S = 60.0
 
 #: one model as the engine tells a front end: (name, export directory, state, reason,
 #: key, face); key and face are None when it is not loaded
-Record = tuple[str, str, str, str, int | None, SessionFace | None]
+Record = tuple[str, str, str, str, int | None, SessionFace | GeneratorFace | None]
 
 
-def frontend_loader(config: Any) -> Callable[[Path, str], Any]:
-    """The engine repository's loader: what ``ortbatch serve`` loads, except that a
-    text-generation export is refused (front ends do not serve generation yet)."""
-    from ..served_generator import is_generation_export
-    from ..server import load_served
+def engine_side(served: Any) -> tuple[Any, SessionFace | GeneratorFace]:
+    """What front ends reach of a served model in the engine, and its face: a ServedModel's
+    BatchedSession, or a ServedGenerator's BatchedGenerator."""
+    from ..served_generator import ServedGenerator
 
-    def load(directory: Path, name: str) -> Any:
-        if is_generation_export(directory):
-            raise OrtBatchError("text-generation exports are not served with --frontends > 1 yet")
-        return load_served(directory, name, config)
+    if isinstance(served, ServedGenerator):
+        return served.generator, GeneratorFace.of(served.generator)
+    return served.session, SessionFace.of(served.session)
 
-    return load
+
+def front_end_view(
+    link: Any, key: int, face: SessionFace | GeneratorFace, directory: Path, name: str, config: Any
+) -> Any:
+    """The front end's served model for the engine's model ``key``: a ServedModel over a
+    :class:`~ortbatch.serve.frontends.proxy.ModelProxy`, or a ServedGenerator over a
+    :class:`~ortbatch.serve.frontends.generation.ProxyGenerator`."""
+    from ..model import ServedModel
+    from ..served_generator import ServedGenerator
+
+    if isinstance(face, GeneratorFace):
+        return ServedGenerator(ProxyGenerator(link, face, key, directory), name)
+    return ServedModel.for_export(
+        link.for_model(key, face),
+        directory,
+        name=name,
+        normalize_embeddings=config.normalize_embeddings,
+        max_text_chars=config.max_text_chars,
+        truncate=config.truncate,
+    )
 
 
 class EngineModels:
@@ -206,16 +225,17 @@ class EngineModels:
                 return None
             given[name] = (None, state, reason)
             return (name, directory, state, reason, None, None)
+        backend, face = engine_side(loaded.served)
         key = self._keys.get(loaded)
         if key is None:
             key = self._keys[loaded] = next(self._ids)
-            self.sessions[key] = loaded.served.session
+            self.sessions[key] = backend
         if given.get(name) == (key, READY, ""):
             self.repository.release(loaded)  # it holds this one already
             return None
         given[name] = (key, READY, "")
         self._held[link][key] = loaded
-        return (name, directory, READY, "", key, SessionFace.of(loaded.served.session))
+        return (name, directory, READY, "", key, face)
 
     def _sweep(self) -> None:
         """Forget the keys of models retired with nothing left on them."""
@@ -290,19 +310,8 @@ class FrontEndRepository(ModelRepository):
         self._views[name] = key
         self.install(name, Path(directory), loaded, state, reason)
 
-    def _view(self, name: str, directory: Path, key: int, face: SessionFace) -> Loaded:
-        from ..model import ServedModel
-
-        assert self.config is not None
-        served = ServedModel.for_export(
-            self.link.for_model(key, face),
-            directory,
-            name=name,
-            normalize_embeddings=self.config.normalize_embeddings,
-            max_text_chars=self.config.max_text_chars,
-            truncate=self.config.truncate,
-        )
-        loaded = self._wrap(served)
+    def _view(self, name: str, directory: Path, key: int, face: SessionFace | GeneratorFace) -> Loaded:
+        loaded = self._wrap(front_end_view(self.link, key, face, directory, name, self.config))
         loaded.on_retired = partial(self._release, key)
         return loaded
 

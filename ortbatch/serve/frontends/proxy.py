@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidInputError, SessionClosedError
+from .generation import GenerationFuture
 from .transport import Arena, BlockAllocator, FrameReader, decode_error, pack_tensors, unpack_tensors, write_frame
 
 __all__ = ["ModelProxy", "NodeSpec", "ProxySession", "SessionFace"]
@@ -34,8 +35,9 @@ __all__ = ["ModelProxy", "NodeSpec", "ProxySession", "SessionFace"]
 log = logging.getLogger("ortbatch.serve")
 
 _STATS_TIMEOUT_S = 5.0
-#: the engine's answers to requests; other messages go to ``ProxySession.on_message``
-_ANSWERS = frozenset({"ok", "err", "gone"})
+#: the engine's answers to requests (``done``: a generation's Completion; ``admitted``
+#: and ``tok`` precede it); other messages go to ``ProxySession.on_message``
+_ANSWERS = frozenset({"ok", "err", "gone", "done", "admitted", "tok"})
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,23 @@ _NO_MODEL = SessionFace((), (), 1, 1, None)
 
 
 class _Pending:
-    __slots__ = ("block", "future", "loop")
+    __slots__ = ("admitted", "block", "future", "loop", "on_token")
 
-    def __init__(self, future: Any, loop: asyncio.AbstractEventLoop | None, block: int | None) -> None:
+    def __init__(
+        self,
+        future: Any,
+        loop: asyncio.AbstractEventLoop | None,
+        block: int | None,
+        admitted: concurrent.futures.Future[None] | None = None,
+        on_token: Callable[[Any], None] | None = None,
+    ) -> None:
         self.future = future  # an asyncio future (loop set) or a concurrent one
         self.loop = loop
         self.block = block
+        #: a generation request: set once the engine's generator has queued it
+        self.admitted = admitted
+        #: a streamed generation request: called with each token, on the reader thread
+        self.on_token = on_token
 
 
 class _ModelFace:
@@ -168,8 +181,9 @@ class ProxySession(_ModelFace):
     ``on_engine_lost`` is called (from the reader thread) when the engine's end closes
     without this side having closed first: every request still waiting has then failed
     with :class:`SessionClosedError`. ``face=None``: the link of a repository's front end,
-    whose models all come through :meth:`for_model`. ``on_message`` gets the engine's messages that are
-    not answers (a repository's model updates and replies), on the reader thread.
+    whose models all come through :meth:`for_model`. ``on_message`` gets the engine's
+    messages that are not answers (a repository's model updates and replies), on the
+    reader thread.
     """
 
     def __init__(
@@ -266,6 +280,22 @@ class ProxySession(_ModelFace):
             fut.add_done_callback(partial(self._cancel_if_cancelled, rid))
         self._schedule_flush(_running_loop())
         return futures
+
+    def _submit_generation(
+        self, key: int, request: tuple[Any, ...], on_token: Callable[[Any], None] | None
+    ) -> GenerationFuture:
+        """Queue a generation request (``request``: the prompt's ids, its SamplingParams
+        and deadline) in the engine's generator ``key``; ``on_token`` (streamed) is called
+        on the reader thread with each token."""
+        self._check_open()
+        fut = GenerationFuture()
+        with self._lock:
+            rid = next(self._ids)
+            self._pending[rid] = _Pending(fut, None, None, fut.admitted, on_token)
+            self._outbox.append(("gen", key, rid, request, on_token is not None))
+        fut.add_done_callback(partial(self._cancel_if_cancelled, rid))
+        self._schedule_flush(_running_loop())
+        return fut
 
     def _stats(self, key: int) -> Any:
         if self._closed or self._lost:
@@ -393,23 +423,32 @@ class ProxySession(_ModelFace):
                     self.on_message(msg)
                 continue
             rid = msg[1]
+            if kind in ("admitted", "tok"):  # a generation request's progress, not its end
+                self._progress(kind, rid, msg)
+                continue
             with self._lock:
                 p = self._pending.pop(rid, None)
                 if p is not None and p.block is not None:
                     self._alloc.free(p.block)
             value: Any
-            ok = kind == "ok"
-            if ok:
+            ok = kind in ("ok", "done")
+            if kind == "ok":
                 specs, block = msg[2], msg[3]
                 if block is not None:
                     frees.append(block)
                 value = [a for _, a in unpack_tensors(specs, self._resp, payload, copy=True)]
+            elif kind == "done":
+                value = msg[2]
             elif kind == "err":
                 value = decode_error(*msg[2])
             else:  # "gone": dropped after a cancel
+                if p is not None and p.admitted is not None:
+                    _settle(p.admitted, None, True)
                 continue
             if p is None:
                 continue
+            if p.admitted is not None:  # refused at submit (else admitted already: a no-op)
+                _settle(p.admitted, None if ok else value, ok)
             if p.loop is None:
                 _settle(p.future, value, ok)
             else:
@@ -424,6 +463,17 @@ class ProxySession(_ModelFace):
                 pass
         if frees and not by_loop:
             self.flush()
+
+    def _progress(self, kind: str, rid: int, msg: tuple[Any, ...]) -> None:
+        with self._lock:
+            p = self._pending.get(rid)
+        if p is None:
+            return
+        if kind == "admitted":
+            if p.admitted is not None:
+                _settle(p.admitted, None, True)
+        elif p.on_token is not None:
+            p.on_token(msg[2])
 
     def _deliver(self, loop: asyncio.AbstractEventLoop, items: list[tuple[Any, Any, bool]]) -> None:
         for fut, value, ok in items:
@@ -448,6 +498,8 @@ class ProxySession(_ModelFace):
             pending, self._pending = self._pending, {}
         error = SessionClosedError("the engine process is gone; the request was not answered")
         for p in pending.values():
+            if p.admitted is not None:
+                _settle(p.admitted, error, False)
             if p.loop is None:
                 _settle(p.future, error, False)
             else:

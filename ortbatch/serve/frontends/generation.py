@@ -1,0 +1,127 @@
+"""A text-generation export over front-end processes: the front end's stand-in for the
+engine's :class:`~ortbatch.BatchedGenerator`.
+
+The front end tokenizes, renders chat templates and checks every prompt and sampling
+parameter itself, with the generator's own checks (:class:`~ortbatch.generation.requests.RequestFactory`
+built from the engine's limits), so a bad request is refused at once with the message one
+process gives. The request then goes to the engine as token ids; the engine's generator
+queues it (``admitted``, or the error that refused it: a full queue), streams its tokens
+when asked (``tok``, in order, on the link) and answers its
+:class:`~ortbatch.generation.requests.Completion` (``done``). Cancelling the future (a
+client that leaves) frees the request's row in the engine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import SessionClosedError
+from ...generation.requests import ExportTokenizer, RequestFactory, StreamToken, sampling_params
+
+__all__ = ["GenerationFuture", "GeneratorFace", "ProxyGenerator"]
+
+
+class GenerationFuture(concurrent.futures.Future[Any]):
+    """The future of a generation request made in a front end; ``admitted`` is done once
+    the engine's generator has queued it, or failed with the error that refused it
+    (await it before starting a stream, so a full queue is still answered as a 429)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.admitted: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+
+@dataclass(frozen=True)
+class GeneratorFace:
+    """What a front end knows of the engine's generator without loading the model."""
+
+    layout: Any  # GenerationLayout
+    max_batch_size: int
+    max_tokens_in_flight: int
+    max_queue: int
+    timeout_s: float | None
+    default_max_new_tokens: int
+
+    @classmethod
+    def of(cls, generator: Any) -> GeneratorFace:
+        return cls(
+            generator.layout,
+            generator.max_batch_size,
+            generator.max_tokens_in_flight,
+            generator.max_queue,
+            generator.timeout_s,
+            generator.default_max_new_tokens,
+        )
+
+
+class ProxyGenerator:
+    """The engine's generator ``key``, over a front end's link (a
+    :class:`~ortbatch.serve.frontends.proxy.ProxySession`), with the face
+    :class:`~ortbatch.serve.served_generator.ServedGenerator` and the completion routes use."""
+
+    def __init__(self, link: Any, face: GeneratorFace, key: int, directory: str | Path) -> None:
+        self._link, self._key = link, key
+        self._dir = Path(directory)
+        self.layout = face.layout
+        self.max_batch_size = face.max_batch_size
+        self.max_tokens_in_flight = face.max_tokens_in_flight
+        self.max_queue = face.max_queue
+        self.timeout_s = face.timeout_s
+        self.default_max_new_tokens = face.default_max_new_tokens
+        self._tokenizer = ExportTokenizer(self._dir, face.layout.tokenizer)
+        self._requests = RequestFactory(
+            self._tokenizer,
+            face.layout.vocab_size,
+            face.layout.max_context_length,
+            face.max_tokens_in_flight,
+            face.default_max_new_tokens,
+            face.timeout_s,
+        )
+        self._closed = False
+
+    @property
+    def export_dir(self) -> Path:
+        return self._dir
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or bool(self._link.closed)
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Accept no more requests (the engine's generator is the engine's to close)."""
+        self._closed = True
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(ids)
+
+    def stats(self) -> Any:
+        """The engine's ``BatchedGenerator.stats()`` (asked over the link)."""
+        return self._link._stats(self._key)
+
+    def submit(
+        self,
+        prompt: Any,
+        max_new_tokens: int | None = None,
+        *,
+        params: Any = None,
+        timeout_s: float | None = None,
+        on_token: Callable[[StreamToken], None] | None = None,
+        **sampling: Any,
+    ) -> GenerationFuture:
+        """As ``BatchedGenerator.submit``: a bad prompt or parameter raises here; a full
+        queue fails the future (and its ``admitted``) once the engine says so."""
+        if self.closed:
+            raise SessionClosedError("the generator is closed")
+        how = sampling_params(params, max_new_tokens, sampling)
+        checked = self._requests.build(prompt, how, timeout_s, None, 0.0)  # raises what submit raises
+        how = dataclasses.replace(how, max_new_tokens=checked.max_new_tokens)
+        request = (checked.prompt.tolist(), how, timeout_s)
+        return self._link._submit_generation(self._key, request, on_token)
