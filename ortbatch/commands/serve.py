@@ -118,9 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="N front-end processes accept connections (HTTP and gRPC), parse and tokenize, over one engine "
-        "process that owns the session and batches (shared memory between them); a front end that dies is "
-        "restarted. Default 1: everything in one process. Not for --repository, several models, "
-        "text-generation exports or --ray",
+        "process that owns every model's session or generator and batches (shared memory between them); "
+        "a front end that dies is restarted. Default 1: everything in one process. Not with --ray",
     )
     parser.add_argument(
         "--api-key",

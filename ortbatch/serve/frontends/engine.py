@@ -1,14 +1,17 @@
 """The engine: ``ortbatch serve DIR --frontends N`` (N >= 2).
 
-This process loads the export and owns its one BatchedSession (one queue, so batching
-stays global). It binds the HTTP socket and reserves the gRPC port, then starts N
-front-end processes (``spawn``: never a fork of a process that runs ONNX Runtime's
-threads) that serve on them (:mod:`~ortbatch.serve.frontends.frontend`).
+This process loads the export and owns its one BatchedSession or BatchedGenerator (one
+queue, so batching stays global), or every model of a repository
+(:mod:`~ortbatch.serve.frontends.models`). It binds the HTTP socket and reserves the gRPC
+port, then starts N front-end processes (``spawn``: never a fork of a process that runs
+ONNX Runtime's threads) that serve on them (:mod:`~ortbatch.serve.frontends.frontend`).
 
 Per front end, one :class:`FrontEndLink`: a reader thread takes its frames and submits
-each request straight to ``BatchedSession.submit`` / ``submit_many`` (the feeds are views
-of the request arena, not copies), and a sender thread writes the answers (outputs into
-the response arena) as they complete, every answer ready at that moment in one frame.
+each request straight to ``BatchedSession.submit`` / ``submit_many`` / ``submit_each``
+(the feeds are views of the request arena, not copies) or ``BatchedGenerator.submit``,
+and a sender thread writes the answers (outputs into the response arena; a generation's
+tokens and Completion in the frame) as they complete, every answer ready at that moment
+in one frame.
 
 Supervision: a front end that dies is restarted (backoff 0.5 s doubling to 10 s, reset
 after it has run 30 s); its requests still queued are cancelled (dropped unrun), those
