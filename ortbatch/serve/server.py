@@ -419,6 +419,19 @@ def _load_app(
         raise
 
 
+def served_summary(served: ServedModel | ServedGenerator | ModelRepository) -> str:
+    """What the startup line says is served (before the gRPC address and the URL)."""
+    from .repository import ModelRepository
+
+    if isinstance(served, ModelRepository):
+        return "a model repository: POST /v2/repository/index"
+    if isinstance(served, ServedModel):
+        text = "text input on" if served.text_input else "no text input"
+        emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
+        return f"{text}, {emb}"
+    return "text generation: /v1/completions"
+
+
 def warn_if_exposed(config: ServeConfig) -> None:
     """Warn (stderr) about a bind reachable from other machines without an API key."""
     if is_loopback(config.host):
@@ -481,13 +494,7 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
     if isinstance(served, ModelRepository):
         for line in served.status_lines():
             print(f"ortbatch serve: {line}", file=sys.stderr, flush=True)
-        what = "a model repository: POST /v2/repository/index"
-    elif isinstance(served, ServedModel):
-        text = "text input on" if served.text_input else "no text input"
-        emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
-        what = f"{text}, {emb}"
-    else:
-        what = "text generation: /v1/completions"
+    what = served_summary(served)
     if grpc_server is not None:
         tls = " (TLS)" if grpc_server.tls else ""
         what += f"; gRPC{tls} on {grpc_server.address}"

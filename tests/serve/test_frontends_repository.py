@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,29 +16,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import reloads
+from reloads import Clients, changing_repository, swap_in, which
 from test_frontends import frontend_pids, pid_of_metrics
-from tinytasks import build_classifier, run_alone
-from tokenizers import Tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ARGS = ("--frontends", "2", "--max-batch-size", "8", "--max-delay-ms", "1", "--no-access-log")
 TEXT = "the quick brown fox"
-
-
-def _probs(d: Path, text: str = TEXT) -> np.ndarray:
-    e = Tokenizer.from_file(str(d / "tokenizer.json")).encode(text)
-    logits = run_alone(d, e.ids, e.type_ids).astype(np.float64)
-    p = np.exp(logits - logits.max())
-    return p / p.sum()
-
-
-def _swap_in(src: Path, dst: Path) -> None:
-    """Replace the export in ``dst`` with ``src``'s, each file atomically."""
-    for f in ("model.onnx", "ortbatch.json", "config.json", "tokenizer.json"):
-        tmp = dst / (f + ".new")
-        shutil.copy(src / f, tmp)
-        tmp.replace(dst / f)
 
 
 def _generation_export(directory: Path, adder_path: Path) -> None:
@@ -61,34 +44,17 @@ def _generation_export(directory: Path, adder_path: Path) -> None:
 
 @pytest.fixture
 def repo(tmp_path: Path, task_dirs: dict[str, Path], adder_path: Path) -> dict[str, Any]:
-    """A repository: ``cls`` (a copy of an old classifier, to be replaced by a new one),
-    ``rr`` (a reranker), a broken folder and a generation export that does not load."""
-    old_src = build_classifier(tmp_path / "old-src", 3, seed=1)
-    new_src = build_classifier(tmp_path / "new-src", 3, seed=7)
-    root = tmp_path / "repo"
-    (root / "cls").mkdir(parents=True)
-    for f in old_src.iterdir():
-        shutil.copy(f, root / "cls" / f.name)
-    (root / "rr").symlink_to(task_dirs["reranker"], target_is_directory=True)
-    (root / "broken").mkdir()
-    (root / "broken" / "ortbatch.json").write_text("{not json")
-    _generation_export(root / "gen", adder_path)
-    rr = task_dirs["reranker"]
-    e = Tokenizer.from_file(str(rr / "tokenizer.json")).encode("q", TEXT)
-    expected = {"old": _probs(old_src), "new": _probs(new_src), "rr": float(run_alone(rr, e.ids, e.type_ids)[0])}
-    assert not np.allclose(expected["old"], expected["new"], atol=1e-3)
-    return {"root": root, "old": old_src, "new": new_src, "expected": expected}
+    """:func:`reloads.changing_repository`, with a broken folder and a generation export
+    that does not load."""
+    dirs = changing_repository(tmp_path, task_dirs["reranker"])
+    (dirs["root"] / "broken").mkdir()
+    (dirs["root"] / "broken" / "ortbatch.json").write_text("{not json")
+    _generation_export(dirs["root"] / "gen", adder_path)
+    return dirs
 
 
 def _classify(c: httpx.Client) -> httpx.Response:
-    return c.post("/v1/classify", json={"model": "cls", "input": TEXT})
-
-
-def _which(probs: np.ndarray, expected: dict[str, Any]) -> str:
-    for kind in ("old", "new"):
-        if np.allclose(probs, expected[kind], atol=1e-5):
-            return kind
-    return "neither"
+    return c.post("/v1/classify", json={"model": "cls", "input": reloads.TEXT})
 
 
 def _on_every_front_end(url: str, pids: list[int]) -> list[tuple[int, httpx.Client]]:
@@ -113,7 +79,7 @@ def _serves_on_every_front_end(url: str, pids: list[int], expected: dict[str, An
                 assert r.status_code == 503 and "'cls'" in r.text, (pid, r.text)
             else:
                 assert r.status_code == 200, (pid, r.text)
-                assert _which(np.array(r.json()["data"][0]["probs"]), expected) == kind, pid
+                assert which(np.array(r.json()["data"][0]["probs"]), expected) == kind, pid
     finally:
         for _, c in conns:
             c.close()
@@ -133,38 +99,11 @@ def test_a_repository_through_two_front_ends_reloaded_and_unloaded_under_load(se
     assert index["gen"]["state"] == "UNAVAILABLE" and "failed to load" in index["gen"]["reason"]
     _serves_on_every_front_end(srv.url, pids, expected, "old")
 
-    stop = threading.Event()
-    seen: dict[str, list[Any]] = {"cls": [], "rr": []}
-    problems: list[str] = []
-
-    def client(model: str) -> None:
-        with httpx.Client(base_url=srv.url, timeout=60) as c:
-            while not stop.is_set():
-                if model == "cls":
-                    r = _classify(c)
-                else:
-                    r = c.post(
-                        "/v1/rerank", json={"model": "rr", "query": "q", "documents": [TEXT], "raw_scores": True}
-                    )
-                if r.status_code != 200:
-                    seen[model].append(r.status_code)
-                    if model != "cls" or r.status_code != 503 or "'cls'" not in r.text:
-                        problems.append(f"{model}: {r.status_code} {r.text}")
-                    continue
-                body = r.json()
-                if model == "cls":
-                    seen[model].append(np.array(body["data"][0]["probs"]))
-                else:
-                    seen[model].append(body["results"][0]["relevance_score"])
-
-    threads = [threading.Thread(target=client, args=(m,)) for m in ("cls", "rr") for _ in range(4)]
-    for t in threads:
-        t.start()
-    try:
+    with Clients(srv.url) as clients:
         with httpx.Client(base_url=srv.url, timeout=60) as admin:
             # reloads over HTTP: when one is answered, every front end serves the new model
             for src, kind in ((repo["new"], "new"), (repo["old"], "old"), (repo["new"], "new")):
-                _swap_in(src, repo["root"] / "cls")
+                swap_in(src, repo["root"] / "cls")
                 r = admin.post("/v2/repository/models/cls/load")
                 assert r.status_code == 200, r.text
                 _serves_on_every_front_end(srv.url, pids, expected, kind)
@@ -184,18 +123,8 @@ def test_a_repository_through_two_front_ends_reloaded_and_unloaded_under_load(se
             # both models' batching series reach every front end's /metrics
             metrics = admin.get("/metrics").text
             assert re.search(r'^ortbatch_batch_rows_count\{model="rr"\} [1-9]', metrics, re.M), metrics
-        while sum(isinstance(x, np.ndarray) for x in seen["cls"][-8:]) < 8:
-            time.sleep(0.05)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(60)
-    assert not problems, problems[:5]
-    answers = [x for x in seen["cls"] if isinstance(x, np.ndarray)]
-    assert {_which(a, expected) for a in answers} == {"old", "new"}  # both seen, nothing else
-    assert _which(answers[-1], expected) == "new"
-    assert seen["rr"] and all(not isinstance(x, int) for x in seen["rr"])  # never failed
-    np.testing.assert_allclose(seen["rr"], expected["rr"], atol=1e-5)
+        clients.wait_for_answers()
+    clients.check(expected, last="new")
     srv.terminate()
     assert srv.wait(60) == 0, srv.text()
     m = re.search(r"by front end: 1: (\d+), 2: (\d+)", srv.text())

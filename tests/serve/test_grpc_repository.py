@@ -369,18 +369,11 @@ def test_reload_and_unload_from_both_sides_under_grpc_and_http_load(tmp_path, ta
     loops and share the repository): the other model never fails, the changing one
     answers the old or the new export's logits or UNAVAILABLE/503 naming it, nothing is
     mixed up, and every retired model is closed."""
-    import shutil
+    from reloads import TEXT, changing_repository, swap_in
 
-    from tinytasks import build_classifier
-
-    old_src = build_classifier(tmp_path / "old-src", 3, seed=1)
-    new_src = build_classifier(tmp_path / "new-src", 3, seed=7)
-    root = tmp_path / "repo"
-    (root / "cls").mkdir(parents=True)
-    for f in old_src.iterdir():
-        shutil.copy(f, root / "cls" / f.name)
-    (root / "rr").symlink_to(task_dirs["reranker"], target_is_directory=True)
-    text = "the quick brown fox"
+    dirs = changing_repository(tmp_path, task_dirs["reranker"])
+    old_src, new_src, root = dirs["old"], dirs["new"], dirs["root"]
+    text = TEXT
     e = Tokenizer.from_file(str(old_src / "tokenizer.json")).encode(text)
     expected = {k: run_alone(d, e.ids, e.type_ids) for k, d in (("old", old_src), ("new", new_src))}
     assert not np.allclose(expected["old"], expected["new"], atol=1e-3)
@@ -424,12 +417,6 @@ def test_reload_and_unload_from_both_sides_under_grpc_and_http_load(tmp_path, ta
                 out = next(o for o in r.json()["outputs"] if o["name"] == "logits")
                 seen[model].append(np.array(out["data"], np.float32).reshape(out["shape"])[0])
 
-    def swap_in(src: Path) -> None:
-        for f in ("model.onnx", "ortbatch.json", "config.json", "tokenizer.json"):
-            tmp = root / "cls" / (f + ".new")
-            shutil.copy(src / f, tmp)
-            tmp.replace(root / "cls" / f)
-
     with BackgroundServer(repo, CONFIG) as srv:
         assert srv.grpc is not None
         threads = [
@@ -439,13 +426,13 @@ def test_reload_and_unload_from_both_sides_under_grpc_and_http_load(tmp_path, ta
             t.start()
         admin = grpcclient.InferenceServerClient(srv.grpc.address)
         try:
-            swap_in(new_src)
+            swap_in(new_src, root / "cls")
             admin.load_model("cls")  # gRPC reload
-            swap_in(old_src)
+            swap_in(old_src, root / "cls")
             assert httpx.post(srv.url + "/v2/repository/models/cls/load", timeout=60).status_code == 200
             admin.unload_model("cls")
             assert not admin.is_model_ready("cls")
-            swap_in(new_src)
+            swap_in(new_src, root / "cls")
             assert httpx.post(srv.url + "/v2/repository/models/cls/load", timeout=60).status_code == 200
             assert admin.is_model_ready("cls")
             while sum(isinstance(x, np.ndarray) for x in seen["cls"][-8:]) < 8:

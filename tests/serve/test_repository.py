@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
-from tinytasks import build_classifier, run_alone
-from tokenizers import Tokenizer
+from reloads import Clients, changing_repository, swap_in
 
 from ortbatch.errors import OrtBatchError
 from ortbatch.serve import BackgroundServer, ServeConfig
@@ -123,72 +120,19 @@ def test_metrics_carry_each_models_batching_series(repo_server):
     assert 'endpoint="/v1/embeddings"' in text
 
 
-def _probs(d: Path, text: str) -> np.ndarray:
-    e = Tokenizer.from_file(str(d / "tokenizer.json")).encode(text)
-    logits = run_alone(d, e.ids, e.type_ids).astype(np.float64)
-    p = np.exp(logits - logits.max())
-    return p / p.sum()
-
-
-def _swap_in(src: Path, dst: Path) -> None:
-    """Replace the export in ``dst`` with ``src``'s, each file atomically."""
-    for f in ("model.onnx", "ortbatch.json", "config.json", "tokenizer.json"):
-        tmp = dst / (f + ".new")
-        shutil.copy(src / f, tmp)
-        tmp.replace(dst / f)
-
-
 def test_reload_and_unload_under_load(tmp_path, task_dirs):
     """Acceptance 3: clients on two models while one is reloaded (changed export) and
     unloaded: the other never fails; the reloaded one answers the old or the new model's
     result, or a 503 while it is absent; nothing is lost or mixed."""
-    old_src = build_classifier(tmp_path / "old-src", 3, seed=1)
-    new_src = build_classifier(tmp_path / "new-src", 3, seed=7)
-    live = tmp_path / "repo" / "cls"
-    live.mkdir(parents=True)
-    for f in old_src.iterdir():
-        shutil.copy(f, live / f.name)
-    _link_models(tmp_path / "repo", {"rr": task_dirs["reranker"]})
-    text = "the quick brown fox"
-    expected = {"old": _probs(old_src, text), "new": _probs(new_src, text)}
-    assert not np.allclose(expected["old"], expected["new"], atol=1e-3)
-    rr_src = task_dirs["reranker"]
-    e = Tokenizer.from_file(str(rr_src / "tokenizer.json")).encode("q", text)
-    rr_expected = float(run_alone(rr_src, e.ids, e.type_ids)[0])
-
-    repo = ModelRepository(root=tmp_path / "repo", config=CONFIG)
+    repo_dirs = changing_repository(tmp_path, task_dirs["reranker"])
+    live = repo_dirs["root"] / "cls"
+    repo = ModelRepository(root=repo_dirs["root"], config=CONFIG)
     assert repo.load_all() == []
-    stop = threading.Event()
-    seen: dict[str, list[Any]] = {"cls": [], "rr": []}
-    problems: list[str] = []
-
-    def client(model: str) -> None:
-        with httpx.Client(base_url=srv.url, timeout=60) as c:
-            while not stop.is_set():
-                if model == "cls":
-                    r = c.post("/v1/classify", json={"model": "cls", "input": text})
-                else:
-                    r = c.post(
-                        "/v1/rerank", json={"model": "rr", "query": "q", "documents": [text], "raw_scores": True}
-                    )
-                if r.status_code != 200:
-                    seen[model].append(r.status_code)
-                    if model != "cls" or r.status_code != 503 or "'cls'" not in r.text:
-                        problems.append(f"{model}: {r.status_code} {r.text}")
-                    continue
-                body = r.json()
-                if model == "cls":
-                    seen[model].append(np.array(body["data"][0]["probs"]))
-                else:
-                    seen[model].append(body["results"][0]["relevance_score"])
-
-    with BackgroundServer(repo, CONFIG) as srv:
-        threads = [threading.Thread(target=client, args=(m,)) for m in ("cls", "rr") for _ in range(4)]
-        for t in threads:
-            t.start()
-        with httpx.Client(base_url=srv.url, timeout=60) as admin:
-            for src in (new_src, old_src, new_src):
-                _swap_in(src, live)
+    srv = BackgroundServer(repo, CONFIG).start()
+    try:
+        with Clients(srv.url) as clients, httpx.Client(base_url=srv.url, timeout=60) as admin:
+            for src in (repo_dirs["new"], repo_dirs["old"], repo_dirs["new"]):
+                swap_in(src, live)
                 r = admin.post("/v2/repository/models/cls/load")
                 assert r.status_code == 200, r.text
             assert admin.post("/v2/repository/models/cls/unload").status_code == 200
@@ -198,24 +142,10 @@ def test_reload_and_unload_under_load(tmp_path, task_dirs):
                 "reason": "unloaded",
             }
             assert admin.post("/v2/repository/models/cls/load").status_code == 200
-            # let every client see the final model
-            while sum(isinstance(x, np.ndarray) for x in seen["cls"][-8:]) < 8:
-                threading.Event().wait(0.05)
-        stop.set()
-        for t in threads:
-            t.join(60)
-    assert not problems, problems[:5]
-    answers = [x for x in seen["cls"] if isinstance(x, np.ndarray)]
-    kinds = {
-        next(k for k, v in expected.items() if np.allclose(a, v, atol=1e-5))
-        if any(np.allclose(a, v, atol=1e-5) for v in expected.values())
-        else "neither"
-        for a in answers
-    }
-    assert kinds == {"old", "new"}, kinds  # both seen, nothing else
-    assert np.allclose(answers[-1], expected["new"], atol=1e-5)
-    assert all(not isinstance(x, int) for x in seen["rr"]) and seen["rr"]
-    np.testing.assert_allclose(seen["rr"], rr_expected, atol=1e-5)
+            clients.wait_for_answers()  # let every client see the final model
+    finally:
+        srv.stop()
+    clients.check(repo_dirs["expected"], last="new")
 
 
 class _FakeServed:

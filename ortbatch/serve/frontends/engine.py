@@ -376,8 +376,7 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
     """``ortbatch serve DIR`` (or a model repository: several models, ``--repository``)
     with ``config.frontends`` front-end processes; returns the exit code as
     :func:`~ortbatch.serve.server.serve` does."""
-    from ..model import ServedModel
-    from ..server import _url, bind_socket, load_served, warn_if_exposed
+    from ..server import _url, bind_socket, load_served, served_summary, warn_if_exposed
 
     warn_if_exposed(config)
     repository = directory if isinstance(directory, ModelRepository) else None
@@ -386,7 +385,7 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
         repository.load_all()  # strict: raises, having closed what it loaded
         models = EngineModels(repository)
         closer: Any = repository
-        what = "a model repository: POST /v2/repository/index"
+        what = served_summary(repository)
         label = "serving"
         sessions: Any = models.sessions
         face: Any = None
@@ -396,12 +395,7 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
         served = closer = load_served(directory, config.name, config)
         name = served.name
         label = f"model {name!r}"
-        if isinstance(served, ServedModel):
-            text = "text input on" if served.text_input else "no text input"
-            emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
-            what = f"{text}, {emb}"
-        else:
-            what = "text generation: /v1/completions"
+        what = served_summary(served)
         sessions, face = engine_side(served)
     try:
         sock = bind_socket(config.host, config.port, config.backlog)
