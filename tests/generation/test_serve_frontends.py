@@ -86,9 +86,11 @@ def expected(tiny_gpt2: TinyModel) -> dict[tuple[int, ...], tuple[str, int, str]
 
 @pytest.fixture(scope="module")
 def server(tiny_gpt2: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # 2 rows + 4 queued: the 6 clients below always fit; more at once get a 429
+    # 2 rows and 8 waiting: the 6 clients below always fit (a finished row's place is
+    # taken at the next step, so a queue of 4 could still be full for a moment); 16 at once
+    # do not
     log = tmp_path_factory.mktemp("serve-gen-fe") / "serve.log"
-    srv = Server(tiny_gpt2.export, log, "--max-batch-size", "2", "--max-queue", "4")
+    srv = Server(tiny_gpt2.export, log, "--max-batch-size", "2", "--max-queue", "8")
     yield srv
     srv.stop()
 
@@ -174,7 +176,7 @@ def test_a_full_queue_is_a_429_before_a_stream_starts(server: Server) -> None:
     assert len(statuses) == 16
     assert {s for s, _ in statuses} == {200, 429}, statuses
     assert all(ct.startswith("application/json") for s, ct in statuses if s == 429)
-    assert sum(s == 200 for s, _ in statuses) <= 6  # 2 running + 4 queued at most
+    assert sum(s == 200 for s, _ in statuses) <= 10  # 2 running + 8 waiting at most
 
 
 @pytest.mark.parametrize(
