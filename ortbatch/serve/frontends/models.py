@@ -98,7 +98,7 @@ class EngineModels:
 
     def __init__(self, repository: ModelRepository) -> None:
         self.repository = repository
-        #: key -> the BatchedSession it names (read by the links' reader threads)
+        #: key -> the BatchedSession or BatchedGenerator it names (read by the links' reader threads)
         self.sessions: dict[int, Any] = {}
         self._keys: dict[Loaded, int] = {}
         self._ids = itertools.count(1)
