@@ -164,10 +164,15 @@ class EngineModels:
                 self.repository.unload_now(name)  # waits for every front end's release
         except Exception as exc:
             error = exc
-        told = self.publish(name)
-        if told:
-            self._sync(told)
-        link.send([("reply", token, None if error is None else encode_error(error))])
+        try:
+            told = self.publish(name)
+            if told:
+                self._sync(told)
+        except Exception as exc:  # a bug here must not leave the asking client waiting forever
+            log.exception("engine: cannot tell the front ends about model %r", name)
+            error = error or exc
+        finally:
+            link.send([("reply", token, None if error is None else encode_error(error))])
 
     def _sync(self, links: list[Any]) -> None:
         """Wait until each of ``links`` has applied what it was told so far (or is gone),
