@@ -199,16 +199,7 @@ class RequestFactory:
         on_token: Callable[[StreamToken], None] | None,
         now: float,
     ) -> GenerationRequest:
-        ids = self.prompt_ids(prompt)
-        n_new = self.default_max_new_tokens if params.max_new_tokens is None else params.max_new_tokens
-        self._check_fits(int(ids.shape[0]), n_new)
-        decode = self.tokenizer.decode_fn()
-        stops = tuple(params.stop)
-        if stops and decode is None:
-            raise InvalidInputError(f"stop strings need a tokenizer but {self.tokenizer.error}", input_name="stop")
-        timeout = self.default_timeout_s if timeout_s is None else timeout_s
-        if timeout is not None and not timeout > 0:
-            raise InvalidInputError(f"timeout_s must be positive, got {timeout!r}", input_name="timeout_s")
+        ids, n_new, timeout = self.check(prompt, params, timeout_s)
         rng = None
         if not params.greedy:
             seed = secrets.randbits(64) if params.seed is None else params.seed
@@ -219,12 +210,27 @@ class RequestFactory:
             max_new_tokens=n_new,
             params=params,
             rng=rng,
-            tracker=TextTracker(decode, stops),
+            tracker=TextTracker(self.tokenizer.decode_fn(), tuple(params.stop)),
             future=Future(),
             deadline=None if timeout is None else now + timeout,
             on_token=on_token,
             submitted_at=now,
         )
+
+    def check(
+        self, prompt: Any, params: SamplingParams, timeout_s: float | None
+    ) -> tuple[np.ndarray, int, float | None]:
+        """The prompt's token ids, the tokens to generate and the deadline in seconds, once
+        every check :meth:`build` makes has passed (:class:`InvalidInputError` otherwise)."""
+        ids = self.prompt_ids(prompt)
+        n_new = self.default_max_new_tokens if params.max_new_tokens is None else params.max_new_tokens
+        self._check_fits(int(ids.shape[0]), n_new)
+        if tuple(params.stop) and self.tokenizer.decode_fn() is None:
+            raise InvalidInputError(f"stop strings need a tokenizer but {self.tokenizer.error}", input_name="stop")
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        if timeout is not None and not timeout > 0:
+            raise InvalidInputError(f"timeout_s must be positive, got {timeout!r}", input_name="timeout_s")
+        return ids, n_new, timeout
 
     def _check_fits(self, prompt_tokens: int, n_new: int) -> None:
         if prompt_tokens + n_new > self.max_context_length:

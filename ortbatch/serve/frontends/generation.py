@@ -121,7 +121,6 @@ class ProxyGenerator:
         if self.closed:
             raise SessionClosedError("the generator is closed")
         how = sampling_params(params, max_new_tokens, sampling)
-        checked = self._requests.build(prompt, how, timeout_s, None, 0.0)  # raises what submit raises
-        how = dataclasses.replace(how, max_new_tokens=checked.max_new_tokens)
-        request = (checked.prompt.tolist(), how, timeout_s)
+        ids, n_new, _ = self._requests.check(prompt, how, timeout_s)  # raises what submit raises
+        request = (ids.tolist(), dataclasses.replace(how, max_new_tokens=n_new), timeout_s)
         return self._link._submit_generation(self._key, request, on_token)
