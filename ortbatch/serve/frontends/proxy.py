@@ -174,9 +174,9 @@ class ModelProxy(_ModelFace):
 
 class ProxySession(_ModelFace):
     """A BatchedSession in another process (the engine), reached over ``sock`` with the
-    tensor bytes in the two arenas. It is the link to the engine and the face of model
-    ``key`` there (0: the one export of ``ortbatch serve DIR``); :meth:`for_model` gives
-    the face of another model over the same link.
+    tensor bytes in the two arenas. It is the link to the engine and the face of the
+    engine's model 0 (the one export of ``ortbatch serve DIR``); :meth:`for_model` gives
+    the face of any model over the same link.
 
     ``on_engine_lost`` is called (from the reader thread) when the engine's end closes
     without this side having closed first: every request still waiting has then failed
@@ -195,7 +195,6 @@ class ProxySession(_ModelFace):
         *,
         on_engine_lost: Callable[[], None] | None = None,
         on_message: Callable[[tuple[Any, ...]], None] | None = None,
-        key: int = 0,
     ) -> None:
         self._sock = sock
         self._req = requests
@@ -214,7 +213,7 @@ class ProxySession(_ModelFace):
         self._last_stats: dict[int, Any] = {}
         self._on_engine_lost = on_engine_lost
         self.on_message = on_message
-        self._init_face(self, face, key)
+        self._init_face(self, face, 0)
         self._reader = FrameReader(sock)
         self._thread = threading.Thread(target=self._read_loop, name="ortbatch-frontend-reader", daemon=True)
         self._thread.start()
