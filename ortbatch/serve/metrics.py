@@ -131,6 +131,27 @@ class _InFlight:
         self.value -= 1
 
 
+class _Series:
+    """A request counter and a latency histogram, their labelled children looked up once
+    per label set (a bounded set: route templates or RPC methods, methods, status codes)."""
+
+    __slots__ = ("_children", "latency", "requests")
+
+    def __init__(self, requests: Any, latency: Any) -> None:
+        self.requests, self.latency = requests, latency
+        self._children: dict[tuple[str, ...], tuple[Any, Any]] = {}
+
+    def observe(self, labels: tuple[str, ...], latency_labels: tuple[str, ...], started: float) -> None:
+        """Count one request under ``labels`` and its latency under ``latency_labels``
+        (which ``labels`` determine)."""
+        children = self._children.get(labels)
+        if children is None:
+            children = (self.requests.labels(*labels), self.latency.labels(*latency_labels))
+            self._children[labels] = children
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
+
+
 class GrpcMetrics:
     """The gRPC service's instruments, in a :class:`ServerMetrics` registry.
 
@@ -158,17 +179,11 @@ class GrpcMetrics:
         self.in_flight = _InFlight(
             prom, "ortbatch_grpc_requests_in_flight", "gRPC requests being handled now", registry
         )
-        # the labelled children, looked up once per (method, code): the label set is bounded
-        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._series = _Series(self.requests, self.latency)
 
     def observe(self, method: str, code: str, started: float) -> None:
         """Record one answered request (``started`` from :func:`time.perf_counter`)."""
-        children = self._children.get((method, code))
-        if children is None:
-            children = (self.requests.labels(method, code), self.latency.labels(method, code))
-            self._children[(method, code)] = children
-        children[0].inc()
-        children[1].observe(time.perf_counter() - started)
+        self._series.observe((method, code), (method, code), started)
 
 
 class ServerMetrics:
@@ -196,7 +211,7 @@ class ServerMetrics:
         self.in_flight = _InFlight(
             prom, "ortbatch_http_requests_in_flight", "HTTP requests being handled now", self.registry
         )
-        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._series = _Series(self.requests, self.latency)
         self._grpc: GrpcMetrics | None = None
         self._grpc_lock = threading.Lock()
         if stats is not None:
@@ -207,13 +222,7 @@ class ServerMetrics:
     def observe(self, endpoint: str, method: str, status: int, started: float) -> None:
         """Record one answered request (``started`` from :func:`time.perf_counter`)."""
         code = str(status)
-        key = (endpoint, method, code)
-        children = self._children.get(key)
-        if children is None:  # the label set is bounded: route templates, methods, statuses
-            children = (self.requests.labels(endpoint, method, code), self.latency.labels(endpoint, code))
-            self._children[key] = children
-        children[0].inc()
-        children[1].observe(time.perf_counter() - started)
+        self._series.observe((endpoint, method, code), (endpoint, code), started)
 
     def grpc(self) -> GrpcMetrics:
         """The gRPC families, registered on first call (a server without gRPC exports none)."""
