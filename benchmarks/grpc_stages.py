@@ -45,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serve_cost import build_identity
-from serve_frontends import cpu_seconds, grpc_message
+from serve_frontends import cpu_seconds, grpc_message, h2load_command
 
 STAGES = ("grpcio", "grpcio-sync", "parse", "codec", "hop", "session", "server")
 SERVICE = "inference.GRPCInferenceService"
@@ -158,9 +158,7 @@ def _free_port() -> int:
 
 
 def _h2load(port: int, data: Path, connections: int, streams: int, seconds: float) -> int:
-    cmd = ["h2load", "-c", str(connections), "-m", str(streams), "-t1", "-D", f"{seconds:g}", "-d", str(data)]
-    cmd += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
-    cmd += [f"http://127.0.0.1:{port}/{SERVICE}/ModelInfer"]
+    cmd = h2load_command(f"127.0.0.1:{port}", data, connections, streams, seconds)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
     m = re.search(r"status codes: (\d+) 2xx", out)
     return int(m.group(1)) if m else 0

@@ -162,6 +162,14 @@ def run_wrk(url: str, script: Path, connections: int, seconds: float) -> dict[st
     return {"answered": n - bad, "errors": bad + socket_errors, "raw": out}
 
 
+def h2load_command(target: str, body: Path, connections: int, streams: int, seconds: float) -> list[str]:
+    """h2load posting ``body`` (a length-prefixed ModelInferRequest) as gRPC ModelInfer
+    calls to ``target`` (host:port) for ``seconds``."""
+    cmd = ["h2load", "-c", str(connections), "-m", str(streams), "-t1", "-D", f"{seconds:g}", "-d", str(body)]
+    cmd += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+    return [*cmd, f"http://{target}/inference.GRPCInferenceService/ModelInfer"]
+
+
 def run_h2load(target: str, data: list[Path], concurrency: int, seconds: float) -> dict[str, Any]:
     """``concurrency`` gRPC streams from several h2load processes at once, each sending
     its own pre-serialized request (h2load posts one body), so the server sees distinct
@@ -174,9 +182,7 @@ def run_h2load(target: str, data: list[Path], concurrency: int, seconds: float) 
     procs = []
     for i, body in enumerate(bodies):
         share = clients // len(bodies) + (1 if i < clients % len(bodies) else 0)
-        cmd = ["h2load", "-c", str(share), "-m", str(streams), "-t1", "-D", f"{seconds:g}", "-d", str(body)]
-        cmd += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
-        cmd += [f"http://{target}/inference.GRPCInferenceService/ModelInfer"]
+        cmd = h2load_command(target, body, share, streams, seconds)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
     ok = errors = 0
     raw = []
