@@ -379,9 +379,10 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
     from ..server import _url, bind_socket, load_served, served_summary, warn_if_exposed
 
     warn_if_exposed(config)
-    repository = directory if isinstance(directory, ModelRepository) else None
+    repository: ModelRepository | None = None
     models: EngineModels | None = None
-    if repository is not None:
+    if isinstance(directory, ModelRepository):
+        repository = directory
         repository.load_all()  # strict: raises, having closed what it loaded
         models = EngineModels(repository)
         closer: Any = repository
@@ -391,7 +392,6 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
         face: Any = None
         name = None
     else:
-        assert not isinstance(directory, ModelRepository)
         served = closer = load_served(directory, config.name, config)
         name = served.name
         label = f"model {name!r}"

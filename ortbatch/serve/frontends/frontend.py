@@ -127,6 +127,7 @@ def _run(spec: FrontEndSpec) -> int:
             repository.engine_lost()
         threading.Timer(_ORPHAN_EXIT_S, os._exit, (1,)).start()
 
+    # a repository's model updates, kept from the first frame on (one export gets none)
     updates: queue.SimpleQueue[Any] = queue.SimpleQueue()
     proxy = ProxySession(
         spec.control,
@@ -134,7 +135,7 @@ def _run(spec: FrontEndSpec) -> int:
         Arena(spec.requests),
         Arena(spec.responses),
         on_engine_lost=engine_lost,
-        on_message=updates.put,
+        on_message=updates.put if spec.models is not None else None,
     )
     proxy.on_stop = request_stop
     try:
