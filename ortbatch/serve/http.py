@@ -19,9 +19,9 @@ import logging
 import secrets
 import time
 import zlib
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import (
     InferenceError,
@@ -37,20 +37,27 @@ from .protocol import dumps_json
 __all__ = [
     "DEFAULT_BODY_TIMEOUT_S",
     "DEFAULT_MAX_BODY_BYTES",
+    "AsgiEndpoint",
     "BodyLimits",
     "ClientGone",
+    "FastRoutes",
     "HTTPError",
     "RequestCounts",
+    "Reply",
     "RequestObserver",
+    "asgi_route",
     "assemble_app",
     "disconnected",
     "error_response",
     "handled_route",
+    "header",
     "json_response",
     "offload",
     "read_request_body",
+    "receive_body",
     "run_or_abandon",
     "send_json",
+    "send_reply",
 ]
 
 log = logging.getLogger("ortbatch.serve")
@@ -77,6 +84,10 @@ class BodyLimits:
     async def read(self, request: Any) -> bytes:
         """:func:`read_request_body` under these limits."""
         return await read_request_body(request, self.max_bytes, self.timeout_s)
+
+    async def receive(self, scope: MutableMapping[str, Any], receive: Any) -> bytes:
+        """:func:`receive_body` under these limits (for an :func:`asgi_route`)."""
+        return await receive_body(scope, receive, self.max_bytes, self.timeout_s)
 
 
 class HTTPError(Exception):
@@ -213,10 +224,30 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 async def read_request_body(
     request: Any, max_body_bytes: int, timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
 ) -> bytes:
+    """The body of a Starlette ``request``: :func:`receive_body` over its scope and
+    ``receive``."""
+    return await receive_body(request.scope, request.receive, max_body_bytes, timeout_s)
+
+
+def header(scope: MutableMapping[str, Any], name: bytes) -> str | None:
+    """The first value of header ``name`` (lower case) in an ASGI ``scope``, or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+async def receive_body(
+    scope: MutableMapping[str, Any],
+    receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+    max_body_bytes: int,
+    timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
+) -> bytes:
     """The request body, decompressed (gzip/deflate), at most ``max_body_bytes`` (else
     413), all of it within ``timeout_s`` seconds (else 408: a client sending a byte a
-    second must not hold a connection and its buffer forever)."""
-    declared = request.headers.get("content-length")
+    second must not hold a connection and its buffer forever); a client that leaves
+    first raises :class:`ClientGone`. Reads the ASGI ``receive`` itself."""
+    declared = header(scope, b"content-length")
     if declared is not None:
         try:
             size = int(declared)
@@ -224,43 +255,45 @@ async def read_request_body(
             raise HTTPError(400, f"invalid Content-Length {declared[:40]!r}") from None
         if size > max_body_bytes:
             raise HTTPError(413, f"request body of {size} bytes exceeds the limit of {max_body_bytes}")
-    chunks = bytearray()
+    parts: list[bytes] = []
+    received = 0
 
-    def take(chunk: bytes) -> None:
-        chunks.extend(chunk)
-        if len(chunks) > max_body_bytes:
-            raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+    async def take_all() -> None:
+        nonlocal received
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # http.disconnect
+                raise ClientGone("the client disconnected before its request body was complete")
+            chunk = message.get("body", b"")
+            if chunk:
+                received += len(chunk)
+                if received > max_body_bytes:
+                    raise HTTPError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+                parts.append(chunk)
+            if not message.get("more_body", False):
+                return
 
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout_s is None else loop.time() + timeout_s
-    stream = request.stream().__aiter__()
     try:
-        if _timeout_at is not None:  # one deadline over the whole body, no task per chunk
-            async with _timeout_at(deadline):
-                async for chunk in stream:
-                    take(chunk)
+        if timeout_s is None:
+            await take_all()
+        elif _timeout_at is not None:  # one deadline over the whole body, no task per chunk
+            async with _timeout_at(asyncio.get_running_loop().time() + timeout_s):
+                await take_all()
         else:  # Python 3.10
-            while True:
-                try:
-                    if deadline is None:
-                        chunk = await stream.__anext__()
-                    else:
-                        chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - loop.time(), 0.0))
-                except StopAsyncIteration:
-                    break
-                take(chunk)
+            await asyncio.wait_for(take_all(), timeout_s)
     except asyncio.TimeoutError:
         message = f"the request body did not arrive within {timeout_s:g} s"
         raise HTTPError(408, message, {"Connection": "close"}) from None
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    encoding = (header(scope, b"content-encoding") or "identity").strip().lower()
     if encoding in ("", "identity"):
-        return bytes(chunks)
+        return bytes(data)
     if encoding not in ("gzip", "deflate"):
         raise HTTPError(415, f"unsupported Content-Encoding {encoding[:40]!r}; use gzip, deflate or none")
     # bounded decompression: a small compressed body must not inflate past the limit
     d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
-        out = d.decompress(bytes(chunks), max_body_bytes + 1)
+        out = d.decompress(data, max_body_bytes + 1)
     except zlib.error as exc:
         raise HTTPError(400, f"body is not valid {encoding} data: {exc}") from None
     if len(out) > max_body_bytes or d.unconsumed_tail:
@@ -296,10 +329,93 @@ def handled_route(path: str, handler: Callable[[Any], Awaitable[Any]], method: s
     return Route(path, endpoint, methods=[method])
 
 
+class Reply(NamedTuple):
+    """An answer of an :func:`asgi_route` handler: the body, its media type and any
+    further headers (and the status, 200 unless told)."""
+
+    body: bytes
+    media_type: str
+    headers: Mapping[str, str] | None = None
+    status: int = 200
+
+
+async def send_reply(send: Callable[[dict[str, Any]], Awaitable[None]], reply: Reply) -> None:
+    """Answer ``reply`` through a bare ASGI ``send``, as a Starlette ``Response`` would."""
+    head = [(b"content-length", b"%d" % len(reply.body)), (b"content-type", reply.media_type.encode("latin-1"))]
+    if reply.headers:
+        head += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
+    await send({"type": "http.response.start", "status": reply.status, "headers": head})
+    await send({"type": "http.response.body", "body": reply.body})
+
+
+def asgi_route(path: str, handler: Callable[[MutableMapping[str, Any], Any], Awaitable[Reply]], method: str) -> Any:
+    """A route for the requests that carry the traffic: ``handler(scope, receive)``
+    answers a :class:`Reply` with no Starlette ``Request`` or ``Response`` built, and
+    :func:`assemble_app` matches it ahead of Starlette's middleware and router
+    (:class:`FastRoutes`); its errors become answers through :func:`error_response`
+    as :func:`handled_route`'s do. Path parameters are in ``scope["path_params"]``."""
+    openai = path.startswith("/v1/")
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        scope["ortbatch.endpoint"] = path
+        try:
+            reply = await handler(scope, receive)
+        except Exception as exc:
+            status, body, headers = error_response(exc, openai)  # logs a fault of the server
+            reply = Reply(dumps_json(body), "application/json", headers, status)
+        await send_reply(send, reply)
+
+    from starlette.routing import Route
+
+    return Route(path, AsgiEndpoint(app), methods=[method])
+
+
+class AsgiEndpoint:
+    """A bare ASGI callable as a route's endpoint: Starlette passes a class instance the
+    raw scope (a plain function would be called as a request handler), and
+    :func:`assemble_app` matches such routes ahead of Starlette's middleware
+    (:class:`FastRoutes`)."""
+
+    def __init__(self, fn: Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]) -> None:
+        self.fn = fn
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.fn(scope, receive, send)
+
+
+class FastRoutes:
+    """ASGI: a request that fully matches one of ``routes`` (Starlette routes over an
+    :class:`AsgiEndpoint`) goes straight to that endpoint, past Starlette's middleware
+    and router, which cost about as much as a small request's own work; everything
+    else, and whatever only partly matches (a wrong method: Starlette's 405), goes to
+    ``app``, which has the same routes, so the answers are the same either way. The
+    routes are tried before ``app``'s others: none may match a path an earlier route
+    of ``app`` would take."""
+
+    def __init__(self, app: Any, routes: Sequence[Any]) -> None:
+        from starlette.routing import Match
+
+        self.app = app
+        self.state = app.state
+        self.routes = list(routes)
+        self._full = Match.FULL
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for route in self.routes:
+                match, child = route.matches(scope)
+                if match is self._full:
+                    scope.update(child)
+                    await route.endpoint(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
 def assemble_app(routes: list[Any], served: Any, metrics: ServerMetrics, *, close_on_shutdown: bool = True) -> Any:
-    """The Starlette app over ``routes`` (from :func:`handled_route`) plus the routes
-    every server has (health, ``/v1/models``, ``/metrics``), wrapped in
-    :class:`RequestObserver`: JSON 404/405 for unknown routes, and
+    """The Starlette app over ``routes`` (from :func:`handled_route` or :func:`asgi_route`)
+    plus the routes every server has (health, ``/v1/models``, ``/metrics``), wrapped in
+    :class:`RequestObserver` (and, when some routes are bare ASGI, :class:`FastRoutes`,
+    which answers those before Starlette does): JSON 404/405 for unknown routes, and
     ``served.close(drain=True)`` on lifespan shutdown (unless ``close_on_shutdown`` is
     false). ``served`` needs ``name``, ``ready`` and ``close``.
 
@@ -355,7 +471,8 @@ def assemble_app(routes: list[Any], served: Any, metrics: ServerMetrics, *, clos
     app.state.model = served
     app.state.metrics = metrics
     app.state.counts = counts
-    return RequestObserver(app, metrics, counts)
+    fast = [r for r in routes if isinstance(getattr(r, "endpoint", None), AsgiEndpoint)]
+    return RequestObserver(FastRoutes(app, fast) if fast else app, metrics, counts)
 
 
 async def send_json(

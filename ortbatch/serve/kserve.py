@@ -15,7 +15,17 @@ from __future__ import annotations
 from typing import Any
 
 from .. import __version__
-from .http import BodyLimits, HTTPError, handled_route, json_response, offload, run_or_abandon
+from .http import (
+    BodyLimits,
+    HTTPError,
+    Reply,
+    asgi_route,
+    handled_route,
+    header,
+    json_response,
+    offload,
+    run_or_abandon,
+)
 from .model import ServedModel
 from .protocol import encode_infer_response, parse_infer_request
 
@@ -34,9 +44,12 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     # the text-in face of a model with a tokenizer is its own entry, {name}_text
     text_view = TextModelView(model) if model.text_model_name is not None else None
 
-    def find_model(request: Request) -> Any:
-        name = request.path_params["name"]
-        version = request.path_params.get("version")
+    def find_model(request: Any) -> Any:
+        return find(request.path_params)
+
+    def find(params: dict[str, str]) -> Any:
+        name = params["name"]
+        version = params.get("version")
         found: Any = text_view if text_view is not None and name == text_view.name else None
         if name == model.name:
             found = model
@@ -62,10 +75,10 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
             return json_response({"name": m.name, "ready": True})
         return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
 
-    async def infer(request: Request) -> Response:
-        m = find_model(request)
-        data_in = await body.read(request)
-        raw_length = request.headers.get(HEADER_LENGTH)
+    async def infer(scope: Any, receive: Any) -> Reply:
+        m = find(scope["path_params"])
+        data_in = await body.receive(scope, receive)
+        raw_length = header(scope, HEADER_LENGTH.encode())
         header_length = None
         if raw_length is not None:
             try:
@@ -73,20 +86,20 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
             except ValueError:
                 raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length[:40]!r}") from None
         req = await offload(len(data_in), parse_infer_request, data_in, header_length)
-        outputs = await run_or_abandon(request.receive, m.infer(req))
+        outputs = await run_or_abandon(receive, m.infer(req))
         binary = [req.wants_binary(name) for name, _ in outputs]
         nbytes = sum(a.nbytes for _, a in outputs)
         data, ctype, hlen = await offload(nbytes, encode_infer_response, m.name, m.version, outputs, binary, req.id)
-        headers = {"Inference-Header-Content-Length": str(hlen)} if hlen is not None else None
-        return Response(data, media_type=ctype, headers=headers)
+        return Reply(data, ctype, {"Inference-Header-Content-Length": str(hlen)} if hlen is not None else None)
 
     route = handled_route
     base = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
-    # Starlette tries routes in order: the one every request takes goes first
+    # the routes every request takes are bare ASGI (matched ahead of Starlette's
+    # middleware and router: see http.FastRoutes), and first
     return [
-        route(base + "/infer", infer, "POST"),
-        route(versioned + "/infer", infer, "POST"),
+        asgi_route(base + "/infer", infer, "POST"),
+        asgi_route(versioned + "/infer", infer, "POST"),
         route("/v2", server_metadata, "GET"),
         route(base, model_metadata, "GET"),
         route(versioned, model_metadata, "GET"),

@@ -28,6 +28,7 @@ from .. import __version__
 from .._extras import require
 from ..errors import InvalidInputError
 from .http import (
+    AsgiEndpoint,
     BodyLimits,
     HTTPError,
     assemble_app,
@@ -82,17 +83,6 @@ class _ModelsCollector:
                 for sample in fam.samples:
                     merged.add_sample(sample.name, {**sample.labels, "model": name}, sample.value)
         yield from families.values()
-
-
-class _Asgi:
-    """An ASGI callable Starlette's Route passes the raw scope (a plain function would be
-    called as a request handler)."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await self.fn(scope, receive, send)
 
 
 def _model_field(body: bytes) -> str | None:
@@ -167,7 +157,7 @@ def create_repository_app(
         path = scope["path"]
         scope["ortbatch.endpoint"] = path
         try:
-            body = await limits.read(Request(scope, receive))
+            body = await limits.receive(scope, receive)
             name = _model_field(body)
             loaded = pick(BODY_ROUTES[path], path, name)
         except Exception as exc:
@@ -238,7 +228,7 @@ def create_repository_app(
         route("/v2/repository/models/{name}/load", load, "POST"),
         route("/v2/repository/models/{name}/unload", unload, "POST"),
         route("/v1/models", list_models, "GET"),
-        Route("/v2/models/{name}{rest:path}", _Asgi(by_path), methods=["GET", "POST"]),
-        *(Route(path, _Asgi(by_body), methods=["POST"]) for path in BODY_ROUTES),
+        Route("/v2/models/{name}{rest:path}", AsgiEndpoint(by_path), methods=["GET", "POST"]),
+        *(Route(path, AsgiEndpoint(by_body), methods=["POST"]) for path in BODY_ROUTES),
     ]
     return assemble_app(routes, repository, metrics, close_on_shutdown=close_model_on_shutdown)

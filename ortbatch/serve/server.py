@@ -194,10 +194,63 @@ def _header_timeout_protocol(timeout_s: float, parser: str = "auto") -> type[Any
     return _h11_protocol(timeout_s)
 
 
+class CoalescingTransport:
+    """A transport whose writes made in one turn of the event loop leave in one send.
+
+    uvicorn writes a response's status line and headers, then its body, each with its
+    own ``write``: two system calls and, with TCP_NODELAY, two packets per response.
+    Here the first write of a turn schedules a flush at the end of it, and the flush
+    hands the joined bytes to the real transport; closing flushes first, aborting
+    drops them. Everything else is the real transport's."""
+
+    __slots__ = ("_loop", "_parts", "_transport")
+
+    def __init__(self, transport: Any, loop: Any) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._parts:
+            self._loop.call_soon(self.flush)
+        self._parts.append(data)
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        """Hand what was written so far to the real transport."""
+        parts, self._parts = self._parts, []
+        if parts and not self._transport.is_closing():
+            self._transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def get_write_buffer_size(self) -> int:
+        return int(self._transport.get_write_buffer_size()) + sum(len(p) for p in self._parts)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._parts = []
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _HeaderTimer:
     """The header timeout, mixed in before one of uvicorn's protocols: armed when a
     connection opens and whenever data leaves a request's headers incomplete, disarmed
-    once they are complete; on expiry the connection is closed."""
+    once they are complete; on expiry the connection is closed. The protocol writes
+    through a :class:`CoalescingTransport`."""
 
     _timeout_s = 10.0
     _header_timer: Any = None
@@ -209,6 +262,8 @@ class _HeaderTimer:
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
+        # after uvicorn's own setup: its flow control keeps the real transport
+        self.transport = CoalescingTransport(transport, self.loop)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:

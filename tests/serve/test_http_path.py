@@ -1,5 +1,6 @@
 """The per-request helpers of the HTTP path (ortbatch.serve.http): a client that leaves
-cancels its work, a cancelled request cancels its work, a body has one deadline."""
+cancels its work, a cancelled request cancels its work, a body has one deadline and one
+size limit, and a client that leaves mid-body is gone."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 
 import pytest
 
-from ortbatch.serve.http import ClientGone, HTTPError, read_request_body, run_or_abandon
+from ortbatch.serve.http import ClientGone, HTTPError, receive_body, run_or_abandon
 
 
 def _receive(gone: asyncio.Event):
@@ -90,32 +91,58 @@ def test_an_error_of_the_work_is_raised_as_is():
         asyncio.run(main())
 
 
-class _Request:
-    """What read_request_body uses of a Starlette request: headers and stream()."""
+def _body(chunks: list[bytes], pause_s: float = 0.0, then_gone: bool = False, headers=()):
+    """An ASGI scope and receive sending ``chunks`` as the request body (the last with
+    more_body false, unless ``then_gone``: then the client disconnects instead)."""
+    messages = [{"type": "http.request", "body": c, "more_body": True} for c in chunks]
+    if then_gone:
+        messages.append({"type": "http.disconnect"})
+    else:
+        messages[-1]["more_body"] = False
 
-    def __init__(self, chunks: list[bytes], pause_s: float = 0.0) -> None:
-        self.headers: dict[str, str] = {}
-        self._chunks, self._pause = chunks, pause_s
+    async def receive():
+        await asyncio.sleep(pause_s)
+        return messages.pop(0)
 
-    async def stream(self):
-        for c in self._chunks:
-            await asyncio.sleep(self._pause)
-            yield c
+    return {"type": "http", "headers": list(headers)}, receive
 
 
 def test_a_body_arrives_whole_within_its_deadline():
-    body = asyncio.run(read_request_body(_Request([b"ab", b"cd", b""]), 100, 5.0))
+    body = asyncio.run(receive_body(*_body([b"ab", b"cd", b""]), 100, 5.0))
     assert body == b"abcd"
 
 
 def test_the_deadline_is_for_the_whole_body_not_each_chunk():
     # every chunk comes within the timeout, the whole body does not: 408
     with pytest.raises(HTTPError) as info:
-        asyncio.run(read_request_body(_Request([b"a"] * 6, pause_s=0.05), 100, 0.2))
+        asyncio.run(receive_body(*_body([b"a"] * 6, pause_s=0.05), 100, 0.2))
     assert info.value.status == 408 and "within 0.2 s" in str(info.value)
 
 
 def test_a_body_over_the_limit_is_413():
     with pytest.raises(HTTPError) as info:
-        asyncio.run(read_request_body(_Request([b"a" * 60, b"a" * 60]), 100, None))
+        asyncio.run(receive_body(*_body([b"a" * 60, b"a" * 60]), 100, None))
+    assert info.value.status == 413
+
+
+def test_a_declared_length_over_the_limit_is_413_before_reading():
+    scope, receive = _body([b"never read"], headers=[(b"content-length", b"101")])
+    with pytest.raises(HTTPError) as info:
+        asyncio.run(receive_body(scope, receive, 100, None))
+    assert info.value.status == 413 and "101 bytes" in str(info.value)
+
+
+def test_a_client_that_leaves_mid_body_is_gone():
+    with pytest.raises(ClientGone):
+        asyncio.run(receive_body(*_body([b"ab"], then_gone=True), 100, 5.0))
+
+
+def test_a_gzip_body_is_inflated_and_bounded():
+    import gzip
+
+    scope, receive = _body([gzip.compress(b"x" * 50)], headers=[(b"content-encoding", b"gzip")])
+    assert asyncio.run(receive_body(scope, receive, 100, 5.0)) == b"x" * 50
+    scope, receive = _body([gzip.compress(b"x" * 500)], headers=[(b"content-encoding", b"gzip")])
+    with pytest.raises(HTTPError) as info:
+        asyncio.run(receive_body(scope, receive, 100, 5.0))
     assert info.value.status == 413
