@@ -95,7 +95,7 @@ class ServeProcess:
     def _wait_url(self, timeout: float) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            m = re.search(r"listening on (http://\S+)", self.text())
+            m = re.search(r"listening on (https?://\S+)", self.text())
             if m:
                 return m.group(1)
             if self.proc.poll() is not None:

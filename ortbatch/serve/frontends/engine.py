@@ -37,6 +37,7 @@ from typing import Any
 
 from ...errors import ServeError, SessionClosedError
 from ..repository import ModelRepository
+from .dealer import ConnectionDealer, channel_pair
 from .frontend import FrontEndSpec, run_frontend
 from .models import EngineModels, engine_side
 from .transport import Arena, BlockAllocator, FrameReader, encode_error, pack_tensors, unpack_tensors, write_frame
@@ -337,11 +338,13 @@ class FrontEndLink:
 class _FrontEnd:
     """One front-end slot: its current process and link, restarted when it dies."""
 
-    def __init__(self, index: int, start: Callable[[int], tuple[Any, FrontEndLink]]) -> None:
+    def __init__(self, index: int, start: Callable[[int], tuple[Any, FrontEndLink, socket.socket]]) -> None:
         self.index = index
         self._start = start
         self.process: Any = None
         self.link: FrontEndLink | None = None
+        #: the engine's end of the channel its HTTP connections are dealt over
+        self.channel: socket.socket | None = None
         self.started_at = 0.0
         self.failures = 0
         self.restart_at: float | None = None
@@ -350,9 +353,22 @@ class _FrontEnd:
         self.counts: list[dict[str, Any]] = []
 
     def start(self) -> None:
-        self.process, self.link = self._start(self.index)
+        self.close_channel()
+        self.process, self.link, self.channel = self._start(self.index)
         self.started_at = time.monotonic()
         self.restart_at = None
+
+    @property
+    def serving(self) -> bool:
+        """Whether it serves now (started, ready, its link open): connections go to it.
+        Read from the dealer's thread, so it asks nothing of the process itself."""
+        link = self.link
+        return self.restart_at is None and link is not None and link.ready.is_set() and not link.closed.is_set()
+
+    def close_channel(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -411,8 +427,9 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
     grpc_port = grpc_hold.getsockname()[1] if grpc_hold is not None else None
     ctx = multiprocessing.get_context("spawn")
 
-    def start(index: int) -> tuple[Any, FrontEndLink]:
+    def start(index: int) -> tuple[Any, FrontEndLink, socket.socket]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        deal_ours, deal_theirs = channel_pair()
         for s in (ours, theirs):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         requests = Arena.create(ARENA_BYTES, f"ortbatch-fe{index}-requests")
@@ -427,7 +444,7 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
             name=name or "",
             config=config,
             face=face,
-            http_socket=sock,
+            connections=deal_theirs,
             control=theirs,
             requests=requests.handle,
             responses=responses.handle,
@@ -443,7 +460,8 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
         finally:
             signal.signal(signal.SIGINT, old)
         theirs.close()
-        return proc, link
+        deal_theirs.close()
+        return proc, link, deal_ours
 
     stopping = threading.Event()
 
@@ -452,10 +470,12 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     slots = [_FrontEnd(i + 1, start) for i in range(config.frontends)]
+    dealer = ConnectionDealer(sock, lambda: [s.channel for s in slots if s.serving and s.channel is not None])
     code = 0
     try:
         for slot in slots:
             slot.start()
+        dealer.start()
         if not _wait_ready(slots, stopping):
             code = 1
         else:
@@ -472,10 +492,11 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
             _say(f"{label} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}")
             _supervise(slots, stopping)
     finally:
+        dealer.stop()
+        sock.close()  # new connections are refused from here; the front ends drain theirs
         _stop_all(slots, config.graceful_timeout_s)
         for s, h in previous.items():
             signal.signal(s, h)
-        sock.close()
         if grpc_hold is not None:
             grpc_hold.close()
         closer.close(drain=True)
@@ -556,6 +577,7 @@ def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
             if s.link.counts is not None and s.restart_at is None:
                 s.counts.append(s.link.counts)
             s.link.drop()
+        s.close_channel()
 
 
 def _report(slots: list[_FrontEnd]) -> int:

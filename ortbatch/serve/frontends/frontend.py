@@ -2,8 +2,8 @@
 a :class:`~ortbatch.serve.frontends.proxy.ProxySession` where the BatchedSession was.
 
 It loads the export's tokenizer and config, never the model (no ONNX Runtime session,
-no second copy of the weights). It serves on the listening HTTP socket the engine bound
-(inherited) and on the gRPC port the engine reserved (SO_REUSEPORT). It stops when the
+no second copy of the weights). It serves the HTTP connections the engine accepts and
+deals it (:mod:`.dealer`) and the gRPC port the engine reserved (SO_REUSEPORT). It stops when the
 engine says so (or on SIGTERM/SIGINT: Ctrl-C reaches every process of the group),
 answers what it has received, reports its counts and exits; if the engine goes away it
 fails what it holds with 503 / UNAVAILABLE and exits.
@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from .dealer import adopting_server
 from .generation import GeneratorFace
 from .models import FrontEndRepository, Record, front_end_view
 from .proxy import ProxySession, SessionFace
@@ -49,7 +50,8 @@ class FrontEndSpec:
     name: str
     config: Any  # ServeConfig
     face: SessionFace | GeneratorFace | None
-    http_socket: socket.socket
+    #: where the engine deals this front end its HTTP connections (``dealer``)
+    connections: socket.socket
     control: socket.socket
     requests: ArenaHandle
     responses: ArenaHandle
@@ -149,9 +151,7 @@ def _run(spec: FrontEndSpec) -> int:
             )
         app = _build_app(served, config)
         app.state.metrics.registry.register(_FrontEndCollector(spec.index))
-        import uvicorn
-
-        server = uvicorn.Server(_uvicorn_config(app, config))
+        server = adopting_server(_uvicorn_config(app, config), spec.connections)
         state["server"] = server
         grpc_server = _grpc_server(served, dataclasses.replace(config, grpc_port=spec.grpc_port), app, reuse_port=True)
         if grpc_server is not None:
@@ -170,7 +170,7 @@ def _run(spec: FrontEndSpec) -> int:
             proxy.notify([("ready", os.getpid())])
 
     threading.Thread(target=announce, name="ortbatch-frontend-ready", daemon=True).start()
-    server.run(sockets=[spec.http_socket])
+    server.run(sockets=[])
     if grpc_server is not None:
         grpc_server.stop(config.graceful_timeout_s)
     counts = app.state.counts

@@ -1,0 +1,173 @@
+"""HTTP connections dealt to the front ends in turn.
+
+Front ends that all accept from one listening socket share its connections by race: a
+loop woken for a new connection accepts every one that is waiting (asyncio up to the
+backlog, libuv until none is left), so the 16 connections a client pool opens at once
+split 5/11 or 2/14, and the front end with 2 sits idle while the other is saturated.
+Behind a proxy that keeps a few long-lived connections, one front end may get none.
+
+Here the engine accepts (:class:`ConnectionDealer`, one thread, blocking ``accept``) and
+hands each connection's descriptor to the next front end that is serving, in turn, over
+that front end's own ``SOCK_SEQPACKET`` channel (``SCM_RIGHTS``: one descriptor per
+message). The front end (:func:`adopting_server`) adopts each into its uvicorn server
+with ``loop.connect_accepted_socket``, through the same HTTP protocol (and TLS) as a
+connection it accepted itself. Keep-alive connections cost the engine one ``accept`` and
+one ``sendmsg`` each, whatever the number of requests they carry. gRPC connections are
+spread by the kernel (SO_REUSEPORT): grpcio takes no accepted socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["ConnectionDealer", "adopting_server", "channel_pair"]
+
+log = logging.getLogger("ortbatch.serve")
+
+#: how long the dealer waits for a front end's channel to take a descriptor before it
+#: tries the next one (a front end that stopped reading must not stall the others)
+_SEND_TIMEOUT_S = 1.0
+#: how often the dealer's blocking accept looks at its stop flag
+_ACCEPT_POLL_S = 0.25
+
+
+def channel_pair() -> tuple[socket.socket, socket.socket]:
+    """The two ends of a front end's connection channel (the engine's first)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.settimeout(_SEND_TIMEOUT_S)
+    return ours, theirs
+
+
+class ConnectionDealer:
+    """Accepts on ``listener`` and hands each connection to one of ``channels()`` (the
+    channels of the front ends serving now, in a fixed order), in turn; with none
+    serving, or none taking it, the connection is closed (the client sees a reset, as
+    with a full backlog). :meth:`stop` ends the accepting (new connections are then
+    refused once the caller closes the listener)."""
+
+    def __init__(self, listener: socket.socket, channels: Callable[[], Sequence[socket.socket]]) -> None:
+        self._listener = listener
+        self._channels = channels
+        self._turn = itertools.count()
+        self._stop = threading.Event()
+        #: connections handed over, and those closed for want of a front end
+        self.dealt = 0
+        self.refused = 0
+        self._thread = threading.Thread(target=self._run, name="ortbatch-dealer", daemon=True)
+
+    def start(self) -> ConnectionDealer:
+        self._listener.settimeout(_ACCEPT_POLL_S)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:  # the listener closed under us, or a transient accept error
+                if self._listener.fileno() < 0:
+                    return
+                log.debug("dealer: accept failed: %s", exc)
+                continue
+            try:
+                self._deal(conn)
+            finally:
+                conn.close()  # the front end holds its own descriptor now
+
+    def _deal(self, conn: socket.socket) -> None:
+        channels = list(self._channels())
+        if channels:
+            first = next(self._turn)
+            for i in range(len(channels)):
+                channel = channels[(first + i) % len(channels)]
+                try:
+                    socket.send_fds(channel, [b"c"], [conn.fileno()])
+                except OSError:  # that front end is gone or stalled: the next one
+                    continue
+                self.dealt += 1
+                return
+        self.refused += 1
+
+
+def adopting_server(config: Any, channel: socket.socket) -> Any:
+    """A ``uvicorn.Server`` for ``config`` that listens on nothing and serves the
+    connections the engine deals it over ``channel``; run it with ``run(sockets=[])``.
+    It stops adopting when it begins to shut down (a connection dealt after that is
+    closed), then drains as uvicorn does."""
+    import uvicorn
+
+    class AdoptingServer(uvicorn.Server):
+        _reading = False
+        _adopting: set[asyncio.Task[Any]]
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=[])
+            if self.should_exit:
+                return
+            self._adopting = set()
+            channel.setblocking(False)
+            asyncio.get_running_loop().add_reader(channel.fileno(), self._take)
+            self._reading = True
+
+        def _protocol(self) -> Any:
+            cfg = self.config
+            protocol: Any = cfg.http_protocol_class  # as uvicorn's own startup makes it
+            return protocol(config=cfg, server_state=self.server_state, app_state=self.lifespan.state)
+
+        def _take(self) -> None:
+            loop = asyncio.get_running_loop()
+            while True:
+                try:
+                    data, fds, _, _ = socket.recv_fds(channel, 16, 16)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:
+                    data, fds = b"", []
+                if not data and not fds:  # the engine's end closed
+                    self._stop_reading()
+                    return
+                for fd in fds:
+                    conn = socket.socket(fileno=fd)
+                    if self.should_exit:
+                        conn.close()
+                        continue
+                    conn.setblocking(False)
+                    task = loop.create_task(self._adopt(loop, conn))
+                    self._adopting.add(task)
+                    task.add_done_callback(self._adopting.discard)
+
+        async def _adopt(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+            try:
+                await loop.connect_accepted_socket(self._protocol, conn, ssl=self.config.ssl)
+            except Exception as exc:  # a TLS handshake that failed, a client that left
+                log.debug("front end: a dealt connection could not be served: %s", exc)
+                conn.close()
+
+        def _stop_reading(self) -> None:
+            if self._reading:
+                self._reading = False
+                try:
+                    asyncio.get_running_loop().remove_reader(channel.fileno())
+                except (RuntimeError, ValueError):
+                    pass
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            self._stop_reading()
+            for task in list(getattr(self, "_adopting", ())):
+                task.cancel()
+            await super().shutdown(sockets=sockets)
+
+    return AdoptingServer(config)
