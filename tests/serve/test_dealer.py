@@ -98,7 +98,7 @@ def test_a_front_end_that_is_gone_is_skipped(channels):
 
 def test_with_no_front_end_serving_a_connection_is_closed():
     listener = _listener()
-    dealer = ConnectionDealer(listener, list).start()
+    dealer = ConnectionDealer(listener, list, wait_s=0.2).start()
     try:
         (client,) = _clients(listener.getsockname()[1], 1)
         client.settimeout(5)
@@ -107,6 +107,24 @@ def test_with_no_front_end_serving_a_connection_is_closed():
         except ConnectionResetError:
             data = b""
         assert data == b"" and dealer.refused == 1
+        client.close()
+    finally:
+        dealer.stop()
+        listener.close()
+
+
+def test_a_connection_waits_for_a_front_end_that_is_restarting(channels):
+    listener = _listener()
+    (a, a_fe), _ = channels
+    serving: list[socket.socket] = []
+    dealer = ConnectionDealer(listener, lambda: list(serving), wait_s=10.0).start()
+    try:
+        (client,) = _clients(listener.getsockname()[1], 1)
+        time.sleep(0.3)  # none serves yet: the connection waits, it is not closed
+        assert dealer.dealt == 0 and dealer.refused == 0
+        serving.append(a)  # the front end is back
+        assert _received(a_fe, 1) == [b"0"]
+        assert dealer.dealt == 1
         client.close()
     finally:
         dealer.stop()

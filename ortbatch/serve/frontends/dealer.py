@@ -23,6 +23,7 @@ import itertools
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,9 @@ log = logging.getLogger("ortbatch.serve")
 _SEND_TIMEOUT_S = 1.0
 #: how often the dealer's blocking accept looks at its stop flag
 _ACCEPT_POLL_S = 0.25
+#: how long a connection waits for a front end when none is serving (all of them
+#: restarting): as long as it would have waited in the backlog for one to accept it
+WAIT_FOR_FRONT_END_S = 10.0
 
 
 def channel_pair() -> tuple[socket.socket, socket.socket]:
@@ -46,14 +50,20 @@ def channel_pair() -> tuple[socket.socket, socket.socket]:
 
 class ConnectionDealer:
     """Accepts on ``listener`` and hands each connection to one of ``channels()`` (the
-    channels of the front ends serving now, in a fixed order), in turn; with none
-    serving, or none taking it, the connection is closed (the client sees a reset, as
-    with a full backlog). :meth:`stop` ends the accepting (new connections are then
-    refused once the caller closes the listener)."""
+    channels of the front ends serving now, in a fixed order), in turn. With none
+    serving, a connection waits up to ``wait_s`` for one (later connections wait in the
+    backlog meanwhile); then, or when none takes it, it is closed. :meth:`stop` ends
+    the accepting (new connections are refused once the caller closes the listener)."""
 
-    def __init__(self, listener: socket.socket, channels: Callable[[], Sequence[socket.socket]]) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        channels: Callable[[], Sequence[socket.socket]],
+        wait_s: float = WAIT_FOR_FRONT_END_S,
+    ) -> None:
         self._listener = listener
         self._channels = channels
+        self._wait_s = wait_s
         self._turn = itertools.count()
         self._stop = threading.Event()
         #: connections handed over, and those closed for want of a front end
@@ -89,6 +99,9 @@ class ConnectionDealer:
 
     def _deal(self, conn: socket.socket) -> None:
         channels = list(self._channels())
+        deadline = time.monotonic() + self._wait_s
+        while not channels and time.monotonic() < deadline and not self._stop.wait(0.05):
+            channels = list(self._channels())
         if channels:
             first = next(self._turn)
             for i in range(len(channels)):
