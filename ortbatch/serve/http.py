@@ -42,6 +42,7 @@ __all__ = [
     "ClientGone",
     "FastRoutes",
     "HTTPError",
+    "Incoming",
     "RequestCounts",
     "Reply",
     "RequestObserver",
@@ -84,10 +85,6 @@ class BodyLimits:
     async def read(self, request: Any) -> bytes:
         """:func:`read_request_body` under these limits."""
         return await read_request_body(request, self.max_bytes, self.timeout_s)
-
-    async def receive(self, scope: MutableMapping[str, Any], receive: Any) -> bytes:
-        """:func:`receive_body` under these limits (for an :func:`asgi_route`)."""
-        return await receive_body(scope, receive, self.max_bytes, self.timeout_s)
 
 
 class HTTPError(Exception):
@@ -224,8 +221,8 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 async def read_request_body(
     request: Any, max_body_bytes: int, timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
 ) -> bytes:
-    """The body of a Starlette ``request``: :func:`receive_body` over its scope and
-    ``receive``."""
+    """The body of ``request`` (a Starlette ``Request`` or an :class:`Incoming`):
+    :func:`receive_body` over its scope and ``receive``."""
     return await receive_body(request.scope, request.receive, max_body_bytes, timeout_s)
 
 
@@ -329,6 +326,22 @@ def handled_route(path: str, handler: Callable[[Any], Awaitable[Any]], method: s
     return Route(path, endpoint, methods=[method])
 
 
+class Incoming(NamedTuple):
+    """What an :func:`asgi_route` handler gets of its request: the ASGI scope and
+    ``receive`` (all that :func:`read_request_body` uses of a Starlette ``Request``)."""
+
+    scope: MutableMapping[str, Any]
+    receive: Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+    @property
+    def path_params(self) -> dict[str, Any]:
+        return dict(self.scope.get("path_params", {}))
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (any case), or None."""
+        return header(self.scope, name.lower().encode("latin-1"))
+
+
 class Reply(NamedTuple):
     """An answer of an :func:`asgi_route` handler: the body, its media type and any
     further headers (and the status, 200 unless told)."""
@@ -348,9 +361,10 @@ async def send_reply(send: Callable[[dict[str, Any]], Awaitable[None]], reply: R
     await send({"type": "http.response.body", "body": reply.body})
 
 
-def asgi_route(path: str, handler: Callable[[MutableMapping[str, Any], Any], Awaitable[Reply]], method: str) -> Any:
-    """A route for the requests that carry the traffic: ``handler(scope, receive)``
-    answers a :class:`Reply` with no Starlette ``Request`` or ``Response`` built, and
+def asgi_route(path: str, handler: Callable[[Incoming], Awaitable[Reply]], method: str) -> Any:
+    """A route for the requests that carry the traffic: ``handler(request)`` gets an
+    :class:`Incoming` and answers a :class:`Reply`, with no Starlette ``Request`` or
+    ``Response`` built, and
     :func:`assemble_app` matches it ahead of Starlette's middleware and router
     (:class:`FastRoutes`); its errors become answers through :func:`error_response`
     as :func:`handled_route`'s do. Path parameters are in ``scope["path_params"]``."""
@@ -359,7 +373,7 @@ def asgi_route(path: str, handler: Callable[[MutableMapping[str, Any], Any], Awa
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         scope["ortbatch.endpoint"] = path
         try:
-            reply = await handler(scope, receive)
+            reply = await handler(Incoming(scope, receive))
         except Exception as exc:
             status, body, headers = error_response(exc, openai)  # logs a fault of the server
             reply = Reply(dumps_json(body), "application/json", headers, status)

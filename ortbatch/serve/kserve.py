@@ -18,10 +18,10 @@ from .. import __version__
 from .http import (
     BodyLimits,
     HTTPError,
+    Incoming,
     Reply,
     asgi_route,
     handled_route,
-    header,
     json_response,
     offload,
     run_or_abandon,
@@ -45,11 +45,8 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     text_view = TextModelView(model) if model.text_model_name is not None else None
 
     def find_model(request: Any) -> Any:
-        return find(request.path_params)
-
-    def find(params: dict[str, str]) -> Any:
-        name = params["name"]
-        version = params.get("version")
+        name = request.path_params["name"]
+        version = request.path_params.get("version")
         found: Any = text_view if text_view is not None and name == text_view.name else None
         if name == model.name:
             found = model
@@ -75,10 +72,10 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
             return json_response({"name": m.name, "ready": True})
         return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
 
-    async def infer(scope: Any, receive: Any) -> Reply:
-        m = find(scope["path_params"])
-        data_in = await body.receive(scope, receive)
-        raw_length = header(scope, HEADER_LENGTH.encode())
+    async def infer(request: Incoming) -> Reply:
+        m = find_model(request)
+        data_in = await body.read(request)
+        raw_length = request.header(HEADER_LENGTH)
         header_length = None
         if raw_length is not None:
             try:
@@ -86,7 +83,7 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
             except ValueError:
                 raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length[:40]!r}") from None
         req = await offload(len(data_in), parse_infer_request, data_in, header_length)
-        outputs = await run_or_abandon(receive, m.infer(req))
+        outputs = await run_or_abandon(request.receive, m.infer(req))
         binary = [req.wants_binary(name) for name, _ in outputs]
         nbytes = sum(a.nbytes for _, a in outputs)
         data, ctype, hlen = await offload(nbytes, encode_infer_response, m.name, m.version, outputs, binary, req.id)

@@ -42,6 +42,9 @@ from ..generation.chat import ChatTemplate
 from .http import (
     BodyLimits,
     HTTPError,
+    Incoming,
+    Reply,
+    asgi_route,
     disconnected,
     error_response,
     handled_route,
@@ -50,7 +53,7 @@ from .http import (
     run_or_abandon,
 )
 from .model import DEFAULT_MAX_TEXT_CHARS, RequestTooLargeError, ServedModel, check_texts
-from .protocol import loads_json
+from .protocol import dumps_json, loads_json
 from .served_generator import ServedGenerator
 
 __all__ = [
@@ -76,8 +79,9 @@ CHAT_RENDER_TIMEOUT_S = 2.0
 
 
 async def read_openai_body(request: Any, body: BodyLimits, model_name: str) -> dict[str, Any]:
-    """The JSON object body of an OpenAI-style request (400 when it is not one; parsed
-    in a thread when large); a ``model`` field naming another model is a 404."""
+    """The JSON object body of an OpenAI-style ``request`` (a Starlette ``Request`` or an
+    :class:`~ortbatch.serve.http.Incoming`; 400 when it is not one; parsed in a thread
+    when large); a ``model`` field naming another model is a 404."""
     data = await body.read(request)
     doc = await offload(len(data), loads_json, data)
     if not isinstance(doc, dict):
@@ -112,10 +116,8 @@ def text_or_ids(value: Any, field: str) -> list[str] | list[list[int]]:
 
 def embedding_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     """``POST /v1/embeddings`` over ``model`` (for :func:`~ortbatch.serve.http.assemble_app`)."""
-    from starlette.requests import Request
-    from starlette.responses import Response
 
-    async def embeddings(request: Request) -> Response:
+    async def embeddings(request: Incoming) -> Reply:
         doc = await read_openai_body(request, body, model.name)
         if model.embedding_output is None:
             raise HTTPError(404, f"model {model.name!r} does not serve embeddings: {model.embeddings_disabled_reason}")
@@ -144,16 +146,16 @@ def embedding_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
                 base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else row.tolist()
             )
             data.append({"object": "embedding", "index": i, "embedding": value})
-        return json_response(
-            {
-                "object": "list",
-                "data": data,
-                "model": model.name,
-                "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
-            }
-        )
+        doc = {
+            "object": "list",
+            "data": data,
+            "model": model.name,
+            "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
+        }
+        return Reply(dumps_json(doc), "application/json")
 
-    return [handled_route("/v1/embeddings", embeddings, "POST")]
+    # the route an embedding server's traffic takes: bare ASGI (http.FastRoutes)
+    return [asgi_route("/v1/embeddings", embeddings, "POST")]
 
 
 @dataclass(frozen=True)

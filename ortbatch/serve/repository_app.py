@@ -31,6 +31,7 @@ from .http import (
     AsgiEndpoint,
     BodyLimits,
     HTTPError,
+    Incoming,
     assemble_app,
     error_response,
     handled_route,
@@ -157,7 +158,7 @@ def create_repository_app(
         path = scope["path"]
         scope["ortbatch.endpoint"] = path
         try:
-            body = await limits.receive(scope, receive)
+            body = await limits.read(Incoming(scope, receive))
             name = _model_field(body)
             loaded = pick(BODY_ROUTES[path], path, name)
         except Exception as exc:

@@ -222,3 +222,38 @@ def test_pipelined_requests_are_answered_in_order_over_one_connection(adder_serv
             assert length is not None
             docs.append(json.loads(reader.read(length)))
     assert [d["outputs"][0]["data"] for d in docs] == [[3.0, 5.0, 7.0], [5.0, 5.0, 5.0]]
+
+
+@pytest.fixture(scope="module")
+def encoder(encoder_dir: Path):
+    model = ServedModel.load(encoder_dir, name="tiny", session_kwargs={"max_batch_size": 8})
+    yield model
+    model.close()
+
+
+def test_fast_embeddings_answer_what_starlette_answers(encoder):
+    def doc(**kw: Any) -> bytes:
+        return json.dumps(kw).encode()
+
+    json_type = {"Content-Type": "application/json"}
+    cases: list[tuple[str, str, bytes, dict[str, str]]] = [
+        ("POST", "/v1/embeddings", doc(input="hello world"), json_type),
+        ("POST", "/v1/embeddings", doc(input=["a b", "c"], encoding_format="base64", model="tiny"), json_type),
+        ("POST", "/v1/embeddings", gzip.compress(doc(input="hello")), {"Content-Encoding": "gzip"}),
+        ("POST", "/v1/embeddings", doc(input="x", encoding_format="hex"), json_type),
+        ("POST", "/v1/embeddings", doc(input="x", model="other"), json_type),
+        ("POST", "/v1/embeddings", doc(input=[]), json_type),
+        ("POST", "/v1/embeddings", b"[1, 2]", json_type),
+        ("POST", "/v1/embeddings", b"{oops", json_type),
+        ("GET", "/v1/embeddings", b"", {}),
+    ]
+    app = build_app(encoder)
+    starlette_only = RequestObserver(app.app.app, app.metrics, app.counts)
+    fast, slow = asyncio.run(_answers(app, cases)), asyncio.run(_answers(starlette_only, cases))
+    assert fast == slow
+    assert [a[2] for a in fast] == [200, 200, 200, 400, 404, 400, 400, 400, 405]
+    first = json.loads(fast[0][4])
+    assert first["object"] == "list" and len(first["data"]) == 1 and first["model"] == "tiny"
+    assert len(json.loads(fast[1][4])["data"]) == 2
+    error = json.loads(fast[3][4])["error"]  # OpenAI's error shape under /v1/
+    assert error["type"] == "invalid_request_error" and error["param"] == "encoding_format"
