@@ -327,19 +327,29 @@ class BatchedSession:
     def submit_each(
         self,
         requests: Sequence[tuple[Mapping[str, Any], Sequence[str] | None, float | None]],
-    ) -> list[concurrent.futures.Future[list[np.ndarray]] | OrtBatchError]:
+        *,
+        slots: Sequence[Slot] | None = None,
+    ) -> list[Any]:
         """Queue independent requests at once, each ``(input_feed, output_names,
         timeout_s)``: like calling :meth:`submit` for each, under one lock and at most one
         worker wake-up (for a caller that receives requests in bursts, such as a
         front-end link). Unlike :meth:`submit_many`, each is admitted or refused on its
         own: the result holds, in order, the request's future or the typed error it was
         refused with (:class:`InvalidInputError`, :class:`QueueFullError` once the queue
-        is full, :class:`SessionClosedError`); nothing is raised."""
-        out: list[concurrent.futures.Future[list[np.ndarray]] | OrtBatchError] = []
+        is full, :class:`SessionClosedError`); nothing is raised.
+
+        ``slots``: one fresh :class:`~ortbatch.runtime.scheduler.Slot` per request, settled
+        in place of a Future (a caller that hears of each outcome through its slot's
+        ``_on_settled``/``_on_cancelled``, such as the engine of ``--frontends``, saves
+        a Future, its Condition and a callback per request); the result then holds the
+        slot for each request admitted."""
+        if slots is not None and len(slots) != len(requests):
+            raise ValueError(f"{len(slots)} slots for {len(requests)} requests")
+        out: list[Any] = []
         reqs: list[Request] = []
         where: list[int] = []
-        for feed, names, timeout_s in requests:
-            fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
+        for i, (feed, names, timeout_s) in enumerate(requests):
+            fut: Any = concurrent.futures.Future() if slots is None else slots[i]
             try:
                 reqs.append(self._request(feed, names, timeout_s, fut))
             except OrtBatchError as exc:

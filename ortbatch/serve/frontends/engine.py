@@ -36,6 +36,8 @@ from types import FrameType
 from typing import Any
 
 from ...errors import ServeError, SessionClosedError
+from ...runtime.scheduler import Slot
+from ...runtime.session import BatchedSession
 from ..repository import ModelRepository
 from .dealer import ConnectionDealer, channel_pair
 from .frontend import FrontEndSpec, run_frontend
@@ -210,17 +212,29 @@ class FrontEndLink:
             items.append((rid, (feed, names, timeout_s)))
         if not items:
             return
+        # a BatchedSession settles an _Answer per request, which posts itself: no Future,
+        # Condition or done-callback each; in flight before it is queued (it may settle
+        # at once)
+        answers = [_Answer(self, rid) for rid, _ in items] if isinstance(session, BatchedSession) else None
+        if answers is not None:
+            for answer in answers:
+                self.inflight[answer.rid] = answer
         try:
-            outcomes = submit_each([item for _, item in items])
+            if answers is None:
+                outcomes = submit_each([item for _, item in items])
+            else:
+                outcomes = submit_each([item for _, item in items], slots=answers)
         except Exception as exc:
             for rid, _ in items:
+                self.inflight.pop(rid, None)
                 self._post(("err", rid, exc))
             return
         for (rid, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, BaseException):
+                self.inflight.pop(rid, None)
                 self._post(("err", rid, outcome))
-                continue
-            self._track(rid, outcome)
+            elif answers is None:
+                self._track(rid, outcome)
 
     def _generate(self, key: int, rid: int, request: tuple[Any, ...], stream: bool) -> None:
         """A generation request for the generator ``key``: ``admitted`` once queued, a
@@ -333,6 +347,31 @@ class FrontEndLink:
         self.responses.close()
         if self.on_drop is not None:
             self.on_drop(self)
+
+
+class _Answer(Slot):
+    """One request's outcome in the engine in place of a ``Future``: the BatchedSession
+    (a worker, the deadline reaper, ``close``) settles it, and it posts itself to its
+    link's sender, with the face of a done Future that the sender reads."""
+
+    __slots__ = ("_link", "rid")
+
+    def __init__(self, link: FrontEndLink, rid: int) -> None:
+        super().__init__()
+        self._link = link
+        self.rid = rid
+
+    def _on_settled(self) -> None:
+        self._link._post(("fut", self.rid, self))
+
+    def _on_cancelled(self) -> None:  # under the slot's lock: posting takes only the link's
+        self._link._post(("fut", self.rid, self))
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def result(self) -> Any:
+        return self._result
 
 
 class _FrontEnd:
