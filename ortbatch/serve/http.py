@@ -49,6 +49,7 @@ __all__ = [
     "asgi_route",
     "assemble_app",
     "disconnected",
+    "error_reply",
     "error_response",
     "handled_route",
     "header",
@@ -335,7 +336,9 @@ class Incoming(NamedTuple):
 
     @property
     def path_params(self) -> dict[str, Any]:
-        return dict(self.scope.get("path_params", {}))
+        """The route's path parameters (set when the route matched)."""
+        params: dict[str, Any] = self.scope["path_params"]
+        return params
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (any case), or None."""
@@ -361,13 +364,18 @@ async def send_reply(send: Callable[[dict[str, Any]], Awaitable[None]], reply: R
     await send({"type": "http.response.body", "body": reply.body})
 
 
+def error_reply(exc: BaseException, openai: bool = False) -> Reply:
+    """:func:`error_response` as a JSON :class:`Reply` (logs a fault of the server)."""
+    status, body, headers = error_response(exc, openai)
+    return Reply(dumps_json(body), "application/json", headers, status)
+
+
 def asgi_route(path: str, handler: Callable[[Incoming], Awaitable[Reply]], method: str) -> Any:
     """A route for the requests that carry the traffic: ``handler(request)`` gets an
     :class:`Incoming` and answers a :class:`Reply`, with no Starlette ``Request`` or
-    ``Response`` built, and
-    :func:`assemble_app` matches it ahead of Starlette's middleware and router
-    (:class:`FastRoutes`); its errors become answers through :func:`error_response`
-    as :func:`handled_route`'s do. Path parameters are in ``scope["path_params"]``."""
+    ``Response`` built, and :func:`assemble_app` matches it ahead of Starlette's
+    middleware and router (:class:`FastRoutes`); its errors become answers through
+    :func:`error_response` as :func:`handled_route`'s do."""
     openai = path.startswith("/v1/")
 
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
@@ -375,8 +383,7 @@ def asgi_route(path: str, handler: Callable[[Incoming], Awaitable[Reply]], metho
         try:
             reply = await handler(Incoming(scope, receive))
         except Exception as exc:
-            status, body, headers = error_response(exc, openai)  # logs a fault of the server
-            reply = Reply(dumps_json(body), "application/json", headers, status)
+            reply = error_reply(exc, openai)
         await send_reply(send, reply)
 
     from starlette.routing import Route

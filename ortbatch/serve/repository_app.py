@@ -33,9 +33,10 @@ from .http import (
     HTTPError,
     Incoming,
     assemble_app,
-    error_response,
+    error_reply,
     handled_route,
     json_response,
+    send_reply,
 )
 
 # the one-model collectors, reused per model (their families relabelled with the model)
@@ -122,8 +123,7 @@ def create_repository_app(
             repository.release(loaded)
 
     async def answer_error(exc: Exception, scope: Any, receive: Any, send: Any) -> None:
-        status, body, headers = error_response(exc, openai=scope["path"].startswith("/v1/"))
-        await json_response(body, status, headers)(scope, receive, send)
+        await send_reply(send, error_reply(exc, openai=scope["path"].startswith("/v1/")))
 
     async def by_path(scope: Any, receive: Any, send: Any) -> None:
         name = scope["path_params"]["name"]
