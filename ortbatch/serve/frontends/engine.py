@@ -219,11 +219,9 @@ class FrontEndLink:
         if answers is not None:
             for answer in answers:
                 self.inflight[answer.rid] = answer
+        batch = [item for _, item in items]
         try:
-            if answers is None:
-                outcomes = submit_each([item for _, item in items])
-            else:
-                outcomes = submit_each([item for _, item in items], slots=answers)
+            outcomes = submit_each(batch) if answers is None else submit_each(batch, slots=answers)
         except Exception as exc:
             for rid, _ in items:
                 self.inflight.pop(rid, None)
@@ -364,8 +362,8 @@ class _Answer(Slot):
     def _on_settled(self) -> None:
         self._link._post(("fut", self.rid, self))
 
-    def _on_cancelled(self) -> None:  # under the slot's lock: posting takes only the link's
-        self._link._post(("fut", self.rid, self))
+    #: a cancel is posted the same way (under the slot's lock: posting takes only the link's)
+    _on_cancelled = _on_settled
 
     def exception(self) -> BaseException | None:
         return self._exc
