@@ -38,9 +38,10 @@ def _received(theirs: socket.socket, n: int) -> list[bytes]:
     return out
 
 
-def _clients(port: int, n: int) -> list[socket.socket]:
+def _clients(port: int, n: int, first: int = 0) -> list[socket.socket]:
+    """``n`` connections, each having sent its number (``first``, ``first + 1``, ...)."""
     clients = []
-    for i in range(n):
+    for i in range(first, first + n):
         c = socket.create_connection(("127.0.0.1", port), timeout=5)
         c.sendall(b"%d" % i)
         clients.append(c)
@@ -64,14 +65,13 @@ def test_connections_are_dealt_in_turn(channels):
     try:
         clients = []
         for i in range(10):  # one at a time: each is dealt before the next connects
-            clients += _clients(listener.getsockname()[1], 1)
-            clients[-1].sendall(b"/%d" % i)  # after _clients' own "0": what we read is "0/i"
+            clients += _clients(listener.getsockname()[1], 1, first=i)
             deadline = time.monotonic() + 5
             while dealer.dealt < i + 1 and time.monotonic() < deadline:
                 time.sleep(0.005)
         got_a, got_b = _received(a_fe, 5), _received(b_fe, 5)
         assert dealer.dealt == 10 and dealer.refused == 0
-        turns = {tuple(sorted(int(x.split(b"/")[1]) for x in got)) for got in (got_a, got_b)}
+        turns = {tuple(sorted(int(x) for x in got)) for got in (got_a, got_b)}
         assert turns == {(0, 2, 4, 6, 8), (1, 3, 5, 7, 9)}  # one each, in turn
     finally:
         dealer.stop()
