@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._lifecycle import check_positive, check_timeout, forget_live, track_live
-from ..errors import InferenceError, OrtBatchError, SessionClosedError
+from ..errors import InferenceError, InvalidInputError, OrtBatchError, SessionClosedError
 from .cache import KVCache
 from .layout import load_layout
 from .requests import (
@@ -39,6 +39,7 @@ from .requests import (
 from .runner import DecoderRunner, SessionFactory
 from .sampling import SamplingParams
 from .scheduler import CompactionCost, Scheduler
+from .scoring import PromptScorer, prompt_logprobs
 from .stats import GenerationStats, GenerationStatsRecorder
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is Python 3.11+)
@@ -127,18 +128,19 @@ class BatchedGenerator:
         self.layout, manifest = load_layout(self._dir, max_context_length)
         if manifest is not None and manifest.max_batch_size:
             max_batch_size = min(max_batch_size, manifest.max_batch_size)
-        #: The decoder's session, its contract and the batch's KV cache.
-        self.runner = DecoderRunner(
-            self._dir,
-            self.layout,
+        runner_args: dict[str, Any] = dict(
             providers=providers,
             session_options=session_options,
             io_binding=io_binding,
-            last_position_logits=last_position_logits,
             attention_rewrite=attention_rewrite,
             session_factory=session_factory,
             manifest_providers=manifest.providers if manifest is not None else (),
             max_batch_size=max_batch_size,
+        )
+        #: The decoder's session, its contract and the batch's KV cache.
+        self.runner = DecoderRunner(self._dir, self.layout, last_position_logits=last_position_logits, **runner_args)
+        self._scorer = PromptScorer(
+            lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, **runner_args)
         )
         #: The graph rewrites applied (name -> places changed); empty when the export runs as it is.
         self.graph_rewrites = self.runner.graph_rewrites
@@ -154,7 +156,7 @@ class BatchedGenerator:
         self.prefill_padding = prefill_padding
         self._tokenizer = ExportTokenizer(self._dir, self.layout.tokenizer)
         limits = (self.layout.vocab_size, context, self.max_tokens_in_flight, max_new_tokens, timeout_s)
-        self._requests = RequestFactory(self._tokenizer, *limits)
+        self._requests = RequestFactory(self._tokenizer, *limits, eos_token_ids=tuple(self.layout.eos_token_ids))
         self._stats = GenerationStatsRecorder()
         self._scheduler = Scheduler(
             max_batch_size=max_batch_size,
@@ -181,9 +183,14 @@ class BatchedGenerator:
         text rendered from a chat template, which holds its special tokens already)."""
         return self._tokenizer.encode(text, add_special_tokens)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids`` (special tokens skipped)."""
-        return self._tokenizer.decode(ids)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids`` (special tokens skipped unless ``skip_special_tokens=False``)."""
+        return self._tokenizer.decode(ids, skip_special_tokens)
+
+    def token_bytes(self, ids: Sequence[int]) -> list[bytes]:
+        """Each token's own bytes (OpenAI's logprobs ``bytes``; their concatenation is the
+        UTF-8 of the text, which a single token may split mid-character)."""
+        return self._tokenizer.token_bytes(ids)
 
     # -- public API --------------------------------------------------------------------
     def submit(
@@ -211,12 +218,53 @@ class BatchedGenerator:
         Cancelling the future frees the request's row at the next step. ``on_token`` is
         called on the scheduler thread with each :class:`StreamToken`: keep it quick.
         """
+        how = sampling_params(params, max_new_tokens, sampling)
+        if how.n != 1:
+            raise InvalidInputError(f"n={how.n}: use submit_choices or generate_choices", input_name="n")
+        return self.submit_choices(prompt, params=how, timeout_s=timeout_s, on_token=on_token)[0]
+
+    def submit_choices(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int | None = None,
+        *,
+        params: SamplingParams | None = None,
+        timeout_s: float | None = None,
+        on_token: Callable[[StreamToken], None] | None = None,
+        **sampling: Unpack[SamplingOptions],
+    ) -> list[Future[Completion]]:
+        """Queue the ``n`` choices of one prompt (``params.n`` or ``n=``); one future each, in
+        choice order (``Completion.index``; ``StreamToken.choice`` tells ``on_token`` which).
+
+        The prompt is prefilled once and its cache copied into the ``n`` rows when they are
+        admitted together (they are queued next to each other); each samples from its own
+        random generator (see :meth:`RequestFactory.build_choices`), so a seeded ``n`` is
+        reproducible. Errors as :meth:`submit`; the ``n`` are queued all or none.
+        """
         if self._scheduler.closed:
             raise SessionClosedError("the generator is closed")
         how = sampling_params(params, max_new_tokens, sampling)
-        req = self._requests.build(prompt, how, timeout_s, on_token, self._scheduler.clock())
-        self._scheduler.put(req)
-        return req.future
+        reqs = self._requests.build_choices(prompt, how, timeout_s, on_token, self._scheduler.clock())
+        self._scheduler.put_many(reqs)
+        return [r.future for r in reqs]
+
+    def generate_choices(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int | None = None,
+        *,
+        params: SamplingParams | None = None,
+        timeout_s: float | None = None,
+        **sampling: Unpack[SamplingOptions],
+    ) -> list[Completion]:
+        """The ``n`` completions of one prompt, blocking; see :meth:`submit_choices`."""
+        futures = self.submit_choices(prompt, max_new_tokens, params=params, timeout_s=timeout_s, **sampling)
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
 
     def generate(
         self,
@@ -257,7 +305,8 @@ class BatchedGenerator:
         timeout_s: float | None = None,
         **sampling: Unpack[SamplingOptions],
     ) -> AsyncIterator[StreamToken]:
-        """Yield the request's tokens as they are generated (an async generator).
+        """Yield the request's tokens as they are generated (an async generator); with
+        ``n`` choices, theirs interleaved (``StreamToken.choice`` says whose).
 
         Errors of :meth:`submit` are raised at the first iteration; a failure later is
         raised after the tokens that came before it. Leaving the loop early, closing the
@@ -273,20 +322,27 @@ class BatchedGenerator:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
-        fut = self.submit(prompt, max_new_tokens, params=params, timeout_s=timeout_s, on_token=put, **sampling)
-        # Tokens are put before the future settles, on the same thread, so the end marker
-        # comes after the last token.
-        fut.add_done_callback(lambda _f: put(None))
+        futures = self.submit_choices(
+            prompt, max_new_tokens, params=params, timeout_s=timeout_s, on_token=put, **sampling
+        )
+        # Tokens are put before a future settles, on the same thread, so the end markers
+        # come after the last tokens; with n choices the stream ends after the n-th marker.
+        for fut in futures:
+            fut.add_done_callback(lambda _f: put(None))
         try:
-            while True:
+            ended = 0
+            while ended < len(futures):
                 item = await queue.get()
                 if item is None:
-                    if not fut.cancelled() and (exc := fut.exception()) is not None:
-                        raise exc
-                    return
+                    ended += 1
+                    continue
                 yield item
+            for fut in futures:
+                if not fut.cancelled() and (exc := fut.exception()) is not None:
+                    raise exc
         finally:
-            fut.cancel()
+            for fut in futures:
+                fut.cancel()
 
     def stats(self) -> GenerationStats:
         """Counters since construction, and the current queue/batch state."""
@@ -343,13 +399,23 @@ class BatchedGenerator:
             sched.stopped()
 
     def _prefill(self, reqs: list[GenerationRequest]) -> tuple[list[KVCache], list[GenerationRequest]]:
-        """Prefill ``reqs``; returns the caches of those still generating, and them in row order."""
+        """Prefill ``reqs``; returns the caches of those still generating, and them in row order.
+
+        The choices of one prompt admitted together are prefilled once, through their leader."""
         caches: list[KVCache] = []
         joined: list[GenerationRequest] = []
-        pending = self._scheduler.prefill_groups(reqs)
+        admitted = {id(r) for r in reqs}
+        followers: dict[int, list[GenerationRequest]] = {}
+        leaders = []
+        for r in reqs:
+            if r.leader is not None and id(r.leader) in admitted:
+                followers.setdefault(id(r.leader), []).append(r)
+            else:
+                leaders.append(r)
+        pending = self._scheduler.prefill_groups(leaders)
         while pending:
             group = pending.pop(0)
-            result = self._prefill_group(group)
+            result = self._prefill_group(group, followers)
             if result is None:  # the group failed: split it so only a failing request fails
                 if len(group) > 1:
                     pending[:0] = [[r] for r in group]
@@ -359,19 +425,46 @@ class BatchedGenerator:
             joined.extend(survivors)
         return caches, joined
 
-    def _prefill_group(self, group: list[GenerationRequest]) -> tuple[KVCache, list[GenerationRequest]] | None:
+    def _prefill_group(
+        self, group: list[GenerationRequest], followers: dict[int, list[GenerationRequest]]
+    ) -> tuple[KVCache, list[GenerationRequest]] | None:
+        sched = self._scheduler
+        members = [m for r in group for m in (r, *followers.get(id(r), ()))]
         t0 = time.perf_counter()
         try:
             logits, cache = self.runner.prefill([r.prompt for r in group])
+            scored = [self._score(r, logits, i) for i, r in enumerate(group)]
         except OrtBatchError as exc:
             self._stats.prefill(time.perf_counter() - t0, 0)
             if len(group) == 1:
-                self._scheduler.fail(group[0], exc)
+                for m in members:
+                    sched.fail(m, exc)
             return None
         self._stats.prefill(time.perf_counter() - t0, int(cache.lens.sum()))
-        keep = [i for i, r in enumerate(group) if not self._scheduler.next_token(r, logits[i, -1])]
-        cache.keep(keep)
-        return cache, [group[i] for i in keep]
+        source = []  # the prefilled row each member's first token and cache come from
+        for i, r in enumerate(group):
+            for m in (r, *followers.get(id(r), ())):
+                m.prompt_logprobs = scored[i]
+                source.append(i)
+        wanting = [j for j, m in enumerate(members) if m.max_new_tokens > 0]
+        for m in members:
+            if m.max_new_tokens == 0:
+                sched.finish_without_tokens(m)
+        done = sched.next_tokens([members[j] for j in wanting], logits[:, -1], [source[j] for j in wanting])
+        keep = [j for j, d in zip(wanting, done, strict=True) if not d]
+        # Repeating a prefilled row copies its cache into each choice's row.
+        cache.keep([source[j] for j in keep])
+        return cache, [members[j] for j in keep]
+
+    def _score(self, req: GenerationRequest, logits: np.ndarray, row: int) -> Any:
+        """``req``'s prompt logprobs when it asked (from the prefill's logits when they hold every position)."""
+        k = req.params.prompt_logprobs
+        if k is None:
+            return None
+        n = int(req.prompt.shape[0])
+        if not self.runner.last_position_logits:
+            return prompt_logprobs(req.prompt, np.asarray(logits[row, logits.shape[1] - n :], np.float32), k)
+        return self._scorer.score(req.prompt, k)
 
     def _decode_step(self) -> None:
         sched, cache = self._scheduler, self.runner.cache
@@ -395,5 +488,4 @@ class BatchedGenerator:
         sched.cost.step_s = elapsed
         # Finished rows are settled now; at the next step boundary their slots go to rows
         # that join, or are dropped when that is worth a copy (see Scheduler.place).
-        for i in live:
-            sched.next_token(rows[i], logits[i, -1])
+        sched.next_tokens([rows[i] for i in live], logits[:, -1], live)

@@ -24,6 +24,7 @@ import numpy as np
 
 from .._extras import require
 from ..errors import InvalidInputError
+from .processors import RowState, TokenLogprob
 from .sampling import SamplingParams
 from .text import TextTracker
 
@@ -34,6 +35,7 @@ __all__ = [
     "RequestFactory",
     "SamplingOptions",
     "StreamToken",
+    "TokenLogprob",
     "sampling_params",
 ]
 
@@ -47,6 +49,11 @@ class Completion:
     special tokens and cut before a matched stop string. ``finish_reason`` is ``"stop"``
     (eos or a stop string; ``stop_sequence`` says which string) or ``"length"``
     (``max_new_tokens`` reached).
+
+    ``logprobs``: one :class:`TokenLogprob` per generated token when ``logprobs`` was asked
+    (else ``None``); ``prompt_logprobs``: one per prompt token when ``prompt_logprobs`` was
+    asked, ``None`` for the first (nothing precedes it), with ``prompt_token_ids`` beside
+    them. ``index``: which of the ``n`` choices this is.
     """
 
     text: str
@@ -57,18 +64,25 @@ class Completion:
     stop_sequence: str | None = None
     time_to_first_token_s: float = 0.0
     total_time_s: float = 0.0
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    prompt_token_ids: tuple[int, ...] = ()
+    index: int = 0
 
 
 @dataclass(frozen=True)
 class StreamToken:
     """One generated token as streamed: its id, the text that became final with it
     (may be empty while a multi-byte character or a possible stop string is incomplete),
-    its index, and ``finish_reason`` on the last one."""
+    its index, and ``finish_reason`` on the last one; ``logprob`` (its :class:`TokenLogprob`)
+    when ``logprobs`` was asked; ``choice``: which of the ``n`` choices it belongs to."""
 
     token_id: int
     text: str
     index: int
     finish_reason: str | None = None
+    logprob: TokenLogprob | None = None
+    choice: int = 0
 
 
 class SamplingOptions(TypedDict, total=False):
@@ -80,6 +94,19 @@ class SamplingOptions(TypedDict, total=False):
     top_p: float | None
     stop: str | Sequence[str] | None
     seed: int | None
+    min_p: float
+    min_tokens: int
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    include_stop_str_in_output: bool
+    skip_special_tokens: bool
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    logit_bias: Mapping[int, float]
+    logprobs: int | None
+    prompt_logprobs: int | None
+    n: int
 
 
 _OPTION_NAMES = frozenset(SamplingOptions.__annotations__)
@@ -118,6 +145,13 @@ class GenerationRequest:
     generated: list[int] = field(default_factory=list)
     first_token_at: float | None = None
     done: bool = False  # settled (result, error or cancelled): its row leaves at the next step
+    #: Penalty/bias/min_tokens memory; ``None`` on the fast path (no extras asked).
+    state: RowState | None = None
+    #: Which of the ``n`` choices; the request holding choice 0 is ``leader`` of the others.
+    choice: int = 0
+    leader: GenerationRequest | None = None
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
     @property
     def reserved_tokens(self) -> int:
@@ -136,6 +170,10 @@ class GenerationRequest:
             stop_sequence=self.tracker.stop_string,
             time_to_first_token_s=first - self.submitted_at,
             total_time_s=now - self.submitted_at,
+            logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            prompt_logprobs=self.prompt_logprobs,
+            prompt_token_ids=tuple(int(i) for i in self.prompt) if self.prompt_logprobs is not None else (),
+            index=self.choice,
         )
 
 
@@ -166,17 +204,49 @@ class ExportTokenizer:
             raise InvalidInputError(f"text prompt given but {self.error}: pass token ids", input_name="prompt")
         return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         tok = self.get()
         if tok is None:
             raise InvalidInputError(f"{self.error}: cannot decode", input_name="prompt")
-        return str(tok.decode(list(ids), skip_special_tokens=True))
+        return str(tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def decode_fn(self) -> Callable[[Sequence[int]], str] | None:
+    def decode_fn(self, skip_special_tokens: bool = True) -> Callable[[Sequence[int]], str] | None:
         tok = self.get()
         if tok is None:
             return None
-        return lambda ids: tok.decode(list(ids), skip_special_tokens=True)
+        return lambda ids: tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, ids: Sequence[int]) -> list[bytes]:
+        """Each token's own bytes (what OpenAI's ``bytes`` field holds; a token may be part of
+        a UTF-8 character). Byte-level BPE tokens (GPT-2 style) map back through their byte
+        alphabet, SentencePiece byte-fallback tokens (``<0x0A>``) are that byte, ``▁`` a space;
+        any other token is the UTF-8 of its text."""
+        tok = self.get()
+        if tok is None:
+            raise InvalidInputError(f"{self.error}: no token bytes", input_name="prompt")
+        table = _byte_decoder()
+        out: list[bytes] = []
+        for i in ids:
+            piece = tok.id_to_token(int(i)) or ""
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                out.append(bytes([int(piece[3:5], 16)]))
+            elif piece and all(ch in table for ch in piece) and tok.decode([int(i)]) != piece:
+                out.append(bytes(table[ch] for ch in piece))
+            else:
+                out.append(piece.replace("\u2581", " ").encode())
+        return out
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet inverted: printable stand-in character -> byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    chars, extra = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
 
 
 @dataclass
@@ -191,6 +261,8 @@ class RequestFactory:
     default_timeout_s: float | None
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False, repr=False)
 
+    eos_token_ids: tuple[int, ...] = ()
+
     def build(
         self,
         prompt: Any,
@@ -199,23 +271,51 @@ class RequestFactory:
         on_token: Callable[[StreamToken], None] | None,
         now: float,
     ) -> GenerationRequest:
+        """One request (``params.n`` must be 1; :meth:`build_choices` makes ``n``)."""
+        if params.n != 1:
+            raise InvalidInputError(f"n={params.n}: use submit_choices for several choices", input_name="n")
+        return self.build_choices(prompt, params, timeout_s, on_token, now)[0]
+
+    def build_choices(
+        self,
+        prompt: Any,
+        params: SamplingParams,
+        timeout_s: float | None,
+        on_token: Callable[[StreamToken], None] | None,
+        now: float,
+    ) -> list[GenerationRequest]:
+        """``params.n`` requests of one prompt: choice 0 leads (its prefill is shared), each
+        with its own random generator: choice 0 seeded by ``seed`` as a lone request is,
+        choice ``i`` by ``(seed, i)``, so a seeded ``n`` is reproducible."""
         ids, n_new, timeout = self.check(prompt, params, timeout_s)
-        rng = None
-        if not params.greedy:
-            seed = secrets.randbits(64) if params.seed is None else params.seed
-            rng = np.random.Generator(np.random.PCG64(seed))
-        return GenerationRequest(
-            id=next(self._ids),
-            prompt=ids,
-            max_new_tokens=n_new,
-            params=params,
-            rng=rng,
-            tracker=TextTracker(self.tokenizer.decode_fn(), tuple(params.stop)),
-            future=Future(),
-            deadline=None if timeout is None else now + timeout,
-            on_token=on_token,
-            submitted_at=now,
-        )
+        base = secrets.randbits(64) if params.seed is None else params.seed
+        reqs: list[GenerationRequest] = []
+        for choice in range(params.n):
+            rng = None
+            if not params.greedy:
+                seed: Any = base if choice == 0 else np.random.SeedSequence([base, choice])
+                rng = np.random.Generator(np.random.PCG64(seed))
+            stops, include = tuple(params.stop), params.include_stop_str_in_output
+            req = GenerationRequest(
+                id=next(self._ids),
+                prompt=ids,
+                max_new_tokens=n_new,
+                params=params,
+                rng=rng,
+                tracker=TextTracker(self.tokenizer.decode_fn(params.skip_special_tokens), stops, include),
+                future=Future(),
+                deadline=None if timeout is None else now + timeout,
+                on_token=on_token,
+                submitted_at=now,
+                choice=choice,
+                leader=reqs[0] if reqs else None,
+            )
+            if params.processes_logits or params.logprobs is not None:
+                req.state = RowState(params, ids, self.vocab_size, self.eos_token_ids)
+            if params.logprobs is not None:
+                req.logprobs = []
+            reqs.append(req)
+        return reqs
 
     def check(
         self, prompt: Any, params: SamplingParams, timeout_s: float | None
@@ -227,6 +327,19 @@ class RequestFactory:
         self._check_fits(int(ids.shape[0]), n_new)
         if tuple(params.stop) and self.tokenizer.decode_fn() is None:
             raise InvalidInputError(f"stop strings need a tokenizer but {self.tokenizer.error}", input_name="stop")
+        if params.min_tokens > n_new:
+            raise InvalidInputError(
+                f"min_tokens ({params.min_tokens}) must be <= max_new_tokens ({n_new})", input_name="min_tokens"
+            )
+        for name, given in (
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", list(dict(params.logit_bias))),
+        ):
+            outside = [i for i in given if i >= self.vocab_size]
+            if outside:
+                raise InvalidInputError(
+                    f"{name} has id {outside[0]}, outside the vocabulary [0, {self.vocab_size})", input_name=name
+                )
         timeout = self.default_timeout_s if timeout_s is None else timeout_s
         if timeout is not None and not timeout > 0:
             raise InvalidInputError(f"timeout_s must be positive, got {timeout!r}", input_name="timeout_s")

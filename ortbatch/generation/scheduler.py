@@ -33,8 +33,8 @@ from typing import Any
 
 from .._lifecycle import settle
 from ..errors import InferenceError, QueueFullError, RequestTimeoutError, SessionClosedError
+from .processors import TokenLogprob, choose_rows
 from .requests import GenerationRequest, StreamToken
-from .sampling import choose_token
 from .stats import GenerationStatsRecorder
 
 __all__ = ["CompactionCost", "Placement", "Scheduler"]
@@ -122,14 +122,18 @@ class Scheduler:
     # -- the callers' side ---------------------------------------------------------------
     def put(self, req: GenerationRequest) -> None:
         """Queue ``req``; :class:`QueueFullError` or :class:`SessionClosedError` if it cannot wait."""
+        self.put_many([req])
+
+    def put_many(self, reqs: Sequence[GenerationRequest]) -> None:
+        """Queue ``reqs`` (the choices of one prompt) together, next to each other, or none of them."""
         with self._lock:
             if self._state != _OPEN:
                 raise SessionClosedError("the generator is closed")
-            if len(self._pending) >= self.max_queue:
+            if len(self._pending) + len(reqs) > self.max_queue:
                 self._stats.count("rejected")
                 raise QueueFullError(len(self._pending), self.max_queue)
-            self._pending.append(req)
-            self._stats.count("submitted")
+            self._pending.extend(reqs)
+            self._stats.count("submitted", len(reqs))
             self._wake.notify()
 
     def close(self, drain: bool) -> None:
@@ -291,23 +295,45 @@ class Scheduler:
     def next_token(self, req: GenerationRequest, logits: Any) -> bool:
         """Choose ``req``'s next token from its last-position ``logits`` and record it; True
         when it is done (finished, or failed: non-finite logits fail this request only)."""
-        try:
-            token = choose_token(logits, req.params, req.rng)
-        except InferenceError as exc:
-            self.fail(req, exc)
-            return True
-        return self.record_token(req, token)
+        return self.next_tokens([req], logits[None], [0])[0]
 
-    def record_token(self, req: GenerationRequest, token: int) -> bool:
+    def next_tokens(self, reqs: Sequence[GenerationRequest], logits: Any, rows: Sequence[int]) -> list[bool]:
+        """Choose and record the next token of each ``reqs[j]`` from ``logits[rows[j]]``
+        (``[R, vocab]``): rows without extras on the fast path, the others processed
+        together (:func:`~.processors.choose_rows`). Whether each is done."""
+        choices = choose_rows([r.params for r in reqs], [r.state for r in reqs], [r.rng for r in reqs], logits, rows)
+        done: list[bool] = []
+        for req, (token, logprob) in zip(reqs, choices, strict=True):
+            if isinstance(token, InferenceError):
+                self.fail(req, token)
+                done.append(True)
+            else:
+                done.append(self.record_token(req, token, logprob))
+        return done
+
+    def finish_without_tokens(self, req: GenerationRequest) -> None:
+        """Settle a request that asked for no new tokens (``max_new_tokens=0``: prompt logprobs only)."""
+        req.done = True
+        self._settle_counted(req, "completed", result=req.completion("length", self.clock()))
+
+    def record_token(self, req: GenerationRequest, token: int, logprob: TokenLogprob | None = None) -> bool:
         """Record one generated token of ``req``; settle it and return True when it is done."""
         if req.first_token_at is None:
             req.first_token_at = self.clock()
         req.generated.append(token)
+        if req.state is not None:
+            req.state.observe(token)
+        if req.logprobs is not None and logprob is not None:
+            req.logprobs.append(logprob)
         self._stats.count("generated_tokens")
+        params = req.params
         reason = None
-        if token in self._eos:
+        stop_id = token in params.stop_token_ids
+        if stop_id or (token in self._eos and not params.ignore_eos):
             reason = "stop"
-        delta, stopped = req.tracker.push(token) if reason is None else ("", False)
+        # A stop token's own text is left out, as vLLM does, unless include_stop_str_in_output.
+        text = reason is None or (stop_id and params.include_stop_str_in_output)
+        delta, stopped = req.tracker.push(token) if text else ("", False)
         if stopped:
             reason = "stop"
         elif reason is None and len(req.generated) >= req.max_new_tokens:
@@ -316,7 +342,7 @@ class Scheduler:
             delta += req.tracker.finish()
         if req.on_token is not None:
             try:
-                req.on_token(StreamToken(token, delta, len(req.generated) - 1, reason))
+                req.on_token(StreamToken(token, delta, len(req.generated) - 1, reason, logprob, req.choice))
             except Exception as exc:
                 self.fail(req, exc)
                 return True

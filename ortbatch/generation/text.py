@@ -20,12 +20,17 @@ class TextTracker:
 
     ``decode(ids) -> str`` is the tokenizer's decode with special tokens skipped (or
     ``None`` when the export has no tokenizer: text stays empty). ``push`` returns the
-    newly final text and whether a stop string was completed.
+    newly final text and whether a stop string was completed. ``include_stop``: the text
+    keeps the matched stop string (vLLM's ``include_stop_str_in_output``) instead of ending
+    before it.
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str] | None, stop: Sequence[str] = ()) -> None:
+    def __init__(
+        self, decode: Callable[[Sequence[int]], str] | None, stop: Sequence[str] = (), include_stop: bool = False
+    ) -> None:
         self._decode = decode
         self._stop = tuple(stop)
+        self._include_stop = include_stop
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
         self._ids: list[int] = []
         # Only a short window of ids is decoded per token (prefix..end, minus the text of
@@ -39,7 +44,8 @@ class TextTracker:
 
     @property
     def text(self) -> str:
-        """All text decoded so far (cut before the stop string once one matched)."""
+        """All text decoded so far (cut before the stop string once one matched, or after it
+        with ``include_stop``)."""
         return self._text
 
     def push(self, token_id: int) -> tuple[str, bool]:
@@ -64,7 +70,7 @@ class TextTracker:
             hits = [(i, s) for s in self._stop if (i := text.find(s, start)) != -1]
             if hits:
                 index, self.stop_string = min(hits)
-                self._text = text[:index]
+                self._text = text[: index + len(self.stop_string) if self._include_stop else index]
                 return self._flush(), True
         end = len(text) - self._holdback
         if end <= self._emitted:
