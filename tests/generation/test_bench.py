@@ -39,7 +39,7 @@ def test_modes_agree_and_report(bench, fake_dir: Path, tmp_path: Path, no_thread
             "--max-batch-size",
             "4",
             "--modes",
-            "sequential,static,continuous,continuous-export-graph,genai",
+            "sequential,static,continuous,continuous-logprobs,continuous-export-graph,genai",
             "--json",
             str(out_json),
             "--markdown",
@@ -49,11 +49,13 @@ def test_modes_agree_and_report(bench, fake_dir: Path, tmp_path: Path, no_thread
     assert rc == 0
     data = json.loads(out_json.read_text())
     modes = {r["mode"]: r for r in data["results"]}
-    assert set(modes) == {"sequential", "static", "continuous", "continuous-export-graph"}
+    assert set(modes) == {"sequential", "static", "continuous", "continuous-logprobs", "continuous-export-graph"}
     assert all(r["same_as_sequential"] == 10 for r in modes.values())
     assert len({r["tokens"] for r in modes.values()}) == 1
     assert "genai" in data["skipped"]  # not a Llama preset: said why, not silently dropped
     assert "| continuous |" in out_md.read_text()
+    assert "continuous-logprobs / continuous tokens/s:" in out_md.read_text()
+    assert modes["continuous-logprobs"]["note"].startswith("logprobs=5 on every row")
 
 
 def test_baselines_on_the_rewritten_graph(bench, tiny_gpt2, tmp_path: Path, no_thread_leak: None) -> None:

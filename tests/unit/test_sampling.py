@@ -152,3 +152,13 @@ def test_logprobs_and_top_k_of_a_row() -> None:
     np.testing.assert_allclose(lp[0], want, atol=1e-6)
     top = top_logprobs(lp, 3)[0]
     assert [i for i, _ in top] == [1, 2, 0]  # ties: lower id first
+
+
+def test_the_docs_table_lists_every_parameter() -> None:
+    from pathlib import Path
+
+    from ortbatch.generation.sampling import PARAMETERS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "generation.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`") for line in doc.splitlines() if line.startswith("| `")}
+    assert set(PARAMETERS) <= rows
