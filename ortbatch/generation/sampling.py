@@ -214,6 +214,30 @@ class SamplingParams:
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
+    @classmethod
+    def from_fields(cls, given: Mapping[str, Any], aliases: Mapping[str, str] | None = None) -> SamplingParams:
+        """Build from a request's fields (``None`` values mean "not given"), the way a
+        transport maps its protocol: ``aliases`` renames the protocol's field to ours
+        (``{"max_tokens": "max_new_tokens"}``), and every error names the field as the
+        client sent it. A field that is neither ours nor an alias is refused the way
+        OpenAI refuses one ("Unrecognized request argument supplied: X")."""
+        names = dict(aliases or {})
+        back = {ours: theirs for theirs, ours in names.items()}
+        values: dict[str, Any] = {}
+        for key, value in given.items():
+            ours = names.get(key, key)
+            if ours not in PARAMETERS:
+                raise InvalidInputError(f"Unrecognized request argument supplied: {key}", input_name=key)
+            if value is not None:
+                values[ours] = value
+        try:
+            return cls(**values)
+        except InvalidInputError as exc:
+            theirs = back.get(exc.input_name or "", exc.input_name)
+            if theirs == exc.input_name:
+                raise
+            raise InvalidInputError(str(exc).replace(exc.input_name or "", theirs or "", 1), input_name=theirs) from exc
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0

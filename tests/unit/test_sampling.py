@@ -162,3 +162,18 @@ def test_the_docs_table_lists_every_parameter() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "generation.md").read_text()
     rows = {line.split("|")[1].strip().strip("`") for line in doc.splitlines() if line.startswith("| `")}
     assert set(PARAMETERS) <= rows
+
+
+def test_from_fields_maps_a_protocol_and_names_its_fields() -> None:
+    aliases = {"max_tokens": "max_new_tokens"}
+    p = SamplingParams.from_fields({"max_tokens": 7, "top_p": None, "repetition_penalty": 1.2}, aliases)
+    assert (p.max_new_tokens, p.top_p, p.repetition_penalty) == (7, None, 1.2)
+    with pytest.raises(InvalidInputError, match="max_tokens must be") as info:
+        SamplingParams.from_fields({"max_tokens": -3}, aliases)
+    assert info.value.input_name == "max_tokens"
+    with pytest.raises(InvalidInputError, match="Unrecognized request argument supplied: guided_json") as info:
+        SamplingParams.from_fields({"guided_json": {}}, aliases)
+    assert info.value.input_name == "guided_json"
+    with pytest.raises(InvalidInputError, match="min_p") as info:
+        SamplingParams.from_fields({"min_p": 5}, aliases)
+    assert info.value.input_name == "min_p"
