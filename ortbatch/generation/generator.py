@@ -25,12 +25,11 @@ import numpy as np
 
 from .._lifecycle import check_positive, check_timeout, forget_live, track_live
 from ..errors import InferenceError, InvalidInputError, OrtBatchError, SessionClosedError
-from .cache import KVCache
 from .layout import load_layout
+from .prefill import Prefill
 from .requests import (
     Completion,
     ExportTokenizer,
-    GenerationRequest,
     RequestFactory,
     SamplingOptions,
     StreamToken,
@@ -39,7 +38,7 @@ from .requests import (
 from .runner import DecoderRunner, SessionFactory
 from .sampling import SamplingParams
 from .scheduler import CompactionCost, Scheduler
-from .scoring import PromptScorer, prompt_logprobs
+from .scoring import PromptScorer
 from .stats import GenerationStats, GenerationStatsRecorder
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is Python 3.11+)
@@ -139,9 +138,7 @@ class BatchedGenerator:
         )
         #: The decoder's session, its contract and the batch's KV cache.
         self.runner = DecoderRunner(self._dir, self.layout, last_position_logits=last_position_logits, **runner_args)
-        self._scorer = PromptScorer(
-            lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, **runner_args)
-        )
+        scorer = PromptScorer(lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, **runner_args))
         #: The graph rewrites applied (name -> places changed); empty when the export runs as it is.
         self.graph_rewrites = self.runner.graph_rewrites
         #: True when the graph was rewritten to return the last position's logits only.
@@ -167,6 +164,7 @@ class BatchedGenerator:
             prefill_padding=prefill_padding,
             cost=compaction_cost,
         )
+        self._prefill = Prefill(self.runner, self._scheduler, self._stats, scorer)
         # Daemon, so a process that never calls close() still exits; atexit aborts it first.
         self._thread = threading.Thread(target=self._loop, name="ortbatch-generator", daemon=True)
         self._thread.start()
@@ -205,9 +203,10 @@ class BatchedGenerator:
     ) -> Future[Completion]:
         """Queue one completion; returns a future of its :class:`Completion`.
 
-        ``params`` says how it generates (:class:`SamplingParams`; default greedy); the
-        keyword arguments ``temperature``, ``top_k``, ``top_p``, ``stop``, ``seed`` and
-        ``max_new_tokens`` are a shorthand that sets (or overrides) those fields.
+        ``params`` says how it generates (:class:`SamplingParams`; default greedy); every
+        field of it is also a keyword argument (``temperature=``, ``logprobs=``, ...) and
+        ``max_new_tokens`` the second positional one, a shorthand that sets (or overrides)
+        that field. ``n > 1`` is refused here: see :meth:`submit_choices`.
 
         Raises at once: :class:`InvalidInputError` for a bad prompt or parameter (empty,
         ids outside the vocabulary, longer than the context with ``max_new_tokens``),
@@ -378,7 +377,7 @@ class BatchedGenerator:
                 if stop:
                     break
                 keep = sched.reap()
-                joining, joined = self._prefill(admitted) if admitted else ([], [])
+                joining, joined = self._prefill.run(admitted) if admitted else ([], [])
                 lens = [int(n) for c in joining for n in c.lens]
                 plan = sched.place(keep, joined, lens, runner.cache.length, runner.cache_bytes)
                 if (copy_s := runner.seat(plan, joining)) is not None:  # learn what a copy costs
@@ -397,74 +396,6 @@ class BatchedGenerator:
             runner.reset_cache()
             sched.publish(0)
             sched.stopped()
-
-    def _prefill(self, reqs: list[GenerationRequest]) -> tuple[list[KVCache], list[GenerationRequest]]:
-        """Prefill ``reqs``; returns the caches of those still generating, and them in row order.
-
-        The choices of one prompt admitted together are prefilled once, through their leader."""
-        caches: list[KVCache] = []
-        joined: list[GenerationRequest] = []
-        admitted = {id(r) for r in reqs}
-        followers: dict[int, list[GenerationRequest]] = {}
-        leaders = []
-        for r in reqs:
-            if r.leader is not None and id(r.leader) in admitted:
-                followers.setdefault(id(r.leader), []).append(r)
-            else:
-                leaders.append(r)
-        pending = self._scheduler.prefill_groups(leaders)
-        while pending:
-            group = pending.pop(0)
-            result = self._prefill_group(group, followers)
-            if result is None:  # the group failed: split it so only a failing request fails
-                if len(group) > 1:
-                    pending[:0] = [[r] for r in group]
-                continue
-            cache, survivors = result
-            caches.append(cache)
-            joined.extend(survivors)
-        return caches, joined
-
-    def _prefill_group(
-        self, group: list[GenerationRequest], followers: dict[int, list[GenerationRequest]]
-    ) -> tuple[KVCache, list[GenerationRequest]] | None:
-        sched = self._scheduler
-        members = [m for r in group for m in (r, *followers.get(id(r), ()))]
-        t0 = time.perf_counter()
-        try:
-            logits, cache = self.runner.prefill([r.prompt for r in group])
-            scored = [self._score(r, logits, i) for i, r in enumerate(group)]
-        except OrtBatchError as exc:
-            self._stats.prefill(time.perf_counter() - t0, 0)
-            if len(group) == 1:
-                for m in members:
-                    sched.fail(m, exc)
-            return None
-        self._stats.prefill(time.perf_counter() - t0, int(cache.lens.sum()))
-        source = []  # the prefilled row each member's first token and cache come from
-        for i, r in enumerate(group):
-            for m in (r, *followers.get(id(r), ())):
-                m.prompt_logprobs = scored[i]
-                source.append(i)
-        wanting = [j for j, m in enumerate(members) if m.max_new_tokens > 0]
-        for m in members:
-            if m.max_new_tokens == 0:
-                sched.finish_without_tokens(m)
-        done = sched.next_tokens([members[j] for j in wanting], logits[:, -1], [source[j] for j in wanting])
-        keep = [j for j, d in zip(wanting, done, strict=True) if not d]
-        # Repeating a prefilled row copies its cache into each choice's row.
-        cache.keep([source[j] for j in keep])
-        return cache, [members[j] for j in keep]
-
-    def _score(self, req: GenerationRequest, logits: np.ndarray, row: int) -> Any:
-        """``req``'s prompt logprobs when it asked (from the prefill's logits when they hold every position)."""
-        k = req.params.prompt_logprobs
-        if k is None:
-            return None
-        n = int(req.prompt.shape[0])
-        if not self.runner.last_position_logits:
-            return prompt_logprobs(req.prompt, np.asarray(logits[row, logits.shape[1] - n :], np.float32), k)
-        return self._scorer.score(req.prompt, k)
 
     def _decode_step(self) -> None:
         sched, cache = self._scheduler, self.runner.cache
