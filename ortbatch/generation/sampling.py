@@ -213,6 +213,15 @@ class SamplingParams:
         # frozen: normalise through object.__setattr__ (lists become tuples, ints floats)
         for name, value in values.items():
             object.__setattr__(self, name, value)
+        # Asked once per row per step: computed here, once (not a field: eq and hash ignore it).
+        processes = bool(
+            values["logit_bias"]
+            or min_tokens
+            or values["repetition_penalty"] != 1.0
+            or values["presence_penalty"]
+            or values["frequency_penalty"]
+        )
+        object.__setattr__(self, "_processes_logits", processes)
 
     @classmethod
     def from_fields(cls, given: Mapping[str, Any], aliases: Mapping[str, str] | None = None) -> SamplingParams:
@@ -246,13 +255,7 @@ class SamplingParams:
     def processes_logits(self) -> bool:
         """Whether a logits processor applies (penalties, bias, min_tokens): then the row
         leaves the fast path and its logits are processed before the choice."""
-        return bool(
-            self.logit_bias
-            or self.min_tokens
-            or self.repetition_penalty != 1.0
-            or self.presence_penalty
-            or self.frequency_penalty
-        )
+        return bool(self._processes_logits)  # type: ignore[attr-defined]
 
     @property
     def extras(self) -> bool:
