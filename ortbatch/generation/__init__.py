@@ -14,11 +14,13 @@ from __future__ import annotations
 from .chat import ChatTemplate
 from .generator import BatchedGenerator, Completion, GenerationStats, StreamToken
 from .layout import GenerationLayout, generation_section
+from .processors import TokenLogprob
 from .rewrites import RewrittenGraph, rewrite_decoder
-from .sampling import SamplingParams
+from .sampling import PARAMETERS, SamplingParams
 from .scheduler import CompactionCost
 
 __all__ = [
+    "PARAMETERS",
     "BatchedGenerator",
     "ChatTemplate",
     "CompactionCost",
@@ -28,6 +30,7 @@ __all__ = [
     "RewrittenGraph",
     "SamplingParams",
     "StreamToken",
+    "TokenLogprob",
     "generation_section",
     "rewrite_decoder",
 ]
