@@ -235,3 +235,30 @@ def test_n_choices_share_one_prefill_and_repeat_with_a_seed(tiny_gpt2: TinyModel
     assert stream == dict(enumerate(seqs))
     ref = tiny_gpt2.reference(PROMPTS[4], 12)
     assert [list(c.token_ids) for c in greedy] == [ref] * 3
+
+
+def test_seeded_plain_rows_are_untouched_by_rows_with_extras(tiny_gpt2: TinyModel, no_thread_leak: None) -> None:
+    """A sampled row draws the same tokens beside penalised, biased and logprob rows as alone;
+    streamed tokens carry the logprobs the whole completion reports."""
+    sampled = SamplingParams(max_new_tokens=NEW, temperature=0.8, top_k=40, seed=21)
+    busy = [
+        SamplingParams(max_new_tokens=NEW, repetition_penalty=1.5, logprobs=2),
+        SamplingParams(max_new_tokens=NEW, temperature=0.7, seed=4, frequency_penalty=1.0, logit_bias={8: 4}),
+        SamplingParams(max_new_tokens=NEW, min_tokens=3, presence_penalty=0.5),
+    ]
+    with BatchedGenerator(tiny_gpt2.export, max_batch_size=8) as gen:
+        alone = gen.generate(PROMPTS[6], params=sampled)
+        mixed = together(gen, [(PROMPTS[6], sampled), *[(p, b) for p, b in zip(PROMPTS, busy, strict=False)]])
+
+        async def streamed() -> list:
+            return [tok async for tok in gen.stream(PROMPTS[0], params=busy[0])]
+
+        tokens = asyncio.run(streamed())
+    assert mixed[0].token_ids == alone.token_ids
+    assert tuple(t.token_id for t in tokens) == mixed[1].token_ids
+    streamed_lps, whole = [t.logprob for t in tokens], mixed[1].logprobs
+    assert whole is not None and all(lp is not None for lp in streamed_lps)
+    # alone and in a batch of four, the model's float sums differ in the last bits
+    for a, b in zip(streamed_lps, whole, strict=True):
+        assert a is not None and a.token_id == b.token_id and [i for i, _ in a.top] == [i for i, _ in b.top]
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
