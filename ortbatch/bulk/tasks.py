@@ -72,7 +72,8 @@ _MIN_CUT_CHARS = 8192
 @dataclass(frozen=True)
 class RowFailure:
     """Why one row has no result: ``kind`` (``too_long``, ``invalid_utf8``,
-    ``invalid_input``, ``inference``, ...) and a message naming what was wrong."""
+    ``invalid_input``, ``rejected`` by the model, ``inference`` failed, ...) and a message
+    naming what was wrong."""
 
     kind: str
     message: str
@@ -329,7 +330,9 @@ class Encoder:
             per_row = self.session.collator.split(dict(zip(names, outs, strict=True)), state)
         except (InferenceError, InvalidInputError) as exc:
             if len(chunk) == 1:
-                kind = "inference" if isinstance(exc, InferenceError) else "invalid_input"
+                # the runtime maps values ONNX Runtime refuses (ids past the vocabulary) to
+                # InvalidInputError: the model rejected this row; InferenceError: it failed
+                kind = "inference" if isinstance(exc, InferenceError) else "rejected"
                 out[chunk[0]] = RowFailure(kind, f"the model failed on this row: {exc}")
                 return
             # split and retry: only the row that fails fails
