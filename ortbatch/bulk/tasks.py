@@ -405,13 +405,16 @@ class EmbeddingHead(Head):
 
     def vector(self, out: np.ndarray, mask: np.ndarray) -> np.ndarray:
         if out.ndim == 2:
-            v = out[0].astype(np.float32, copy=False)
+            v = out.astype(np.float32, copy=False)
         else:
             m = mask[:, : out.shape[1], None].astype(np.float32)
-            v = ((out.astype(np.float32) * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9))[0]
+            v = (out.astype(np.float32) * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        v = v.astype(np.float32, copy=False)
         if self.normalize:
-            v = v / np.maximum(np.linalg.norm(v), 1e-12)
-        return v.astype(np.float32, copy=False)
+            # the norm of a [1, dim] row along axis 1, as serve takes it: a 1-D norm is a
+            # BLAS dot product and can differ in the last bit
+            v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+        return np.asarray(v[0], dtype=np.float32)
 
     def value(self, out: np.ndarray, item: _Encoded, row: Row) -> dict[str, Any]:
         mask = item.feed.get("attention_mask")
