@@ -666,10 +666,18 @@ class GenerationTask(Task):
 
 
 def export_task(export_dir: Path) -> str | None:
-    """The export's task from its manifest (None without one)."""
+    """The export's task from its manifest; without one (an optimum export), a causal-LM
+    ``config.json`` is a text-generation export (BatchedGenerator reads those too)."""
     if (export_dir / MANIFEST_NAME).is_file():
         task = Manifest.load(export_dir).source.get("task")
         return task if isinstance(task, str) else None
+    try:
+        config = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    if isinstance(archs, list) and any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return "text-generation-with-past"
     return None
 
 
