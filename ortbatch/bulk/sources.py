@@ -256,31 +256,33 @@ class Source:
         rid = record.get(o.id_column) if o.id_column else None
         if self.batch_api:
             return _batch_row(index, record)
-        text = record.get(o.text_column)
-        if text is None:
-            return Row(index, rid, error=("invalid_input", f"the row has no {o.text_column!r} column"))
-        if isinstance(text, bytes):
-            try:
-                text = text.decode("utf-8")
-            except UnicodeDecodeError:
-                return Row(index, rid, error=("invalid_utf8", f"column {o.text_column!r} is not valid UTF-8"))
-        if not isinstance(text, str):
-            return Row(index, rid, error=("invalid_input", f"column {o.text_column!r} is not a string: {text!r:.60}"))
-        if _utf8_problem(text):
-            return Row(index, rid, error=("invalid_utf8", f"column {o.text_column!r} is not valid UTF-8"))
-        pair = None
+        text = _text(record, o.text_column)
+        if isinstance(text, tuple):
+            return Row(index, rid, error=text)
+        pair: str | None = None
         if o.pair_column:
-            pair = record.get(o.pair_column)
-            if isinstance(pair, bytes):
-                try:
-                    pair = pair.decode("utf-8")
-                except UnicodeDecodeError:
-                    return Row(index, rid, error=("invalid_utf8", f"column {o.pair_column!r} is not valid UTF-8"))
-            if not isinstance(pair, str):
-                return Row(index, rid, error=("invalid_input", f"column {o.pair_column!r} is missing or not a string"))
-            if _utf8_problem(pair):
-                return Row(index, rid, error=("invalid_utf8", f"column {o.pair_column!r} is not valid UTF-8"))
+            second = _text(record, o.pair_column)
+            if isinstance(second, tuple):
+                return Row(index, rid, error=second)
+            pair = second
         return Row(index, rid, text, pair)
+
+
+def _text(record: dict[str, Any], column: str) -> str | tuple[str, str]:
+    """The text in ``column``, or the failure (kind, reason) of a row without one."""
+    text = record.get(column)
+    if text is None:
+        return ("invalid_input", f"the row has no {column!r} column")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return ("invalid_utf8", f"column {column!r} is not valid UTF-8")
+    if not isinstance(text, str):
+        return ("invalid_input", f"column {column!r} is not a string: {text!r:.60}")
+    if _utf8_problem(text):
+        return ("invalid_utf8", f"column {column!r} is not valid UTF-8")
+    return text
 
 
 def _batch_row(index: int, doc: dict[str, Any]) -> Row:
