@@ -105,6 +105,7 @@ def check_rows(export: Path, texts: list[str], out: Path, sample: int, seed: int
         raise SystemExit("output rows are not the input rows in order")
     picks = range(len(texts)) if sample == 0 else sorted(random.Random(seed).sample(range(len(texts)), sample))
     tok = Tokenizer.from_file(str(export / "tokenizer.json"))
+    tok.no_padding()  # MiniLM's tokenizer.json pads to 128: each row alone is its own length
     tok.enable_truncation(max_length=256)
     emb = table.column("embedding")
     worst = 1.0
