@@ -34,7 +34,8 @@ __all__ = ["EXIT_ROW_ERRORS", "RunConfig", "RunSummary", "run"]
 EXIT_ROW_ERRORS = 3
 #: test seam: ``SHARD:POINT`` makes the process SIGKILL itself at that point of that shard
 #: (POINT: ``computed`` before anything is written, ``written`` with the part file written
-#: but not yet renamed, ``renamed`` before the shard's manifest, ``committed`` after it)
+#: but not yet renamed, ``renamed`` before the shard's manifest, ``committed`` after it);
+#: ``SHARD:POINT:INT`` sends SIGINT instead (Ctrl-C)
 KILL_ENV = "ORTBATCH_RUN_KILL_AT"
 
 
@@ -160,11 +161,12 @@ def _kill_hook() -> Callable[[int, str], None]:
     target = os.environ.get(KILL_ENV, "")
     if not target:
         return lambda shard, point: None
-    shard_s, _, where = target.partition(":")
+    shard_s, where, *how = target.split(":")
+    sig = signal.SIGINT if how == ["INT"] else signal.SIGKILL
 
     def hook(shard: int, point: str) -> None:
         if str(shard) == shard_s and point == where:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
 
     return hook
 

@@ -126,6 +126,21 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_bytes(
     assert not list(out.glob(".*.tmp")) and not list((out / "_shards").glob(".*"))
 
 
+def test_ctrl_c_keeps_the_committed_shards_and_a_rerun_completes_them(
+    encoder: Path, reference_run: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    src, want = reference_run
+    out = tmp_path / "out"
+    args = (str(encoder), str(src), "-o", str(out), "--window", "8")
+    stopped = cli(*args, env={"ORTBATCH_RUN_KILL_AT": "2:written:INT"})  # Ctrl-C while shard 2 is written
+    assert stopped.returncode == 130, stopped.stderr
+    assert "rerun the same command to resume" in stopped.stderr and "Traceback" not in stopped.stderr
+    assert len(list((out / "_shards").glob("*.json"))) == 2
+    again = cli(*args)
+    assert again.returncode == 3 and "resumed after 16 rows" in again.stderr
+    assert _output_bytes(out) == want
+
+
 def test_resume_refuses_other_settings_and_restart_starts_over(encoder: Path, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in mixed_texts(10, seed=4)])
     out = tmp_path / "out"
