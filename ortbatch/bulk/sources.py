@@ -25,7 +25,7 @@ from typing import Any
 from .._extras import require
 from ..errors import InvalidInputError
 
-__all__ = ["INPUT_FORMATS", "Row", "Source", "SourceOptions", "open_source"]
+__all__ = ["INPUT_FORMATS", "InputError", "Row", "Source", "SourceOptions", "open_source"]
 
 #: ``--input-format`` values; ``auto`` goes by the file suffix (and a first JSONL line that
 #: holds ``custom_id``, ``url`` and ``body`` is an OpenAI Batch API file)
@@ -38,6 +38,13 @@ _SUFFIXES = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
+
+
+class InputError(InvalidInputError):
+    """The input path cannot be read as asked (missing, no input files, an unknown format):
+    a bad argument (exit 2). A bad *row* is never raised: it fails into the errors file."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -177,20 +184,20 @@ class Source:
         self.path = Path(path)
         self.options = options
         if options.input_format not in INPUT_FORMATS:
-            raise InvalidInputError(f"input format must be one of {list(INPUT_FORMATS)}, got {options.input_format!r}")
+            raise InputError(f"input format must be one of {list(INPUT_FORMATS)}, got {options.input_format!r}")
         if not self.path.exists():
-            raise InvalidInputError(f"input {self.path} does not exist")
+            raise InputError(f"input {self.path} does not exist")
         if self.path.is_dir():
             files = sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix.lower() in _SUFFIXES)
             if not files:
-                raise InvalidInputError(f"input folder {self.path} holds no {'/'.join(sorted(_SUFFIXES))} files")
+                raise InputError(f"input folder {self.path} holds no {'/'.join(sorted(_SUFFIXES))} files")
         else:
             files = [self.path]
         self.files: list[Path] = files
         kinds = [self._kind(p) for p in files]
         self.batch_api = any(k == "openai-batch" for k in kinds)
         if self.batch_api and not all(k == "openai-batch" for k in kinds):
-            raise InvalidInputError(f"{self.path} mixes OpenAI Batch API files with other input files")
+            raise InputError(f"{self.path} mixes OpenAI Batch API files with other input files")
         self._readers: list[_Reader] = [self._reader(p, k, batch_rows) for p, k in zip(files, kinds, strict=True)]
 
     def _kind(self, path: Path) -> str:
@@ -198,7 +205,7 @@ class Source:
         if fmt == "auto":
             fmt = _SUFFIXES.get(path.suffix.lower(), "")
             if not fmt:
-                raise InvalidInputError(
+                raise InputError(
                     f"cannot tell the format of {path} from its suffix; pass --input-format "
                     f"({', '.join(INPUT_FORMATS[1:])})"
                 )

@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bulk import RunConfig
     from ..bulk import run as run_job
+    from ._target import export_target
+
+    export = export_target(args.export, need_manifest=False)
 
     config = RunConfig(
         text_column=args.text_column,
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         progress_every_s=args.progress_every,
     )
     try:
-        summary = run_job(args.export, args.input, args.output, config)
+        summary = run_job(export, args.input, args.output, config)
     except KeyboardInterrupt:
         print(
             "ortbatch run: interrupted; the committed shards are kept: rerun the same command to resume",

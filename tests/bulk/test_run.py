@@ -160,9 +160,14 @@ def test_resume_refuses_other_settings_and_restart_starts_over(encoder: Path, tm
 
 def test_cli_bad_arguments_are_one_line_errors(encoder: Path, tmp_path: Path) -> None:
     proc = cli(str(encoder), str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "out"))
-    assert proc.returncode != 0 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
     proc = cli(str(tmp_path), str(tmp_path), "-o", str(tmp_path / "out"))
-    assert proc.returncode != 0 and "not an export" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "is not an export" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("x")
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "hello"}])
+    proc = cli(str(encoder), str(src), "-o", str(tmp_path / "taken"))
+    assert proc.returncode == 2 and "did not write" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_progress_lines_when_not_a_terminal(encoder: Path, tmp_path: Path) -> None:
