@@ -153,13 +153,11 @@ class _ParquetReader(_Reader):
     def records(self, skip: int) -> Iterator[tuple[dict[str, Any] | None, tuple[str, str] | None]]:
         columns = self._columns()
         meta = self._file.metadata
-        groups = []
-        for g in range(meta.num_row_groups):  # skip whole row groups without reading them
-            n = meta.row_group(g).num_rows
-            if skip >= n:
-                skip -= n
-                continue
-            groups.append(g)
+        first = 0
+        while first < meta.num_row_groups and skip >= meta.row_group(first).num_rows:
+            skip -= meta.row_group(first).num_rows  # leading row groups skipped unread
+            first += 1
+        groups = list(range(first, meta.num_row_groups))
         if not groups:
             return
         for batch in self._file.iter_batches(batch_size=self.batch_rows, row_groups=groups, columns=columns):

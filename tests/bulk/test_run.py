@@ -141,6 +141,33 @@ def test_ctrl_c_keeps_the_committed_shards_and_a_rerun_completes_them(
     assert _output_bytes(out) == want
 
 
+@pytest.mark.parametrize("kind", ["parquet", "csv", "folder"])
+def test_resume_skips_exactly_the_committed_rows_of_each_input_kind(encoder: Path, tmp_path: Path, kind: str) -> None:
+    texts = mixed_texts(17, seed=6)
+    if kind == "parquet":
+        src = tmp_path / "in.parquet"
+        pq.write_table(pa.table({"text": texts}), src, row_group_size=4)  # resume points inside row groups
+    elif kind == "csv":
+        src = tmp_path / "in.csv"
+        with open(src, "w", newline="") as f:
+            csv.writer(f).writerows([["text"], *([t.replace(" ", "\n", 1)] for t in texts)])  # quoted newlines
+    else:
+        src = tmp_path / "in"
+        src.mkdir()
+        write_jsonl(src / "a.jsonl", [{"text": t} for t in texts[:5]])
+        pq.write_table(pa.table({"text": texts[5:11]}), src / "b.parquet", row_group_size=4)
+        write_jsonl(src / "c.jsonl", [{"text": t} for t in texts[11:]])
+    out = tmp_path / "out"
+    ortbatch.run(encoder, src, out, window=3, progress=False)
+    want = _output_bytes(out)
+    # as after a crash once shard 1 was committed: later shards' manifests gone, their files left over
+    for p in sorted((out / "_shards").glob("*.json"))[2:]:
+        p.unlink()
+    again = ortbatch.run(encoder, src, out, window=3, progress=False)
+    assert again.resumed_rows == 6 and again.rows == 17
+    assert _output_bytes(out) == want
+
+
 def test_resume_refuses_other_settings_and_restart_starts_over(encoder: Path, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in mixed_texts(10, seed=4)])
     out = tmp_path / "out"
