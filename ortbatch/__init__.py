@@ -44,6 +44,10 @@ __all__ = [
     "validate",
     "ValidationReport",
     "Manifest",
+    # bulk jobs (ortbatch run)
+    "run",
+    "RunConfig",
+    "RunSummary",
     # errors
     "OrtBatchError",
     "InvalidInputError",
@@ -73,9 +77,13 @@ _LAZY = {
     "export_model": "ortbatch.export",
     "validate": "ortbatch.export",
     "ValidationReport": "ortbatch.export",
+    "run": "ortbatch.bulk",
+    "RunConfig": "ortbatch.bulk",
+    "RunSummary": "ortbatch.bulk",
 }
 
 if _typing.TYPE_CHECKING:  # pragma: no cover
+    from .bulk import RunConfig, RunSummary, run
     from .export import ValidationReport, export_model, validate
     from .generation import BatchedGenerator, Completion
     from .runtime.collate import Collator, PaddingCollator

@@ -1,0 +1,218 @@
+"""OpenAI Batch API files: each line ``{"custom_id", "method", "url", "body"}`` is answered
+with one line of the Batch API's output format::
+
+    {"id": "batch_req_...", "custom_id": "...",
+     "response": {"status_code": 200, "request_id": "req_...", "body": {...}}, "error": null}
+
+``body`` is what ``ortbatch serve`` answers to the same request at ``url``. Lines that
+succeed go to the output (``part-*.jsonl``); lines that fail go to the errors file in the
+same shape, with ``status_code`` 400 (a bad request), 404 (a url this export does not
+serve) or 500 (the model failed) and an OpenAI error object as the body — the split
+OpenAI makes between a batch's output and error files. A line that is not a request at
+all (not JSON, no ``custom_id``) has ``response: null`` and ``error: {code, message, line}``.
+The ``id`` and ``request_id`` are derived from the line's number and ``custom_id``, so a
+resumed run writes the same bytes as an uninterrupted one.
+
+Served today: ``/v1/embeddings`` (``input``: a string, strings, token ids or lists of them;
+``encoding_format`` ``float`` or ``base64``; ``dimensions`` equal to the model's;
+``truncate``, an ortbatch extension, default off). ``/v1/completions`` and
+``/v1/chat/completions`` lines are answered 404 for now: their answers are built inside
+``ortbatch.serve`` and will be shared once that code sits below both.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .sources import Row
+from .tasks import EmbeddingHead, EncoderTask, Field, Outcome, RowFailure, Task
+
+__all__ = ["BatchApiTask", "batch_error_line"]
+
+EMBEDDINGS_URL = "/v1/embeddings"
+COMPLETION_URLS = ("/v1/completions", "/v1/chat/completions")
+_STATUS = {"unsupported_url": 404, "inference": 500}
+
+
+def _ids(row: Row) -> tuple[str, str]:
+    seed = f"{row.index}\0{row.id}".encode()
+    digest = hashlib.sha256(seed).hexdigest()
+    return "batch_req_" + digest[:24], "req_" + digest[24:48]
+
+
+def batch_error_line(row: Row, failure: RowFailure) -> dict[str, Any]:
+    """The Batch API output line of a line that failed."""
+    line_id, request_id = _ids(row)
+    if row.body is None and failure.kind in ("invalid_json", "invalid_utf8", "invalid_request") and row.id is None:
+        return {
+            "id": line_id,
+            "custom_id": None,
+            "response": None,
+            "error": {"code": failure.kind, "message": failure.message, "line": row.index + 1},
+        }
+    status = _STATUS.get(failure.kind, 400)
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = {"error": {"message": failure.message, "type": kind, "param": None, "code": failure.kind}}
+    return {
+        "id": line_id,
+        "custom_id": row.id,
+        "response": {"status_code": status, "request_id": request_id, "body": body},
+        "error": None,
+    }
+
+
+def _inputs(body: dict[str, Any]) -> list[str] | list[list[int]] | RowFailure:
+    value = body.get("input")
+
+    def is_ids(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(x, str) for x in value):
+            return value
+        if is_ids(value):
+            return [value]
+        if all(is_ids(x) for x in value):
+            return value
+    return RowFailure(
+        "invalid_request",
+        "'input' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists",
+    )
+
+
+class BatchApiTask(Task):
+    """Batch API lines over an embedding :class:`EncoderTask` (its encoder and head)."""
+
+    kind = "openai-batch"
+
+    def __init__(self, inner: EncoderTask | None, model_name: str, reason: str = "") -> None:
+        self.inner = inner
+        self.model_name = model_name
+        # why /v1/embeddings is not served by this export ("" when it is)
+        self.reason = reason
+
+    @property
+    def fields(self) -> list[Field]:
+        return [Field("line", "json")]
+
+    def record(self, row: Row, result: dict[str, Any], with_id: bool) -> dict[str, Any]:
+        line: dict[str, Any] = result["line"]
+        return line
+
+    def error_record(self, row: Row, failure: RowFailure) -> dict[str, Any]:
+        return batch_error_line(row, failure)
+
+    def run(self, rows: Sequence[Row]) -> list[Outcome]:
+        out: list[Outcome | None] = [None] * len(rows)
+        # every input of every embeddings line, flattened: (row position, truncate, input)
+        flat: list[tuple[int, bool, Any]] = []
+        formats: dict[int, str] = {}
+        for i, row in enumerate(rows):
+            if row.error is not None:
+                out[i] = RowFailure(*row.error)
+                continue
+            url, body = row.text, row.body or {}
+            if url in COMPLETION_URLS:
+                out[i] = RowFailure(
+                    "unsupported_url", f"{url} lines are not answered by `ortbatch run` yet (only {EMBEDDINGS_URL})"
+                )
+                continue
+            if url != EMBEDDINGS_URL:
+                out[i] = RowFailure("unsupported_url", f"unknown url {str(url)[:80]!r}; served: {EMBEDDINGS_URL}")
+                continue
+            if self.inner is None:
+                out[i] = RowFailure("unsupported_url", f"this export does not serve embeddings: {self.reason}")
+                continue
+            checked = self._check(body)
+            if isinstance(checked, RowFailure):
+                out[i] = checked
+                continue
+            inputs, fmt, truncate = checked
+            formats[i] = fmt
+            flat.extend((i, truncate, x) for x in inputs)
+        tokens = 0
+        if flat and self.inner is not None:
+            head = self.inner.head
+            assert isinstance(head, EmbeddingHead)
+            encoded: list[Any] = [None] * len(flat)
+            for flag in (False, True):
+                where = [k for k, (_, t, _) in enumerate(flat) if t == flag]
+                if where:
+                    for k, e in zip(where, self.inner.encoder.encode([flat[k][2] for k in where], flag), strict=True):
+                        encoded[k] = e
+            outs = self.inner.encoder.infer(encoded, [head.output])
+            per_row: dict[int, list[Any]] = {}
+            for (i, _, _), enc, res in zip(flat, encoded, outs, strict=True):
+                bucket = per_row.setdefault(i, [])
+                if isinstance(res, RowFailure):
+                    bucket.append(res)
+                    continue
+                try:
+                    bucket.append((head.value(res[0], enc, rows[i])["embedding"], enc.tokens))
+                except Exception as exc:
+                    bucket.append(RowFailure("inference", str(exc)))
+            for i, parts in per_row.items():
+                failed = next((p for p in parts if isinstance(p, RowFailure)), None)
+                if failed is not None:
+                    k = next(n for n, p in enumerate(parts) if isinstance(p, RowFailure))
+                    out[i] = RowFailure(failed.kind, f"input[{k}]: {failed.message}")
+                    continue
+                used = sum(t for _, t in parts)
+                tokens += used
+                out[i] = {"line": self._line(rows[i], [v for v, _ in parts], used, formats[i])}
+        self.last_tokens = tokens
+        return [o if o is not None else RowFailure("inference", "no result") for o in out]
+
+    def _check(self, body: dict[str, Any]) -> tuple[list[Any], str, bool] | RowFailure:
+        inputs = _inputs(body)
+        if isinstance(inputs, RowFailure):
+            return inputs
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            return RowFailure("invalid_request", f"encoding_format must be 'float' or 'base64', got {str(fmt)[:40]!r}")
+        truncate = body.get("truncate", False)
+        if not isinstance(truncate, bool):
+            return RowFailure("invalid_request", f"'truncate' must be true or false, got {str(truncate)[:40]}")
+        dims = body.get("dimensions")
+        assert self.inner is not None
+        head = self.inner.head
+        assert isinstance(head, EmbeddingHead)
+        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != head.dim):
+            return RowFailure(
+                "invalid_request",
+                f"dimensions: this model's embeddings have {head.dim} dimensions, got {str(dims)[:40]}",
+            )
+        return list(inputs), str(fmt), truncate
+
+    def _line(self, row: Row, vectors: list[np.ndarray], tokens: int, fmt: str) -> dict[str, Any]:
+        data = []
+        for i, v in enumerate(vectors):
+            value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else v.tolist()
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        body = {
+            "object": "list",
+            "data": data,
+            "model": self.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        line_id, request_id = _ids(row)
+        return {
+            "id": line_id,
+            "custom_id": row.id,
+            "response": {"status_code": 200, "request_id": request_id, "body": body},
+            "error": None,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "inner": self.inner.describe() if self.inner is not None else None}
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()

@@ -1,0 +1,707 @@
+"""What ``ortbatch run`` computes for one window of rows: the task interface and its
+implementations for each kind of export.
+
+A :class:`Task` takes rows (texts in) and returns, for each row and in the same order,
+either a result (a ``dict`` of output fields) or a :class:`RowFailure` (kind and reason);
+it never raises for one bad row. The job (:mod:`ortbatch.bulk.job`) owns windows, order,
+shards and resume; a task owns only "rows → outcomes", so swapping how a kind of export is
+computed is a change here alone.
+
+Encoder exports (:class:`EncoderTask`) tokenize the window at once, sort its rows by token
+length, cut the sorted order into batches (at most ``max_batch_size`` rows, and at most
+``max_batch_tokens`` padded tokens when the export sets it), pad each batch with the
+session's own collator and run it as one request of the :class:`~ortbatch.BatchedSession`
+(which keeps several in flight). Batch composition is therefore a function of the input
+alone, never of timing, so a resumed run computes exactly what an uninterrupted one does.
+A batch whose run fails is split in halves and each half retried, down to the single row
+that fails; the others still get their outputs.
+
+Heads turn a row's model outputs into its fields, by the export's task:
+
+* ``feature-extraction`` (and sentence-similarity): ``embedding``, pooled and L2-normalized
+  as ``ortbatch serve``'s ``/v1/embeddings`` does today (:class:`EmbeddingHead`);
+* ``text-classification`` with one logit (a cross-encoder): ``score`` = sigmoid(logit);
+  with several: ``label`` and ``scores`` (softmax), as ``/v1/classify``;
+* ``token-classification``: ``entities`` (spans with character offsets);
+* ``text-generation``: :class:`GenerationTask`, through a
+  :class:`~ortbatch.BatchedGenerator` (continuous batching).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._extras import require
+from ..errors import InferenceError, InvalidInputError, OrtBatchError, UnsupportedModelError
+from ..manifest import MANIFEST_NAME, Manifest
+from .sources import Row
+
+__all__ = [
+    "EMBEDDING_TASKS",
+    "EncoderTask",
+    "Field",
+    "GenerationTask",
+    "Outcome",
+    "RowFailure",
+    "Task",
+    "TaskOptions",
+    "task_for",
+]
+
+EMBEDDING_TASKS = frozenset({"feature-extraction", "sentence-similarity", "sentence-embeddings"})
+GENERATION_TASKS = frozenset({"text-generation", "text-generation-with-past"})
+# already-pooled outputs first, then token embeddings (pooled here): serve's order
+_POOLED_OUTPUTS = ("sentence_embedding", "sentence_embeddings", "embeddings")
+_TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
+# a text over this many characters is refused before it is tokenized when the export has
+# no token limit to cut at; with one, texts are cut to limit x 32 characters (at least
+# 8192) first, so tokenizing costs only the part that can be kept (as `ortbatch serve`)
+DEFAULT_MAX_TEXT_CHARS = 100_000
+_CHARS_PER_TOKEN = 32
+_MIN_CUT_CHARS = 8192
+
+
+@dataclass(frozen=True)
+class RowFailure:
+    """Why one row has no result: ``kind`` (``too_long``, ``invalid_utf8``,
+    ``invalid_input``, ``rejected`` by the model, ``inference`` failed, ...) and a message
+    naming what was wrong."""
+
+    kind: str
+    message: str
+
+
+#: one row's result (its output fields) or why it failed
+Outcome = dict[str, Any] | RowFailure
+
+
+@dataclass(frozen=True)
+class Field:
+    """One output column: ``kind`` is ``int64``, ``float64``, ``string``, ``vector``
+    (a fixed-size list of ``size`` numbers of ``dtype``) or ``entities``."""
+
+    name: str
+    kind: str
+    size: int | None = None
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """How rows are computed (the parts of :class:`~ortbatch.bulk.RunConfig` a task reads)."""
+
+    truncate: bool = False
+    normalize: bool = True
+    max_batch_size: int | None = None
+    providers: Any = None
+    max_new_tokens: int = 64
+    #: most rows queued in the runtime at once (at least one window's)
+    max_queue: int = 8192
+
+
+class Task(abc.ABC):
+    """Rows in, one :data:`Outcome` per row out (same order). Never raises for a row."""
+
+    #: the export's task as this job computes it (``embedding``, ``classification``, ...)
+    kind: str = ""
+    #: the export's name (its directory's), as answers name the model
+    model_name: str = "model"
+
+    @property
+    @abc.abstractmethod
+    def fields(self) -> list[Field]:
+        """The output columns every result holds."""
+
+    @abc.abstractmethod
+    def run(self, rows: Sequence[Row]) -> list[Outcome]:
+        """Compute ``rows``; a row with :attr:`Row.error` fails with that reason."""
+
+    #: real tokens (not padding) the last :meth:`run` used, for the progress line
+    last_tokens: int = 0
+
+    def record(self, row: Row, result: dict[str, Any], with_id: bool) -> dict[str, Any]:
+        """The output record of a row that succeeded: ``row`` (its number in the input),
+        ``id`` (with ``--id-column``), then the task's fields."""
+        rec: dict[str, Any] = {"row": row.index}
+        if with_id:
+            rec["id"] = row.id
+        rec.update(result)
+        return rec
+
+    def error_record(self, row: Row, failure: RowFailure) -> dict[str, Any]:
+        """The errors-file record of a row that failed: its number, id, kind and reason."""
+        return {"row": row.index, "id": row.id, "error": failure.kind, "message": failure.message}
+
+    def describe(self) -> dict[str, Any]:
+        """What a resumed run must agree on (kept in the run manifest)."""
+        return {"kind": self.kind, "fields": [f.__dict__ for f in self.fields]}
+
+    def close(self) -> None:  # noqa: B027 - optional for tasks that own nothing
+        """Release the runtime."""
+
+
+# -- the encoder core ----------------------------------------------------------------------
+class _Encoded:
+    """One tokenized item: the session feed, its real token count, the Encoding."""
+
+    __slots__ = ("encoding", "feed", "tokens")
+
+    def __init__(self, feed: dict[str, np.ndarray], tokens: int, encoding: Any) -> None:
+        self.feed = feed
+        self.tokens = tokens
+        self.encoding = encoding
+
+
+class Encoder:
+    """An encoder export's :class:`~ortbatch.BatchedSession` and tokenizer, and the
+    deterministic batching described in the module docs."""
+
+    def __init__(self, export_dir: Path, options: TaskOptions) -> None:
+        from ..runtime.session import BatchedSession
+
+        self.directory = export_dir
+        self.manifest = Manifest.load(export_dir) if (export_dir / MANIFEST_NAME).is_file() else None
+        tok_path = export_dir / "tokenizer.json"
+        if not tok_path.is_file():
+            raise UnsupportedModelError(f"{export_dir} has no tokenizer.json: `ortbatch run` needs one to read text")
+        tokenizers = require("tokenizers", "bulk")
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(tok_path))
+        self.tokenizer.no_padding()  # each row is padded by the session's collator
+        self.max_length = self.manifest.max_sequence_length if self.manifest is not None else None
+        self._cut_at: int | None = None
+        if self.max_length:
+            self.tokenizer.enable_truncation(max_length=self.max_length)
+            self._cut_at = max(self.max_length * _CHARS_PER_TOKEN, _MIN_CUT_CHARS)
+        self.session = BatchedSession(
+            export_dir,
+            max_batch_size=options.max_batch_size,
+            max_queue=options.max_queue,
+            providers=options.providers,
+            # one session: a batch that runs alone must compute what it computes in a
+            # loaded one, so results never depend on timing
+            latency_session=False,
+        )
+        self.input_names = list(self.session.input_names)
+        known = {"input_ids", "attention_mask", "token_type_ids"}
+        if "input_ids" not in self.input_names or not known.issuperset(self.input_names):
+            self.session.close()
+            raise UnsupportedModelError(
+                f"the model's inputs {self.input_names} are not input_ids/attention_mask/token_type_ids, "
+                "so text cannot be tokenized for it"
+            )
+        self._dtypes = {i.name: _ort_dtype(i.type) for i in self.session.get_inputs()}
+        self.vocab_limit = _config_vocab(export_dir / "config.json")
+        # what `ortbatch tune` chose caps a batch's padded tokens, as it caps the session's
+        tuned = self.manifest.runtime if self.manifest is not None else {}
+        self.max_batch_tokens: int | None = tuned.get("max_batch_tokens")
+
+    @property
+    def task(self) -> str | None:
+        task = self.manifest.source.get("task") if self.manifest is not None else None
+        return task if isinstance(task, str) else None
+
+    def outputs(self) -> list[Any]:
+        return list(self.session.get_outputs())
+
+    def encode(self, items: Sequence[str | tuple[str, str] | list[int]], truncate: bool) -> list[_Encoded | RowFailure]:
+        """Tokenize texts, ``(first, second)`` pairs or token-id lists; an item over the
+        model's limit is a ``too_long`` failure unless ``truncate``."""
+        out: list[_Encoded | RowFailure | None] = [None] * len(items)
+        texts: list[Any] = []
+        where: list[int] = []
+        for i, item in enumerate(items):
+            if isinstance(item, list):
+                ids = item
+                if self.max_length and len(ids) > self.max_length:
+                    if not truncate:
+                        out[i] = RowFailure("too_long", self._too_long(len(ids)))
+                        continue
+                    ids = ids[: self.max_length]
+                if self.vocab_limit and any(not 0 <= t < self.vocab_limit for t in ids):
+                    bad = next(t for t in ids if not 0 <= t < self.vocab_limit)
+                    out[i] = RowFailure(
+                        "invalid_input", f"token id {bad} is outside the vocabulary [0, {self.vocab_limit})"
+                    )
+                    continue
+                if not ids:
+                    out[i] = RowFailure("invalid_input", "an empty list of token ids")
+                    continue
+                out[i] = _Encoded(self._feed(ids, None, None), len(ids), None)
+                continue
+            parts = item if isinstance(item, tuple) else (item,)
+            cut = []
+            failed = False
+            for t in parts:
+                if self._cut_at is not None:
+                    t = t[: self._cut_at]
+                elif len(t) > DEFAULT_MAX_TEXT_CHARS:
+                    out[i] = RowFailure(
+                        "too_long", f"the text has {len(t)} characters; at most {DEFAULT_MAX_TEXT_CHARS} are taken"
+                    )
+                    failed = True
+                    break
+                cut.append(t)
+            if failed:
+                continue
+            texts.append(tuple(cut) if len(cut) == 2 else cut[0])
+            where.append(i)
+        if texts:
+            for i, enc in zip(where, self.tokenizer.encode_batch(texts), strict=True):
+                if enc.overflowing and not truncate:
+                    out[i] = RowFailure("too_long", self._too_long(None))
+                    continue
+                out[i] = _Encoded(
+                    self._feed(enc.ids, enc.attention_mask, enc.type_ids), int(sum(enc.attention_mask)), enc
+                )
+        return [o if o is not None else RowFailure("invalid_input", "not computed") for o in out]
+
+    def _too_long(self, n: int | None) -> str:
+        got = f" ({n} tokens)" if n is not None else ""
+        return f"the input is longer than the model's limit of {self.max_length} tokens{got}; pass --truncate to cut it"
+
+    def _feed(
+        self, ids: Sequence[int], mask: Sequence[int] | None, types: Sequence[int] | None
+    ) -> dict[str, np.ndarray]:
+        n = len(ids)
+        cols = {
+            "input_ids": ids,
+            "attention_mask": mask if mask is not None else [1] * n,
+            "token_type_ids": types if types is not None else [0] * n,
+        }
+        return {name: np.asarray(cols[name], dtype=self._dtypes[name]).reshape(1, n) for name in self.input_names}
+
+    def infer(self, items: Sequence[_Encoded | RowFailure], names: list[str]) -> list[list[np.ndarray] | RowFailure]:
+        """Run every encoded item (failures pass through): per item, its outputs
+        (``names`` order, trimmed to its own length) or why it failed."""
+        out: list[list[np.ndarray] | RowFailure | None] = [None] * len(items)
+        collator = self.session.collator
+        prepared: dict[int, Any] = {}
+        for i, item in enumerate(items):
+            if isinstance(item, RowFailure):
+                out[i] = item
+                continue
+            try:
+                prepared[i] = collator.prepare(item.feed)
+            except InvalidInputError as exc:
+                out[i] = RowFailure("invalid_input", str(exc))
+        order = sorted(prepared, key=lambda i: (prepared[i].length, i))
+        chunks = self._chunks(order, prepared)
+        pending = [(chunk, self._submit(chunk, prepared, names)) for chunk in chunks]
+        for chunk, fut in pending:
+            self._collect(chunk, fut, prepared, names, out)
+        return [o if o is not None else RowFailure("inference", "no result") for o in out]
+
+    def _chunks(self, order: list[int], prepared: dict[int, Any]) -> list[list[int]]:
+        limit_rows = self.session.max_batch_size
+        limit_tokens = self.max_batch_tokens
+        chunks: list[list[int]] = []
+        cur: list[int] = []
+        for i in order:
+            length = prepared[i].length  # rows ascend in length, so this row is the longest
+            if cur and (len(cur) + 1 > limit_rows or (limit_tokens and (len(cur) + 1) * length > limit_tokens)):
+                chunks.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            chunks.append(cur)
+        return chunks
+
+    def _submit(self, chunk: list[int], prepared: dict[int, Any], names: list[str]) -> Any:
+        feed, state = self.session.collator.collate([prepared[i] for i in chunk])
+        try:
+            return self.session.submit(feed, names), state
+        except OrtBatchError as exc:
+            return exc, state
+
+    def _collect(self, chunk: list[int], sub: Any, prepared: dict[int, Any], names: list[str], out: list[Any]) -> None:
+        fut, state = sub
+        try:
+            if isinstance(fut, BaseException):
+                raise fut
+            outs = fut.result()
+            per_row = self.session.collator.split(dict(zip(names, outs, strict=True)), state)
+        except (InferenceError, InvalidInputError) as exc:
+            if len(chunk) == 1:
+                # the runtime maps values ONNX Runtime refuses (ids past the vocabulary) to
+                # InvalidInputError: the model rejected this row; InferenceError: it failed
+                kind = "inference" if isinstance(exc, InferenceError) else "rejected"
+                out[chunk[0]] = RowFailure(kind, f"the model failed on this row: {exc}")
+                return
+            # split and retry: only the row that fails fails
+            half = len(chunk) // 2
+            for part in (chunk[:half], chunk[half:]):
+                self._collect(part, self._submit(part, prepared, names), prepared, names, out)
+            return
+        for i, res in zip(chunk, per_row, strict=True):
+            out[i] = [res[n] for n in names]
+
+    def close(self) -> None:
+        self.session.close(drain=False)
+
+
+def _ort_dtype(type_str: str) -> Any:
+    return {"tensor(int64)": np.int64, "tensor(int32)": np.int32}.get(type_str, np.int64)
+
+
+def _config_vocab(config: Path) -> int | None:
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = data.get("vocab_size") if isinstance(data, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+# -- heads: a row's outputs -> its fields -----------------------------------------------------
+class Head(abc.ABC):
+    output: str
+
+    @property
+    @abc.abstractmethod
+    def fields(self) -> list[Field]: ...
+
+    @abc.abstractmethod
+    def value(self, out: np.ndarray, item: _Encoded, row: Row) -> dict[str, Any]: ...
+
+
+class EmbeddingHead(Head):
+    """Sentence embeddings as ``ortbatch serve``'s ``/v1/embeddings`` makes them today: the
+    export's pooled output when it has one, else the mean of its token embeddings over the
+    attention mask; L2-normalized unless ``normalize`` is off.
+
+    EMBEDDER PLUG-IN POINT: when the ``embed`` branch's Embedder (the sentence-transformers
+    pipeline as the manifest records it) lands, :meth:`vector` is the one place that
+    becomes ``embedder.vector(...)`` (and ``pick_output`` its output choice); nothing else
+    in ``ortbatch.bulk`` knows how a vector is made.
+    """
+
+    def __init__(self, encoder: Encoder, normalize: bool) -> None:
+        self.output, self.dim = self.pick_output(encoder)
+        self.normalize = normalize
+
+    @staticmethod
+    def pick_output(encoder: Encoder) -> tuple[str, int | None]:
+        outs = {o.name: o for o in encoder.outputs()}
+        for name in (*_POOLED_OUTPUTS, *_TOKEN_OUTPUTS):
+            node = outs.get(name)
+            if node is not None and len(node.shape or ()) in (2, 3):
+                return name, _static(node.shape[-1])
+        for node in outs.values():
+            if len(node.shape or ()) == 3:
+                return node.name, _static(node.shape[-1])
+        raise UnsupportedModelError(f"no output of {encoder.directory} looks like embeddings (outputs: {sorted(outs)})")
+
+    @property
+    def fields(self) -> list[Field]:
+        return [Field("embedding", "vector", self.dim, "float32")]
+
+    def vector(self, out: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        if out.ndim == 2:
+            v = out.astype(np.float32, copy=False)
+        else:
+            m = mask[:, : out.shape[1], None].astype(np.float32)
+            v = (out.astype(np.float32) * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        v = v.astype(np.float32, copy=False)
+        if self.normalize:
+            # the norm of a [1, dim] row along axis 1, as serve takes it: a 1-D norm is a
+            # BLAS dot product and can differ in the last bit
+            v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+        return np.asarray(v[0], dtype=np.float32)
+
+    def value(self, out: np.ndarray, item: _Encoded, row: Row) -> dict[str, Any]:
+        mask = item.feed.get("attention_mask")
+        if mask is None:
+            mask = np.ones(item.feed["input_ids"].shape, dtype=np.int64)
+        v = self.vector(out, mask)
+        if not np.isfinite(v).all():
+            raise InferenceError("the model produced non-finite values (NaN or Inf) for this row")
+        if self.dim is None:
+            self.dim = int(v.shape[0])
+        return {"embedding": v}
+
+
+def _static(dim: Any) -> int | None:
+    return dim if isinstance(dim, int) and dim > 0 else None
+
+
+def _logits(encoder: Encoder) -> tuple[str, int]:
+    outs = encoder.outputs()
+    by = {o.name: o for o in outs}
+    node = by.get("logits") or (outs[0] if len(outs) == 1 else None)
+    if node is None:
+        raise UnsupportedModelError(f"no logits output in {encoder.directory} (outputs: {sorted(by)})")
+    width = _static(node.shape[-1]) if node.shape else None
+    if width is None:
+        raise UnsupportedModelError(f"the logits output of {encoder.directory} has no fixed number of labels")
+    return node.name, width
+
+
+def _labels(directory: Path, width: int) -> list[str]:
+    labels = [f"LABEL_{i}" for i in range(width)]
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return labels
+    mapping = config.get("id2label") if isinstance(config, dict) else None
+    if isinstance(mapping, dict):
+        for key, value in mapping.items():
+            if str(key).isdigit() and int(key) < width and isinstance(value, str):
+                labels[int(key)] = value
+    return labels
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return np.asarray(e / e.sum(axis=-1, keepdims=True))
+
+
+class ScoreHead(Head):
+    """A cross-encoder's relevance: ``score`` = sigmoid(logit), as ``/v1/rerank`` answers
+    (and sentence-transformers' ``CrossEncoder.predict`` with one label)."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.output, _ = _logits(encoder)
+
+    @property
+    def fields(self) -> list[Field]:
+        return [Field("score", "float64")]
+
+    def value(self, out: np.ndarray, item: _Encoded, row: Row) -> dict[str, Any]:
+        logit = float(out.reshape(-1)[0])
+        return {"score": 1.0 / (1.0 + math.exp(-logit)) if logit > -700 else 0.0}
+
+
+class LabelHead(Head):
+    """Sequence classification: the best ``label`` and every label's probability (softmax),
+    as ``/v1/classify`` answers."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.output, self.width = _logits(encoder)
+        self.labels = _labels(encoder.directory, self.width)
+
+    @property
+    def fields(self) -> list[Field]:
+        return [Field("label", "string"), Field("scores", "vector", self.width, "float64")]
+
+    def value(self, out: np.ndarray, item: _Encoded, row: Row) -> dict[str, Any]:
+        probs = _softmax(out.reshape(-1)[None, :])[0]
+        return {"label": self.labels[int(probs.argmax())], "scores": probs}
+
+
+class SpanHead(Head):
+    """Token classification: entity spans as transformers' token-classification pipeline
+    gives them with ``aggregation_strategy="simple"`` (special tokens and ``O`` dropped,
+    ``B-X``/``I-X`` tokens joined into one ``X`` span, score the mean probability,
+    ``start``/``end`` character offsets into the text)."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.output, self.width = _logits(encoder)
+        self.labels = _labels(encoder.directory, self.width)
+
+    @property
+    def fields(self) -> list[Field]:
+        return [Field("entities", "entities")]
+
+    def value(self, out: np.ndarray, item: _Encoded, row: Row) -> dict[str, Any]:
+        enc = item.encoding
+        probs = _softmax(out.reshape(-1, self.width)[: len(enc.ids)])
+        text = row.text or ""
+        spans: list[dict[str, Any]] = []
+        current: dict[str, Any] | None = None
+        scores: list[float] = []
+        for t, (special, (start, end)) in enumerate(zip(enc.special_tokens_mask, enc.offsets, strict=True)):
+            best = int(probs[t].argmax())
+            label = self.labels[best]
+            prefix, kind = (label[:1], label[2:]) if label[:2] in ("B-", "I-") else ("", label)
+            joins = current is not None and not special and kind != "O" and current["label"] == kind and prefix != "B"
+            if joins:
+                assert current is not None
+                current["end"] = end
+                scores.append(float(probs[t, best]))
+                continue
+            if current is not None:
+                spans.append(_span(current, scores, text))
+                current, scores = None, []
+            if special or kind == "O":
+                continue
+            current = {"label": kind, "start": start, "end": end}
+            scores = [float(probs[t, best])]
+        if current is not None:
+            spans.append(_span(current, scores, text))
+        return {"entities": spans}
+
+
+def _span(span: dict[str, Any], scores: list[float], text: str) -> dict[str, Any]:
+    return {
+        "label": span["label"],
+        "score": float(np.mean(scores)),
+        "start": int(span["start"]),
+        "end": int(span["end"]),
+        "text": text[span["start"] : span["end"]],
+    }
+
+
+class EncoderTask(Task):
+    """An encoder export's task (embeddings, scores, labels or spans) over an :class:`Encoder`."""
+
+    def __init__(self, encoder: Encoder, head: Head, kind: str, options: TaskOptions) -> None:
+        self.encoder = encoder
+        self.head = head
+        self.kind = kind
+        self.options = options
+        self.model_name = encoder.directory.resolve().name or "model"
+
+    @property
+    def fields(self) -> list[Field]:
+        return self.head.fields
+
+    def run(self, rows: Sequence[Row]) -> list[Outcome]:
+        items: list[Any] = []
+        for r in rows:
+            if r.error is not None:
+                items.append(RowFailure(*r.error))
+            elif r.text is None:
+                items.append(RowFailure("invalid_input", "the row has no text"))
+            else:
+                items.append((r.text, r.pair) if r.pair is not None else r.text)
+        texts = [x for x in items if not isinstance(x, RowFailure)]
+        encoded = iter(self.encoder.encode(texts, self.options.truncate))
+        enc: list[_Encoded | RowFailure] = [x if isinstance(x, RowFailure) else next(encoded) for x in items]
+        self.last_tokens = sum(e.tokens for e in enc if isinstance(e, _Encoded))
+        outs = self.encoder.infer(enc, [self.head.output])
+        results: list[Outcome] = []
+        for row, item, res in zip(rows, enc, outs, strict=True):
+            if isinstance(res, RowFailure):
+                results.append(res)
+                continue
+            assert isinstance(item, _Encoded)
+            try:
+                results.append(self.head.value(res[0], item, row))
+            except OrtBatchError as exc:
+                results.append(RowFailure("inference", str(exc)))
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "truncate": self.options.truncate, "normalize": self.options.normalize}
+
+    def close(self) -> None:
+        self.encoder.close()
+
+
+class GenerationTask(Task):
+    """Generations through a :class:`~ortbatch.BatchedGenerator`: each window's prompts are
+    queued at once (shortest first, so prefill groups similar lengths) and decoded with
+    continuous batching; greedy, ``max_new_tokens`` each. Fields: ``text``,
+    ``finish_reason``, ``prompt_tokens``, ``completion_tokens``."""
+
+    kind = "generation"
+
+    def __init__(self, export_dir: Path, options: TaskOptions) -> None:
+        from ..generation import BatchedGenerator
+
+        kwargs: dict[str, Any] = {"max_queue": options.max_queue, "providers": options.providers}
+        if options.max_batch_size:
+            kwargs["max_batch_size"] = options.max_batch_size
+        self.generator = BatchedGenerator(export_dir, **kwargs)
+        self.options = options
+        self.model_name = export_dir.resolve().name or "model"
+
+    @property
+    def fields(self) -> list[Field]:
+        return [
+            Field("text", "string"),
+            Field("finish_reason", "string"),
+            Field("prompt_tokens", "int64"),
+            Field("completion_tokens", "int64"),
+        ]
+
+    def run(self, rows: Sequence[Row]) -> list[Outcome]:
+        out: list[Outcome | None] = [None] * len(rows)
+        prompts: dict[int, list[int]] = {}
+        for i, r in enumerate(rows):
+            if r.error is not None:
+                out[i] = RowFailure(*r.error)
+            elif not r.text:
+                out[i] = RowFailure("invalid_input", "the prompt is empty")
+            else:
+                prompts[i] = self.generator.encode(r.text)
+        futures = {}
+        for i in sorted(prompts, key=lambda i: (len(prompts[i]), i)):
+            try:
+                futures[i] = self.generator.submit(prompts[i], self.options.max_new_tokens)
+            except InvalidInputError as exc:
+                kind = "too_long" if "long" in str(exc) or "context" in str(exc) else "invalid_input"
+                out[i] = RowFailure(kind, str(exc))
+        tokens = 0
+        for i, fut in futures.items():
+            try:
+                c = fut.result()
+            except OrtBatchError as exc:
+                out[i] = RowFailure("inference", str(exc))
+                continue
+            tokens += c.prompt_tokens + c.completion_tokens
+            out[i] = {
+                "text": c.text,
+                "finish_reason": c.finish_reason,
+                "prompt_tokens": c.prompt_tokens,
+                "completion_tokens": c.completion_tokens,
+            }
+        self.last_tokens = tokens
+        return [o if o is not None else RowFailure("inference", "no result") for o in out]
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "max_new_tokens": self.options.max_new_tokens}
+
+    def close(self) -> None:
+        self.generator.close(drain=False)
+
+
+def export_task(export_dir: Path) -> str | None:
+    """The export's task from its manifest; without one (an optimum export), a causal-LM
+    ``config.json`` is a text-generation export (BatchedGenerator reads those too)."""
+    if (export_dir / MANIFEST_NAME).is_file():
+        task = Manifest.load(export_dir).source.get("task")
+        return task if isinstance(task, str) else None
+    try:
+        config = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    if isinstance(archs, list) and any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return "text-generation-with-past"
+    return None
+
+
+def task_for(export_dir: str | Path, options: TaskOptions) -> Task:
+    """The :class:`Task` the export's manifest asks for."""
+    path = Path(export_dir)
+    task = export_task(path)
+    if task in GENERATION_TASKS:
+        return GenerationTask(path, options)
+    encoder = Encoder(path, options)
+    try:
+        if task in EMBEDDING_TASKS or task is None:
+            return EncoderTask(encoder, EmbeddingHead(encoder, options.normalize), "embedding", options)
+        if task == "text-classification":
+            _, width = _logits(encoder)
+            if width == 1:
+                return EncoderTask(encoder, ScoreHead(encoder), "score", options)
+            return EncoderTask(encoder, LabelHead(encoder), "classification", options)
+        if task == "token-classification":
+            return EncoderTask(encoder, SpanHead(encoder), "token-classification", options)
+        raise UnsupportedModelError(
+            f"`ortbatch run` does not compute the {task!r} task yet (it runs embeddings, text- and "
+            "token-classification and text generation)"
+        )
+    except BaseException:
+        encoder.close()
+        raise

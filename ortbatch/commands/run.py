@@ -1,0 +1,88 @@
+"""``ortbatch run EXPORT INPUT -o OUTPUT``: bulk inference over files (:mod:`ortbatch.bulk`).
+
+Exit status: 0 when every row succeeded; 3 when the job finished but some rows failed
+(listed in ``OUTPUT/_errors.jsonl``); 2 for a bad argument; 1 for any other error;
+130 when interrupted (rerun the same command to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ._providers import PROVIDERS_HELP, providers_arg
+
+HELP = "compute an export's task for every row of JSONL/CSV/Parquet files (or an OpenAI Batch API file), resumably"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("export", help="an export directory (ortbatch.json): its task says what is computed")
+    parser.add_argument("input", help="a .jsonl, .csv or .parquet file, a folder of them, or an OpenAI Batch API file")
+    parser.add_argument("-o", "--output", required=True, help="the output folder (shards + manifest; resumable)")
+    parser.add_argument("--text-column", default=None, help='the text column (default "text"; "prompt" to generate)')
+    parser.add_argument("--pair-column", default=None, help="the second text of each pair (cross-encoders, NLI)")
+    parser.add_argument("--id-column", default=None, help="a column copied to the output as id (and into errors)")
+    parser.add_argument(
+        "--input-format",
+        default="auto",
+        choices=["auto", "jsonl", "csv", "parquet", "openai-batch"],
+        help="default: by suffix; a JSONL of custom_id/url/body lines is an OpenAI Batch API file",
+    )
+    parser.add_argument(
+        "--format",
+        dest="output_format",
+        default=None,
+        choices=["parquet", "jsonl"],
+        help="output format (default parquet; the Batch API's JSONL for Batch API input)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=4096,
+        help="rows read, sorted by length and committed together as one shard (default 4096): bounds memory",
+    )
+    parser.add_argument("--truncate", action="store_true", help="cut over-long inputs to the model's limit")
+    parser.add_argument("--no-normalize", action="store_true", help="embeddings as pooled, not L2-normalized")
+    parser.add_argument("--max-batch-size", type=int, default=None, help="rows per batch (default: the export's)")
+    parser.add_argument("-n", "--max-new-tokens", type=int, default=64, help="tokens per generation (default 64)")
+    parser.add_argument("--providers", default=None, type=providers_arg, help=PROVIDERS_HELP)
+    parser.add_argument("--restart", action="store_true", help="discard this output's shards and start over")
+    parser.add_argument("--quiet", action="store_true", help="no progress, only the summary")
+    parser.add_argument(
+        "--progress-every", type=float, default=10.0, help="seconds between progress lines when not on a terminal"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bulk import RunConfig
+    from ..bulk import run as run_job
+    from ._target import export_target
+
+    export = export_target(args.export, need_manifest=False)
+
+    config = RunConfig(
+        text_column=args.text_column,
+        pair_column=args.pair_column,
+        id_column=args.id_column,
+        input_format=args.input_format,
+        output_format=args.output_format,
+        window=args.window,
+        truncate=args.truncate,
+        normalize=not args.no_normalize,
+        max_batch_size=args.max_batch_size,
+        providers=args.providers,
+        max_new_tokens=args.max_new_tokens,
+        restart=args.restart,
+        progress=False if args.quiet else None,
+        progress_every_s=args.progress_every,
+    )
+    try:
+        summary = run_job(export, args.input, args.output, config)
+    except KeyboardInterrupt:
+        print(
+            "ortbatch run: interrupted; the committed shards are kept: rerun the same command to resume",
+            file=sys.stderr,
+        )
+        return 130
+    print(summary.describe(), file=sys.stderr)
+    return summary.exit_code
