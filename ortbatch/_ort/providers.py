@@ -27,6 +27,7 @@ __all__ = [
     "ProviderChain",
     "canonical_name",
     "default_providers",
+    "fallback_names",
     "parse_provider_names",
     "probe_providers",
     "resolve_providers",
@@ -90,6 +91,15 @@ def canonical_name(word: str) -> str:
     if text.endswith("ExecutionProvider") and not known:
         return text  # no onnxruntime to ask; a build that lacks it says so at session build
     raise ProviderError(f"unknown execution provider {word!r}; use {_VALID}")
+
+
+def fallback_names(name: str) -> tuple[str, ...]:
+    """``name`` and the providers ONNX Runtime hands the nodes it cannot run to: the
+    :data:`SHORTCUTS` chain that ``name`` leads (TensorRT, CUDA, CPU), else ``name`` then CPU."""
+    for chain in SHORTCUTS.values():
+        if chain[0] == name:
+            return chain
+    return (name,) if name == CPU else (name, CPU)
 
 
 def _words(spec: str | Sequence[Any]) -> list[Any]:
