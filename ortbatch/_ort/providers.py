@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -194,7 +195,10 @@ def probe_providers(names: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     so = ort.SessionOptions()
     so.log_severity_level = 3
     try:
-        sess = ort.InferenceSession(_PROBE_MODEL, sess_options=so, providers=list(names), enable_fallback=0)
+        # ORT's UserWarning about a provider it lacks is dropped: the providers returned say it
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module="onnxruntime")
+            sess = ort.InferenceSession(_PROBE_MODEL, sess_options=so, providers=list(names), enable_fallback=0)
     except Exception as exc:  # a provider that cannot even register (TensorRT without its libraries)
         return (), f"{type(exc).__name__}: {exc}"
     return tuple(sess.get_providers()), ""

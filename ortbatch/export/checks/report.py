@@ -14,7 +14,11 @@ import numpy as np
 
 from ...errors import ValidationError
 
-__all__ = ["Case", "CheckResult", "Comparison", "ValidationReport", "shorten"]
+__all__ = ["NOT_RUN", "Case", "CheckResult", "Comparison", "ValidationReport", "shorten"]
+
+#: the status of a check on a provider this machine cannot run (not in the onnxruntime
+#: build, or no device): neither passed nor failed, and said so in the report
+NOT_RUN = "not_run"
 
 
 @dataclass
@@ -59,7 +63,8 @@ class Case:
 
 @dataclass
 class CheckResult:
-    """One check on one provider: ``status`` is passed, failed or skipped."""
+    """One check on one provider: ``status`` is passed, failed, skipped or not_run
+    (:data:`NOT_RUN`: the provider cannot run on this machine)."""
 
     name: str
     provider: str
@@ -108,18 +113,23 @@ class ValidationReport:
 
     @property
     def passed(self) -> bool:
-        """True when no check failed (skipped checks do not fail; see :attr:`reference`)."""
+        """True when no check failed (skipped checks and providers not run here do not fail;
+        see :attr:`reference` and :meth:`not_run`)."""
         return bool(self.checks) and not any(c.status == "failed" for c in self.checks)
 
     @property
     def reference_skipped(self) -> bool:
         return not self.reference.get("available", False)
 
+    def not_run(self) -> list[str]:
+        """The requested providers this machine could not run (their checks are ``not_run``)."""
+        return list(dict.fromkeys(c.provider for c in self.checks if c.status == NOT_RUN))
+
     def failed(self) -> list[CheckResult]:
         return [c for c in self.checks if c.status == "failed"]
 
     def summary(self) -> str:
-        ran = [c for c in self.checks if c.status != "skipped"]
+        ran = [c for c in self.checks if c.status not in ("skipped", NOT_RUN)]
         failed = self.failed()
         text = f"{len(ran) - len(failed)} of {len(ran)} checks passed"
         if failed:
@@ -130,6 +140,9 @@ class ValidationReport:
                 more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
                 parts.append(f"{c.name} on {c.provider}: {first}{more}")
             text += "; FAILED: " + "; ".join(parts)
+        for provider in self.not_run():
+            note = next(c.note for c in self.checks if c.provider == provider and c.status == NOT_RUN)
+            text += f"; {provider.replace('ExecutionProvider', '')} NOT RUN ({note.removeprefix('not run: ')})"
         if self.reference_skipped:
             text += f"; reference parity SKIPPED: {self.reference.get('reason', '')}"
         return text
@@ -147,6 +160,7 @@ class ValidationReport:
             "task": self.task,
             "dtype": self.dtype,
             "providers": self.providers,
+            "not_run": self.not_run(),
             "reference": self.reference,
             "seconds": round(self.seconds, 2),
             "variant": self.variant,
@@ -167,8 +181,8 @@ class ValidationReport:
         rows: list[tuple[str, ...]] = []
         for chk in self.checks:
             prov = chk.provider.replace("ExecutionProvider", "")
-            if chk.status == "skipped" or not chk.cases:
-                status = shorten(f"{chk.status.upper()}{': ' + chk.note if chk.note else ''}", 70)
+            if chk.status in ("skipped", NOT_RUN) or not chk.cases:
+                status = shorten(f"{chk.status.replace('_', ' ').upper()}{': ' + chk.note if chk.note else ''}", 70)
                 rows.append((chk.name, prov, "-", *_NO_FIGURES, status))
                 continue
             for case, comp in _rows(chk, verbose):

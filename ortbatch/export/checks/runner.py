@@ -11,7 +11,16 @@ from typing import Any
 import numpy as np
 
 from ..._extras import require
-from ..._ort import CPU, TRT, ProviderChain, build_session, fallback_names, fp32_parity_options, resolve_providers
+from ..._ort import (
+    CPU,
+    TRT,
+    ProviderChain,
+    build_session,
+    fallback_names,
+    fp32_parity_options,
+    probe_providers,
+    resolve_providers,
+)
 from ..._ort.trt import resolve_cache_paths
 from ...errors import ProviderError
 from ...manifest import Manifest
@@ -217,6 +226,25 @@ def chain_for(provider: str, manifest: Manifest, component: str, dtype: str) -> 
     if dtype == "fp32":  # check fp32 parity in fp32: TF32 off where the provider has the switch
         chain = [(n, fp32_parity_options(n, o)) for n, o in chain]
     return chain
+
+
+def not_here(provider: str) -> str | None:
+    """Why ``provider`` cannot run on this machine at all (not in this onnxruntime build, or
+    a tiny probe session asking for it does not get it), or None when it starts here. A
+    provider that starts but fails on this export is a failure of the export, not this."""
+    if provider == CPU:
+        return None
+    ort = require("onnxruntime")
+    available = ort.get_available_providers()
+    if provider not in available:
+        return f"{provider} is not in this onnxruntime build (available: {available})"
+    chain = tuple(n for n in fallback_names(provider) if n in (provider, CPU) or n in available)
+    active, error = probe_providers(chain)
+    if provider not in active:
+        return f"{provider} is not active here; a session asking for it runs on {list(active)}" + (
+            f" ({error})" if error else ""
+        )
+    return None
 
 
 def open_sessions(

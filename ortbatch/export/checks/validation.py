@@ -14,8 +14,8 @@ from ...errors import ManifestError
 from ...manifest import Manifest
 from ..recipes import DEFAULT_SAMPLES, tolerances_for
 from ..reference import Reference, load_reference
-from .report import CheckResult, ValidationReport
-from .runner import OnnxModel, open_sessions, vocab_size
+from .report import NOT_RUN, CheckResult, ValidationReport
+from .runner import OnnxModel, not_here, open_sessions, vocab_size
 from .suite import (
     CHECKS,
     GREEDY_TOKENS,
@@ -159,6 +159,10 @@ def _check_provider(
     say: Callable[[str], None],
 ) -> tuple[list[CheckResult], OnnxModel | None]:
     """The checks on one provider, and the model they ran (None when it did not start)."""
+    absent = not_here(provider)
+    if absent is not None:  # nothing about the export: this machine cannot run the provider
+        note = f"not run: {absent}"
+        return [CheckResult(name, provider, NOT_RUN, note=note) for name in CHECKS[:4]], None
     sessions, why, opts = open_sessions(plan.manifest, provider, plan.dtype)
     if sessions is None:
         out = [CheckResult("provider_parity", provider, "failed", note=why)]
@@ -199,6 +203,7 @@ def _record(report: ValidationReport, manifest: Manifest, ran_reference: bool) -
         **manifest.validation,
         "passed": report.passed,
         "report": "validation.json",
+        "not_run": report.not_run(),
         "reference_parity": "ran" if ran_reference else "skipped",
     }
     manifest.save()
