@@ -192,9 +192,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..errors import OrtBatchError
-    from ..serve.auth import resolve_api_key
     from ..serve.repository import ModelRepository, parse_model_args
-    from ..serve.server import ServeConfig, serve
+    from ..serve.server import serve
     from ._target import export_target
 
     if not args.directory and args.repository is None:
@@ -203,32 +202,56 @@ def run(args: argparse.Namespace) -> int:
     # one DIR keeps the one-model server; several, NAME=DIR or --repository: the repository
     one = args.directory[0] if len(args.directory) == 1 else ""
     many = args.repository is not None or not one or ("=" in one and not Path(one).exists())
-    if many and args.name is not None:
-        print("ortbatch serve: error: --name names one model; with several, use NAME=DIR", file=sys.stderr)
+    mistake = _flag_mistake(args, many)
+    if mistake is not None:
+        print(f"ortbatch serve: error: {mistake}", file=sys.stderr)
         return 2
-    if not args.ray:  # flag mistakes first, before anything is read from disk
+    config = _config(args)
+    if args.ray:
+        return _serve_on_ray(args, config)
+    if not many:  # one export: the same check and message as every command, and its recorded checks
+        target = export_target(args.directory[0], onnx_file=True)
+        refuse_failed_checks(target, args.allow_unvalidated)
+        return serve(target, config)
+    try:
+        models = parse_model_args(args.directory)
+        missing = [str(path) for _, path in models if not path.exists()]
+        if missing:
+            raise OrtBatchError(f"{', '.join(missing)} does not exist")
+        root = Path(args.repository) if args.repository is not None else None
+        repository = ModelRepository(models, root=root, config=config, strict=args.strict)
+        return serve(repository, config)
+    except OrtBatchError as exc:
+        print(f"ortbatch serve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _flag_mistake(args: argparse.Namespace, many: bool) -> str | None:
+    """What is wrong with the flags taken together, before anything is read from disk."""
+    if many and args.name is not None:
+        return "--name names one model; with several, use NAME=DIR"
+    if not args.ray:
         for flag, default in _RAY_DEFAULTS.items():
             if getattr(args, flag) != default:
-                print(f"ortbatch serve: error: --{flag.replace('_', '-')} needs --ray", file=sys.stderr)
-                return 2
+                return f"--{flag.replace('_', '-')} needs --ray"
     if args.frontends < 1:
-        print(f"ortbatch serve: error: --frontends must be 1 or more, got {args.frontends}", file=sys.stderr)
-        return 2
+        return f"--frontends must be 1 or more, got {args.frontends}"
     if args.frontends > 1 and args.ray:
-        print(
-            "ortbatch serve: error: --frontends and --ray do not go together (Ray runs its own replicas)",
-            file=sys.stderr,
-        )
-        return 2
+        return "--frontends and --ray do not go together (Ray runs its own replicas)"
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
-        print("ortbatch serve: error: TLS needs both --ssl-certfile and --ssl-keyfile", file=sys.stderr)
-        return 2
+        return "TLS needs both --ssl-certfile and --ssl-keyfile"
     for flag, path in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
         if path is not None and not Path(path).is_file():
-            print(f"ortbatch serve: error: {flag} {path} is not a file", file=sys.stderr)
-            return 2
+            return f"{flag} {path} is not a file"
+    return None
 
-    config = ServeConfig(
+
+def _config(args: argparse.Namespace) -> Any:
+    """The ServeConfig the flags ask for (the API key read from its file or the environment)."""
+    from ..serve.auth import resolve_api_key
+    from ..serve.server import ServeConfig
+
+    return ServeConfig(
         host=args.host,
         port=args.port,
         name=args.name,
@@ -258,23 +281,6 @@ def run(args: argparse.Namespace) -> int:
         truncate=args.truncate,
         frontends=args.frontends,
     )
-    if args.ray:
-        return _serve_on_ray(args, config)
-    if not many:  # one export: the same check and message as every command, and its recorded checks
-        target = export_target(args.directory[0], onnx_file=True)
-        refuse_failed_checks(target, args.allow_unvalidated)
-        return serve(target, config)
-    try:
-        models = parse_model_args(args.directory)
-        missing = [str(path) for _, path in models if not path.exists()]
-        if missing:
-            raise OrtBatchError(f"{', '.join(missing)} does not exist")
-        root = Path(args.repository) if args.repository is not None else None
-        repository = ModelRepository(models, root=root, config=config, strict=args.strict)
-        return serve(repository, config)
-    except OrtBatchError as exc:
-        print(f"ortbatch serve: error: {exc}", file=sys.stderr)
-        return 2
 
 
 def refuse_failed_checks(target: Path, allow_unvalidated: bool) -> None:
