@@ -25,13 +25,13 @@ The checks collect every comparison before deciding; nothing is downgraded to a
 warning. :class:`ValidationReport` renders as a table and is saved as
 ``validation.json``.
 
-The package: :mod:`.report` (the report types), :mod:`.metrics` (comparing one output),
-:mod:`.runner` (the export's sessions on one provider, built by ``ortbatch._ort``),
+The package: :mod:`.results` (the report types), :mod:`.agreement` (comparing one output),
+:mod:`.onnx_model` (the export's sessions on one provider, built by ``ortbatch._ort``),
 :mod:`.suite` (the checks) and :mod:`.validation` (:func:`validate`).
 """
 
-from .metrics import compare, compare_tokens
-from .report import Case, CheckResult, Comparison, ValidationReport
+from .agreement import compare, compare_tokens
+from .results import Case, CheckResult, Comparison, ValidationReport
 from .suite import CHECKS
 from .validation import validate
 

@@ -9,9 +9,9 @@ import numpy as np
 
 from ...manifest import Manifest
 from ..reference import Reference
-from .metrics import compare, compare_tokens
-from .report import Case, CheckResult, Comparison, shorten
-from .runner import OnnxModel, component_files, positions
+from .agreement import compare, compare_tokens
+from .onnx_model import OnnxModel, component_files, positions
+from .results import Case, CheckResult, Comparison, shorten
 
 __all__ = [
     "CHECKS",

@@ -14,8 +14,8 @@ from ...errors import ManifestError
 from ...manifest import Manifest
 from ..recipes import DEFAULT_SAMPLES, tolerances_for
 from ..reference import Reference, load_reference
-from .report import NOT_RUN, CheckResult, ValidationReport
-from .runner import OnnxModel, not_here, open_sessions, vocab_size
+from .onnx_model import OnnxModel, not_here, open_sessions, vocab_size
+from .results import NOT_RUN, CheckResult, ValidationReport
 from .suite import (
     CHECKS,
     GREEDY_TOKENS,

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .report import Comparison
+from .results import Comparison
 
 __all__ = ["compare", "compare_tokens"]
 
