@@ -58,24 +58,70 @@ def drive(
     Stops sending at ``max_seconds``; waits ``grace_s`` more for in-flight calls, then gives up
     on them (daemon threads) and counts them as ``hung``. Outputs of ids in ``keep`` are kept.
     """
-    n = len(ids)
-    latencies = np.full(n, np.nan)
-    ends = np.full(n, np.nan)
-    failed = np.zeros(n, dtype=bool)
-    sent = np.zeros(n, dtype=bool)
-    objects: list[Any] = [None] * n
-    kept: dict[int, Any] = {}
-    errors: list[str] = []
-    counter = itertools.count()  # next() on a count is atomic under the GIL
-    done_counts = [0] * concurrency
-    start = threading.Barrier(concurrency + 1)
-    t0_box = [0.0]
-    stop_at_box = [0.0]
+    clients = _Clients(call, feeds, ids, concurrency, arrivals, keep)
+    threads = [
+        threading.Thread(target=clients.client, args=(s,), daemon=True, name=f"bench-client-{s}")
+        for s in range(concurrency)
+    ]
+    for t in threads:
+        t.start()
+    cpu0 = time.process_time()
+    clients.t0 = time.perf_counter()
+    clients.stop_at = clients.t0 + max_seconds
+    clients.start.wait()
+    _join(threads, clients.stop_at + grace_s, clients.done_counts, on_progress)
+    cpu = time.process_time() - cpu0
+    finished = clients.sent & ~np.isnan(clients.latencies)
+    # throughput runs from the common start to the last completion, not to the last join
+    elapsed = float(np.max(clients.ends[finished]) - clients.t0) if finished.any() else 0.0
+    order = np.flatnonzero(finished)
+    return DriveResult(
+        concurrency=concurrency,
+        elapsed_s=elapsed,
+        cpu_s=cpu,
+        served=[int(ids[int(k)]) for k in order],
+        latencies_s=clients.latencies[order],
+        errors=int(clients.failed[order].sum()),
+        error_samples=clients.errors,
+        truncated=bool(not clients.sent.all()),
+        hung=sum(t.is_alive() for t in threads),
+        sent_objects=[clients.objects[int(k)] for k in order],
+        kept=clients.kept,
+    )
 
-    def client(slot: int) -> None:
-        start.wait()
-        t0 = t0_box[0]
-        stop_at = stop_at_box[0]
+
+class _Clients:
+    """The client threads' shared state: the next request to send, and what each one got.
+    ``t0`` and ``stop_at`` are set just before the start barrier opens."""
+
+    def __init__(
+        self,
+        call: Callable[[dict[str, np.ndarray]], Any],
+        feeds: Sequence[dict[str, np.ndarray]],
+        ids: Sequence[int],
+        concurrency: int,
+        arrivals: np.ndarray | None,
+        keep: frozenset[int],
+    ) -> None:
+        n = len(ids)
+        self.call, self.feeds, self.ids, self.arrivals, self.keep = call, feeds, ids, arrivals, keep
+        self.latencies = np.full(n, np.nan)
+        self.ends = np.full(n, np.nan)
+        self.failed = np.zeros(n, dtype=bool)
+        self.sent = np.zeros(n, dtype=bool)
+        self.objects: list[Any] = [None] * n
+        self.kept: dict[int, Any] = {}
+        self.errors: list[str] = []
+        self.counter = itertools.count()  # next() on a count is atomic under the GIL
+        self.done_counts = [0] * concurrency
+        self.start = threading.Barrier(concurrency + 1)
+        self.t0 = 0.0
+        self.stop_at = 0.0
+
+    def client(self, slot: int) -> None:
+        self.start.wait()
+        t0, stop_at, arrivals, n = self.t0, self.stop_at, self.arrivals, len(self.ids)
+        counter, call, feeds, ids, keep = self.counter, self.call, self.feeds, self.ids, self.keep
         while True:
             k = next(counter)
             if k >= n:
@@ -92,32 +138,30 @@ def drive(
                 began = now
             i = ids[k]
             feed = feeds[i]
-            objects[k] = feed
-            sent[k] = True
+            self.objects[k] = feed
+            self.sent[k] = True
             try:
                 out = call(feed)
             except Exception as exc:  # every failure is counted and one sample kept
-                failed[k] = True
-                if len(errors) < 5:
-                    errors.append(f"{type(exc).__name__}: {exc}")
+                self.failed[k] = True
+                if len(self.errors) < 5:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
             else:
                 if i in keep:
-                    kept[i] = out
+                    self.kept[i] = out
             end = time.perf_counter()
-            ends[k] = end
-            latencies[k] = end - began
-            done_counts[slot] += 1
+            self.ends[k] = end
+            self.latencies[k] = end - began
+            self.done_counts[slot] += 1
 
-    threads = [
-        threading.Thread(target=client, args=(s,), daemon=True, name=f"bench-client-{s}") for s in range(concurrency)
-    ]
-    for t in threads:
-        t.start()
-    cpu0 = time.process_time()
-    t0_box[0] = time.perf_counter()
-    stop_at_box[0] = t0_box[0] + max_seconds
-    start.wait()
-    give_up = stop_at_box[0] + grace_s
+
+def _join(
+    threads: list[threading.Thread],
+    give_up: float,
+    done_counts: list[int],
+    on_progress: Callable[[int], None] | None,
+) -> None:
+    """Wait for the clients until ``give_up``, reporting completions as they come."""
     reported = 0
     for t in threads:
         while t.is_alive() and time.perf_counter() < give_up:
@@ -127,24 +171,5 @@ def drive(
                 if total > reported:
                     on_progress(total - reported)
                     reported = total
-    cpu = time.process_time() - cpu0
-    finished = sent & ~np.isnan(latencies)
-    # throughput runs from the common start to the last completion, not to the last join
-    elapsed = float(np.max(ends[finished]) - t0_box[0]) if finished.any() else 0.0
     if on_progress is not None and sum(done_counts) > reported:
         on_progress(sum(done_counts) - reported)
-    hung = sum(t.is_alive() for t in threads)
-    order = np.flatnonzero(finished)
-    return DriveResult(
-        concurrency=concurrency,
-        elapsed_s=elapsed,
-        cpu_s=cpu,
-        served=[int(ids[int(k)]) for k in order],
-        latencies_s=latencies[order],
-        errors=int(failed[order].sum()),
-        error_samples=errors,
-        truncated=bool(not sent.all()),
-        hung=hung,
-        sent_objects=[objects[int(k)] for k in order],
-        kept=kept,
-    )

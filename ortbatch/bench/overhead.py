@@ -118,26 +118,8 @@ def measure_overhead(
                 _rows_per_batch(s0, s1),
             )
 
-            s0 = bs.stats()
-            cpu0 = time.process_time()
-            t0 = time.perf_counter()
-            deadline = t0 + max_seconds
-            inflight: deque[Any] = deque()
-            done = 0
-            for i in ids:
-                if time.perf_counter() > deadline:
-                    break
-                inflight.append(bs.submit(wl.feeds[i], output_names=names))
-                if len(inflight) >= window:
-                    inflight.popleft().result(timeout=max_seconds)
-                    done += 1
-            while inflight:
-                inflight.popleft().result(timeout=max_seconds)
-                done += 1
-            elapsed = time.perf_counter() - t0
-            cpu = time.process_time() - cpu0
-            s1 = bs.stats()
-            record(f"batched, submit pipeline ({window} in flight)", done, elapsed, cpu, _rows_per_batch(s0, s1))
+            done, elapsed, cpu, rpb = _submit_pipeline(bs, wl.feeds, ids, names, window, max_seconds)
+            record(f"batched, submit pipeline ({window} in flight)", done, elapsed, cpu, rpb)
             workers_used = getattr(bs, "workers", workers)
 
     headline = rows[1]["us_per_request"]
@@ -152,6 +134,32 @@ def measure_overhead(
         "us_per_request_at_saturation": headline,
         "target_us": 100.0,
     }
+
+
+def _submit_pipeline(
+    bs: Any, feeds: Any, ids: list[int], names: list[str], window: int, max_seconds: float
+) -> tuple[int, float, float, float]:
+    """``window`` submits in flight, one collected per one sent: (completed, seconds, CPU
+    seconds, rows per batch)."""
+    s0 = bs.stats()
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    deadline = t0 + max_seconds
+    inflight: deque[Any] = deque()
+    done = 0
+    for i in ids:
+        if time.perf_counter() > deadline:
+            break
+        inflight.append(bs.submit(feeds[i], output_names=names))
+        if len(inflight) >= window:
+            inflight.popleft().result(timeout=max_seconds)
+            done += 1
+    while inflight:
+        inflight.popleft().result(timeout=max_seconds)
+        done += 1
+    elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    return done, elapsed, cpu, _rows_per_batch(s0, bs.stats())
 
 
 def _rows_per_batch(before: Any, after: Any) -> float:

@@ -191,15 +191,7 @@ def run_bench(
     overhead: Callable[[], dict[str, Any]] | None = None,
 ) -> BenchRun:
     """Run every mode of ``cfg.modes`` at every concurrency on one seeded request set."""
-    unknown = [m for m in cfg.modes if m not in MODES]
-    if unknown:
-        raise InvalidInputError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
-    if not cfg.concurrency or min(cfg.concurrency) < 1:
-        raise InvalidInputError(f"--concurrency needs positive integers, got {cfg.concurrency}")
-    if cfg.arrival not in ("closed", "poisson"):
-        raise InvalidInputError(f"--arrival must be closed or poisson, got {cfg.arrival!r}")
-    if cfg.arrival == "poisson" and not cfg.rate:
-        raise InvalidInputError("--arrival poisson needs --rate R (requests per second)")
+    _check_config(cfg)
     base_log = log or (lambda _msg: None)
     bar_box: list[Any] = [None]
 
@@ -226,24 +218,7 @@ def run_bench(
         f"target {source}: {len(workload)} requests, lengths {workload.lengths_spec}, "
         f"{workload.tokens} tokens, digest {workload.digest[:12]}"
     )
-
-    settings: dict[str, Any] = {}
-    base = session_settings(sess)
-    if "direct" in cfg.modes:
-        settings["direct"] = {
-            "session": base,
-            "clients": "one thread per client, session.run per request",
-            "options_set": dict(cfg.baseline_options),
-        }
-    if "oracle" in cfg.modes:
-        settings["oracle"] = {
-            "session": base,
-            "streams": 1,
-            "max_batch_size": cfg.max_batch_size,
-            "max_batch_tokens": cfg.max_batch_tokens,
-            "options_set": dict(cfg.baseline_options),
-        }
-
+    settings = _baseline_settings(cfg, sess)
     bar = _progress(progress, len(cfg.modes) * len(cfg.concurrency) * len(workload))
     bar_box[0] = bar
     results: list[ModeResult] = []
@@ -254,36 +229,7 @@ def run_bench(
                 if bar is not None:
                     bar.set_description(f"{mode:>7} c={c}")
                 tick = bar.update if bar is not None else None
-                if mode == "direct":
-                    res = _run_direct(sess, target, workload, warm, ids, c, cfg, keep, tick)
-                elif mode == "batched":
-                    res, info = _run_batched(source, target, workload, warm, ids, c, cfg, keep, tick)
-                    settings.setdefault("batched", info)
-                    res.extra["stats"] = info.pop("last_stats", None)
-                else:
-                    if warm is not None:
-                        run_oracle(
-                            sess,
-                            target,
-                            warm,
-                            list(range(len(warm))),
-                            cfg.max_batch_size,
-                            cfg.max_batch_tokens,
-                            concurrency=c,
-                            max_seconds=30.0,
-                        )
-                    res = run_oracle(
-                        sess,
-                        target,
-                        workload,
-                        ids,
-                        cfg.max_batch_size,
-                        cfg.max_batch_tokens,
-                        concurrency=c,
-                        max_seconds=cfg.duration_s,
-                        keep=keep,
-                        on_progress=tick,
-                    )
+                res = _run_mode(mode, sess, source, target, workload, warm, ids, c, cfg, keep, tick, settings)
                 results.append(res)
                 for i, out in res.kept.items():
                     outputs.setdefault(mode, {}).setdefault(i, out)
@@ -302,6 +248,86 @@ def run_bench(
     if overhead is not None:
         run.overhead = overhead()
     return run
+
+
+def _check_config(cfg: BenchConfig) -> None:
+    unknown = [m for m in cfg.modes if m not in MODES]
+    if unknown:
+        raise InvalidInputError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+    if not cfg.concurrency or min(cfg.concurrency) < 1:
+        raise InvalidInputError(f"--concurrency needs positive integers, got {cfg.concurrency}")
+    if cfg.arrival not in ("closed", "poisson"):
+        raise InvalidInputError(f"--arrival must be closed or poisson, got {cfg.arrival!r}")
+    if cfg.arrival == "poisson" and not cfg.rate:
+        raise InvalidInputError("--arrival poisson needs --rate R (requests per second)")
+
+
+def _baseline_settings(cfg: BenchConfig, sess: Any) -> dict[str, Any]:
+    """The settings of the direct and oracle modes (batched adds its own when it runs)."""
+    settings: dict[str, Any] = {}
+    base = session_settings(sess)
+    if "direct" in cfg.modes:
+        settings["direct"] = {
+            "session": base,
+            "clients": "one thread per client, session.run per request",
+            "options_set": dict(cfg.baseline_options),
+        }
+    if "oracle" in cfg.modes:
+        settings["oracle"] = {
+            "session": base,
+            "streams": 1,
+            "max_batch_size": cfg.max_batch_size,
+            "max_batch_tokens": cfg.max_batch_tokens,
+            "options_set": dict(cfg.baseline_options),
+        }
+    return settings
+
+
+def _run_mode(
+    mode: str,
+    sess: Any,
+    source: Path,
+    target: Any,
+    workload: Any,
+    warm: Any,
+    ids: list[int],
+    c: int,
+    cfg: BenchConfig,
+    keep: frozenset[int],
+    tick: Callable[[int], Any] | None,
+    settings: dict[str, Any],
+) -> ModeResult:
+    """One mode at concurrency ``c``: warm-up, then the measured run."""
+    if mode == "direct":
+        return _run_direct(sess, target, workload, warm, ids, c, cfg, keep, tick)
+    if mode == "batched":
+        res, info = _run_batched(source, target, workload, warm, ids, c, cfg, keep, tick)
+        settings.setdefault("batched", info)
+        res.extra["stats"] = info.pop("last_stats", None)
+        return res
+    if warm is not None:
+        run_oracle(
+            sess,
+            target,
+            warm,
+            list(range(len(warm))),
+            cfg.max_batch_size,
+            cfg.max_batch_tokens,
+            concurrency=c,
+            max_seconds=30.0,
+        )
+    return run_oracle(
+        sess,
+        target,
+        workload,
+        ids,
+        cfg.max_batch_size,
+        cfg.max_batch_tokens,
+        concurrency=c,
+        max_seconds=cfg.duration_s,
+        keep=keep,
+        on_progress=tick,
+    )
 
 
 def model_path_of(source: Path) -> Path:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ._providers import PROVIDERS_HELP, providers_arg
+from ._flags import add_runtime_arguments
 
 HELP = "benchmark BatchedSession against direct session.run and an offline oracle, on the same requests"
 
@@ -30,7 +30,12 @@ def _option(text: str) -> tuple[str, str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="TARGET", help="an export directory (with ortbatch.json) or a .onnx file")
-    load = p.add_argument_group("load")
+    _add_load(p.add_argument_group("load"))
+    _add_runtime(p.add_argument_group("runtime (passed to BatchedSession)"))
+    _add_output(p.add_argument_group("output"))
+
+
+def _add_load(load: Any) -> None:
     load.add_argument(
         "--concurrency",
         type=_ints,
@@ -81,22 +86,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="M1,M2",
         help="which of direct,batched,oracle to run (default all three)",
     )
-    rt = p.add_argument_group("runtime (passed to BatchedSession)")
-    rt.add_argument("--max-batch-size", type=int, default=32, help="rows per batch (default 32)")
-    rt.add_argument(
-        "--max-batch-tokens", type=int, default=None, help="cap on rows x longest length per batch (default none)"
-    )
-    rt.add_argument(
-        "--max-delay-ms", type=float, default=0.0, help="how long a free worker may wait for a fuller batch (default 0)"
-    )
-    rt.add_argument("--workers", type=int, default=None, help="batches in flight (default 2)")
-    rt.add_argument(
-        "--no-latency-session",
-        action="store_true",
-        help="no second, every-core session for batches that run alone (BatchedSession(latency_session=False))",
-    )
-    rt.add_argument(
-        "--providers", default=None, type=providers_arg, help=f"{PROVIDERS_HELP} (default: CUDA if it loads, else CPU)"
+
+
+def _add_runtime(rt: Any) -> None:
+    add_runtime_arguments(
+        rt,
+        max_batch_size=32,
+        max_batch_size_help="rows per batch (default 32)",
+        max_batch_tokens_help="cap on rows x longest length per batch (default none)",
+        latency_help="no second, every-core session for batches that run alone (BatchedSession(latency_session=False))",
     )
     rt.add_argument(
         "--baseline-option",
@@ -107,7 +105,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="set on the direct/oracle session (default: none, ONNX Runtime's defaults as users "
         "have them): intra_op_num_threads=1, session.intra_op.allow_spinning=0, ...",
     )
-    out = p.add_argument_group("output")
+
+
+def _add_output(out: Any) -> None:
     out.add_argument("--json", metavar="FILE", help="write every figure and setting as JSON")
     out.add_argument("--plot", metavar="FILE.png", help="throughput and p99 latency against concurrency")
     out.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")

@@ -178,7 +178,20 @@ def run(args: argparse.Namespace) -> int:
             rows.append((label, "direct session.run", d_lat, d_s, d_s, None))
             rows.append((label, "BatchedSession", b_lat, b_s, d_s, stats))
 
-    print(f"\n{args.requests} requests per row, {args.clients} client threads, CPU, {out / 'model.onnx'}")
+    _print_table(rows, args.requests, args.clients, out)
+    ok = worst <= 1e-4
+    print(f"\nbatched vs direct embeddings: max abs diff {worst:.2e} ({'same answers' if ok else 'MISMATCH'})")
+    print("Batching pays off when requests have similar lengths; padding is the cost when they do not.")
+    return 0 if ok else 1
+
+
+def _print_table(
+    rows: list[tuple[str, str, list[float], float, float, Any]], requests: int, clients: int, out: Path
+) -> None:
+    """One line per (length mix, mode): seconds, throughput, latency, and the batches formed."""
+    import numpy as np
+
+    print(f"\n{requests} requests per row, {clients} client threads, CPU, {out / 'model.onnx'}")
     header = (
         f"{'requests':<20} {'mode':<20} {'seconds':>8} {'req/s':>8} {'p50 ms':>8} {'p95 ms':>8} "
         f"{'vs direct':>9}  batches"
@@ -196,7 +209,3 @@ def run(args: argparse.Namespace) -> int:
             f"{label:<20} {mode:<20} {secs:8.2f} {len(lat) / secs:8.1f} {p50:8.1f} {p95:8.1f} "
             f"{base / secs:8.2f}x  {extra}"
         )
-    ok = worst <= 1e-4
-    print(f"\nbatched vs direct embeddings: max abs diff {worst:.2e} ({'same answers' if ok else 'MISMATCH'})")
-    print("Batching pays off when requests have similar lengths; padding is the cost when they do not.")
-    return 0 if ok else 1

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .._ort import parse_provider_names
-from ._providers import PROVIDERS_HELP, providers_arg
+from ._flags import PROVIDERS_HELP, providers_arg
 
 HELP = "export a Hugging Face model to ONNX (+ manifest, checks) for batched serving"
 

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from ._providers import PROVIDERS_HELP, providers_arg
+from ._flags import PROVIDERS_HELP, providers_arg
 
 HELP = "generate completions for one or more prompts with a text-generation-with-past export"
 

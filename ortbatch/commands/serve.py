@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._providers import PROVIDERS_HELP, providers_arg
+from ._flags import add_runtime_arguments, port, positive_int
 
 HELP = (
     "serve export directories over HTTP (KServe v2 / Triton protocol with the model-repository extension, "
@@ -15,24 +15,17 @@ HELP = (
 )
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number (0-65535), got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number (0-65535; 0 picks a free one), got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_models(parser)
+    _add_runtime(parser)
+    _add_http(parser)
+    _add_limits(parser.add_argument_group("connection limits (docs/serving.md)"))
+    _add_ray(parser.add_argument_group("Ray Serve (pip install 'ortbatch[ray]'; see docs/scale-out.md)"))
+    _add_logging(parser)
+
+
+def _add_models(parser: argparse.ArgumentParser) -> None:
+    """What to serve."""
     parser.add_argument(
         "directory",
         metavar="DIR",
@@ -57,39 +50,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="text endpoints cut inputs longer than the model's limit by default (else 400 unless the "
         'request says "truncate": true)',
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=_port, default=8000, help="port (0: pick a free one; default 8000)")
     parser.add_argument("--name", default=None, help="model name in URLs (default: the directory name)")
     parser.add_argument(
-        "--max-batch-size",
-        type=_positive_int,
-        default=None,
-        help="rows per batch (default: the export's tuned setting, else 32)",
-    )
-    parser.add_argument(
-        "--max-batch-tokens", type=_positive_int, default=None, help="cap on rows x longest length per batch"
-    )
-    parser.add_argument(
-        "--max-delay-ms", type=float, default=0.0, help="how long a free worker may wait for a fuller batch (default 0)"
-    )
-    parser.add_argument(
-        "--max-queue", type=_positive_int, default=1024, help="requests allowed to wait; beyond that 429 (default 1024)"
-    )
-    parser.add_argument("--workers", type=_positive_int, default=None, help="batches in flight (default 2)")
-    parser.add_argument(
-        "--no-latency-session",
+        "--allow-unvalidated",
         action="store_true",
-        help="do not build the second, every-core CPU session for requests that arrive when idle (saves its memory)",
+        help="serve an export whose accuracy checks failed (validation.passed false in ortbatch.json); "
+        "refused otherwise",
+    )
+
+
+def _add_runtime(parser: argparse.ArgumentParser) -> None:
+    """How each model batches (the flags shared with ``bench``) and what a request may ask."""
+    add_runtime_arguments(
+        parser,
+        max_batch_size=None,
+        max_batch_size_help="rows per batch (default: the export's tuned setting, else 32)",
+        max_batch_tokens_help="cap on rows x longest length per batch",
+        latency_help="do not build the second, every-core CPU session for requests that arrive when idle "
+        "(saves its memory)",
+    )
+    parser.add_argument(
+        "--max-queue", type=positive_int, default=1024, help="requests allowed to wait; beyond that 429 (default 1024)"
     )
     parser.add_argument(
         "--timeout-s", type=float, default=None, help="deadline per request before it runs; then 504 (default none)"
     )
     parser.add_argument(
-        "--providers", default=None, type=providers_arg, help=f"{PROVIDERS_HELP} (default: CUDA if it loads, else CPU)"
-    )
-    parser.add_argument(
         "--max-body-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=64 * 1024 * 1024,
         help="largest request body; larger is 413 (default 64 MiB)",
     )
@@ -102,13 +90,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-context-length",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="generation exports: most positions a sequence may reach (default: the export's)",
     )
+
+
+def _add_http(parser: argparse.ArgumentParser) -> None:
+    """Where and how the server listens: address, gRPC, front ends, auth and TLS."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=port, default=8000, help="port (0: pick a free one; default 8000)")
     parser.add_argument(
         "--grpc-port",
-        type=_port,
+        type=port,
         default=None,
         help="also serve the KServe v2 gRPC protocol on this port of --host (Triton's is 8001; 0: a free one)",
     )
@@ -130,7 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", default=None, help="read the API key from this file's first line")
     parser.add_argument("--ssl-certfile", default=None, help="PEM certificate: serve HTTPS (and TLS gRPC)")
     parser.add_argument("--ssl-keyfile", default=None, help="PEM private key of --ssl-certfile")
-    limits = parser.add_argument_group("connection limits (docs/serving.md)")
+
+
+def _add_limits(limits: Any) -> None:
     limits.add_argument("--header-timeout-s", type=float, default=10.0, help="seconds to send headers (default 10)")
     limits.add_argument(
         "--http",
@@ -141,15 +137,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     limits.add_argument("--body-timeout-s", type=float, default=60.0, help="seconds to send a body (default 60)")
     limits.add_argument(
-        "--limit-concurrency", type=_positive_int, default=1000, help="connections at once; beyond: 503 (default 1000)"
+        "--limit-concurrency", type=positive_int, default=1000, help="connections at once; beyond: 503 (default 1000)"
     )
     limits.add_argument(
         "--max-text-chars",
-        type=_positive_int,
+        type=positive_int,
         default=100_000,
         help="longest text taken when the export sets no max sequence length; longer: 413 (default 100000)",
     )
-    ray = parser.add_argument_group("Ray Serve (pip install 'ortbatch[ray]'; see docs/scale-out.md)")
+
+
+def _add_ray(ray: Any) -> None:
     ray.add_argument(
         "--ray",
         action="store_true",
@@ -158,7 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ray.add_argument(
         "--ray-address", default=None, help="cluster to join, e.g. ray://head:10001 or auto (default: a local Ray)"
     )
-    ray.add_argument("--replicas", type=_positive_int, default=1, help="replicas per deployment (default 1)")
+    ray.add_argument("--replicas", type=positive_int, default=1, help="replicas per deployment (default 1)")
     ray.add_argument(
         "--replica-cpus", type=float, default=1.0, help="CPUs per replica; its ONNX Runtime threads follow (default 1)"
     )
@@ -169,17 +167,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the proxy's deadline per request: past it, 408 (even if its replica died; default none)",
     )
+
+
+def _add_logging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
         help="server log level (default info)",
-    )
-    parser.add_argument(
-        "--allow-unvalidated",
-        action="store_true",
-        help="serve an export whose accuracy checks failed (validation.passed false in ortbatch.json); "
-        "refused otherwise",
     )
     parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
 
@@ -197,9 +192,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..errors import OrtBatchError
-    from ..serve.auth import resolve_api_key
     from ..serve.repository import ModelRepository, parse_model_args
-    from ..serve.server import ServeConfig, serve
+    from ..serve.server import serve
     from ._target import export_target
 
     if not args.directory and args.repository is None:
@@ -208,32 +202,56 @@ def run(args: argparse.Namespace) -> int:
     # one DIR keeps the one-model server; several, NAME=DIR or --repository: the repository
     one = args.directory[0] if len(args.directory) == 1 else ""
     many = args.repository is not None or not one or ("=" in one and not Path(one).exists())
-    if many and args.name is not None:
-        print("ortbatch serve: error: --name names one model; with several, use NAME=DIR", file=sys.stderr)
+    mistake = _flag_mistake(args, many)
+    if mistake is not None:
+        print(f"ortbatch serve: error: {mistake}", file=sys.stderr)
         return 2
-    if not args.ray:  # flag mistakes first, before anything is read from disk
+    config = _config(args)
+    if args.ray:
+        return _serve_on_ray(args, config)
+    if not many:  # one export: the same check and message as every command, and its recorded checks
+        target = export_target(args.directory[0], onnx_file=True)
+        refuse_failed_checks(target, args.allow_unvalidated)
+        return serve(target, config)
+    try:
+        models = parse_model_args(args.directory)
+        missing = [str(path) for _, path in models if not path.exists()]
+        if missing:
+            raise OrtBatchError(f"{', '.join(missing)} does not exist")
+        root = Path(args.repository) if args.repository is not None else None
+        repository = ModelRepository(models, root=root, config=config, strict=args.strict)
+        return serve(repository, config)
+    except OrtBatchError as exc:
+        print(f"ortbatch serve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _flag_mistake(args: argparse.Namespace, many: bool) -> str | None:
+    """What is wrong with the flags taken together, before anything is read from disk."""
+    if many and args.name is not None:
+        return "--name names one model; with several, use NAME=DIR"
+    if not args.ray:
         for flag, default in _RAY_DEFAULTS.items():
             if getattr(args, flag) != default:
-                print(f"ortbatch serve: error: --{flag.replace('_', '-')} needs --ray", file=sys.stderr)
-                return 2
+                return f"--{flag.replace('_', '-')} needs --ray"
     if args.frontends < 1:
-        print(f"ortbatch serve: error: --frontends must be 1 or more, got {args.frontends}", file=sys.stderr)
-        return 2
+        return f"--frontends must be 1 or more, got {args.frontends}"
     if args.frontends > 1 and args.ray:
-        print(
-            "ortbatch serve: error: --frontends and --ray do not go together (Ray runs its own replicas)",
-            file=sys.stderr,
-        )
-        return 2
+        return "--frontends and --ray do not go together (Ray runs its own replicas)"
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
-        print("ortbatch serve: error: TLS needs both --ssl-certfile and --ssl-keyfile", file=sys.stderr)
-        return 2
+        return "TLS needs both --ssl-certfile and --ssl-keyfile"
     for flag, path in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
         if path is not None and not Path(path).is_file():
-            print(f"ortbatch serve: error: {flag} {path} is not a file", file=sys.stderr)
-            return 2
+            return f"{flag} {path} is not a file"
+    return None
 
-    config = ServeConfig(
+
+def _config(args: argparse.Namespace) -> Any:
+    """The ServeConfig the flags ask for (the API key read from its file or the environment)."""
+    from ..serve.auth import resolve_api_key
+    from ..serve.server import ServeConfig
+
+    return ServeConfig(
         host=args.host,
         port=args.port,
         name=args.name,
@@ -263,23 +281,6 @@ def run(args: argparse.Namespace) -> int:
         truncate=args.truncate,
         frontends=args.frontends,
     )
-    if args.ray:
-        return _serve_on_ray(args, config)
-    if not many:  # one export: the same check and message as every command, and its recorded checks
-        target = export_target(args.directory[0], onnx_file=True)
-        refuse_failed_checks(target, args.allow_unvalidated)
-        return serve(target, config)
-    try:
-        models = parse_model_args(args.directory)
-        missing = [str(path) for _, path in models if not path.exists()]
-        if missing:
-            raise OrtBatchError(f"{', '.join(missing)} does not exist")
-        root = Path(args.repository) if args.repository is not None else None
-        repository = ModelRepository(models, root=root, config=config, strict=args.strict)
-        return serve(repository, config)
-    except OrtBatchError as exc:
-        print(f"ortbatch serve: error: {exc}", file=sys.stderr)
-        return 2
 
 
 def refuse_failed_checks(target: Path, allow_unvalidated: bool) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._providers import PROVIDERS_HELP, providers_arg
+from ._flags import PROVIDERS_HELP, providers_arg
 
 HELP = "run the accuracy checks (reference parity, shapes, batching, providers) on an export"
 

@@ -182,53 +182,16 @@ def prepare_int8(
     first; ``outlier_ratio`` then judges the smoothed ranges. Returns the float nodes the quantizer must skip.
     Raises :class:`ExportError` when the model cannot take a rewrite asked for.
     """
-    import onnx
-    from onnx import helper, numpy_helper
-
-    if not feeds:
-        raise ExportError("int8 outlier_ratio / mask_padding / smooth_alpha need calibration texts")
     graph = model.graph
-    inputs = {i.name for i in graph.input}
-    if mask_padding and ("attention_mask" not in inputs or any("past" in n for n in inputs)):
-        raise ExportError(
-            "quantization.mask_padding needs an encoder with an attention_mask input (batch, sequence); "
-            f"this model takes {sorted(inputs)}"
-        )
-    skip = set(exclude)
-    groups = {x: [(p, n) for p, n in nodes if n.name not in skip] for x, nodes in _weight_matmuls(model).items()}
-    groups = {x: nodes for x, nodes in groups.items() if nodes}
-    if not groups:
-        raise ExportError(
-            "int8 outlier_ratio / mask_padding / smooth_alpha: the model has no MatMul with a weight matrix"
-        )
+    groups = _groups(model, feeds, mask_padding, exclude)
     with tempfile.TemporaryDirectory(prefix="ortbatch-int8prep-") as tmp:
         amax = _input_amax(model, list(groups), feeds, Path(tmp))
-    inits = {i.name: i for i in graph.initializer}
-    prep = Int8Prep()
-    before: dict[int, list[Any]] = {}  # node position -> nodes to insert before it
-    after: dict[int, list[Any]] = {}
-    head: list[Any] = []
-    if mask_padding:
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-        if opset >= 13:
-            axes = numpy_helper.from_array(np.array([-1], np.int64), f"{_PAD_MASK}_axes")
-            graph.initializer.append(axes)
-            unsq = helper.make_node("Unsqueeze", ["attention_mask", axes.name], [f"{_PAD_MASK}_u"], name="PadMaskUnsq")
-        else:
-            unsq = helper.make_node("Unsqueeze", ["attention_mask"], [f"{_PAD_MASK}_u"], name="PadMaskUnsq", axes=[-1])
-        cast = helper.make_node("Cast", [f"{_PAD_MASK}_u"], [_PAD_MASK], name="PadMaskCast", to=onnx.TensorProto.FLOAT)
-        head = [unsq, cast]
-    # every reader of each value, once per use (None: a graph output)
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    for out in graph.output:
-        consumers.setdefault(out.name, []).append(None)
+    rw = _Rewrite(graph)
+    head = _pad_mask_nodes(model) if mask_padding else []
     layernorms = {node.output[0]: node for node in graph.node if node.op_type == "LayerNormalization"}
     # smoothing applies where a LayerNormalization with constant gamma/beta makes the input
     producers = {
-        x: node for x, node in layernorms.items() if len(node.input) > 1 and all(i in inits for i in node.input[1:3])
+        x: node for x, node in layernorms.items() if len(node.input) > 1 and all(i in rw.inits for i in node.input[1:3])
     }
     # pad rows are zeroed where the layers read the residual stream (LayerNorm outputs):
     # every other input's pad rows are then computed from those zeros or from real tokens
@@ -241,71 +204,164 @@ def prepare_int8(
         cur = x
         added: list[Any] = []
         if mask_padding and rank == 3 and (x in layernorms or not normed_groups):
-            added.append(helper.make_node("Mul", [cur, _PAD_MASK], [f"{key}_unpadded"], name=f"{key}_PadMul"))
+            added.append(_node("Mul", [cur, _PAD_MASK], [f"{key}_unpadded"], name=f"{key}_PadMul"))
             cur = f"{key}_unpadded"
-            prep.masked_inputs += 1
+            rw.prep.masked_inputs += 1
         producer = producers.get(x)
         if smooth_alpha is not None and channels.size > 1 and producer is not None:
-            weights = [numpy_helper.to_array(inits[n.input[1]]) for _, n in nodes]
-            s = _smooth_scales(channels, np.max([np.abs(w).max(axis=1) for w in weights], axis=0), smooth_alpha)
-            if cur == x and _fold_into_layernorm(producer, s, consumers, inits, [n for _, n in nodes]):
-                prep.folded_inputs += 1
-            else:
-                graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), f"{key}_smooth"))
-                added.append(
-                    helper.make_node("Mul", [cur, f"{key}_smooth"], [f"{key}_smoothed"], name=f"{key}_SmoothMul")
-                )
-                cur = f"{key}_smoothed"
-            for j, ((_, node), w) in enumerate(zip(nodes, weights, strict=True)):
-                name = node.input[1]
-                if len(consumers.get(name, ())) > 1:  # shared with another node: the scaled copy is this one's own
-                    name = f"{key}_{j}_smoothed_w"
-                    graph.initializer.append(onnx.TensorProto())
-                    inits[name] = graph.initializer[-1]
-                    node.input[1] = name
-                inits[name].CopyFrom(numpy_helper.from_array((w * s[:, None]).astype(np.float32), name))
-            channels = channels / s
-            prep.smoothed_inputs += 1
+            channels, cur = rw.smooth(key, x, cur, nodes, channels, producer, smooth_alpha, added)
         idx = np.zeros(0, np.int64)
         if outlier_ratio is not None and channels.size > 1:
             median = float(np.median(channels))  # after smoothing, if any
             idx = np.flatnonzero(channels > outlier_ratio * max(median, 1e-12)).astype(np.int64)
         if idx.size:
-            keep = np.ones(channels.size, np.float32)
-            keep[idx] = 0.0
-            graph.initializer.extend(
-                [numpy_helper.from_array(keep, f"{key}_inliers_mask"), numpy_helper.from_array(idx, f"{key}_outliers")]
-            )
-            added += [
-                helper.make_node("Mul", [cur, f"{key}_inliers_mask"], [f"{key}_inliers"], name=f"{key}_InlierMul"),
-                helper.make_node(
-                    "Gather", [cur, f"{key}_outliers"], [f"{key}_outlier_x"], name=f"{key}_Gather", axis=-1
-                ),
-            ]
-            cur = f"{key}_inliers"
-            prep.outlier_channels += int(idx.size)
-            prep.split_inputs += 1
-        if not added:
-            continue
-        before.setdefault(nodes[0][0], []).extend(added)
+            cur = rw.split_outliers(key, cur, channels, idx, added)
+        if added:
+            rw.rewire(key, cur, nodes, idx, added)
+    rw.reorder(head)
+    return rw.prep
+
+
+def _node(*args: Any, **kwargs: Any) -> Any:
+    from onnx import helper
+
+    return helper.make_node(*args, **kwargs)
+
+
+def _groups(
+    model: Any, feeds: Sequence[Mapping[str, np.ndarray]], mask_padding: bool, exclude: Sequence[str]
+) -> dict[str, list[tuple[int, Any]]]:
+    """The weight MatMuls to rewrite, by the input they read, once the rewrite is possible."""
+    if not feeds:
+        raise ExportError("int8 outlier_ratio / mask_padding / smooth_alpha need calibration texts")
+    inputs = {i.name for i in model.graph.input}
+    if mask_padding and ("attention_mask" not in inputs or any("past" in n for n in inputs)):
+        raise ExportError(
+            "quantization.mask_padding needs an encoder with an attention_mask input (batch, sequence); "
+            f"this model takes {sorted(inputs)}"
+        )
+    skip = set(exclude)
+    groups = {x: [(p, n) for p, n in nodes if n.name not in skip] for x, nodes in _weight_matmuls(model).items()}
+    groups = {x: nodes for x, nodes in groups.items() if nodes}
+    if not groups:
+        raise ExportError(
+            "int8 outlier_ratio / mask_padding / smooth_alpha: the model has no MatMul with a weight matrix"
+        )
+    return groups
+
+
+def _pad_mask_nodes(model: Any) -> list[Any]:
+    """Nodes that turn ``attention_mask`` (batch, sequence) into a float (batch, sequence, 1)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset >= 13:
+        axes = numpy_helper.from_array(np.array([-1], np.int64), f"{_PAD_MASK}_axes")
+        graph.initializer.append(axes)
+        unsq = _node("Unsqueeze", ["attention_mask", axes.name], [f"{_PAD_MASK}_u"], name="PadMaskUnsq")
+    else:
+        unsq = _node("Unsqueeze", ["attention_mask"], [f"{_PAD_MASK}_u"], name="PadMaskUnsq", axes=[-1])
+    cast = _node("Cast", [f"{_PAD_MASK}_u"], [_PAD_MASK], name="PadMaskCast", to=onnx.TensorProto.FLOAT)
+    return [unsq, cast]
+
+
+class _Rewrite:
+    """The graph being rewritten: its initializers, the readers of each value, and the nodes
+    to insert before and after each original node's position."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+        self.inits = {i.name: i for i in graph.initializer}
+        self.prep = Int8Prep()
+        self.before: dict[int, list[Any]] = {}  # node position -> nodes to insert before it
+        self.after: dict[int, list[Any]] = {}
+        # every reader of each value, once per use (None: a graph output)
+        self.consumers: dict[str, list[Any]] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        for out in graph.output:
+            self.consumers.setdefault(out.name, []).append(None)
+
+    def smooth(
+        self,
+        key: str,
+        x: str,
+        cur: str,
+        nodes: list[tuple[int, Any]],
+        channels: np.ndarray,
+        producer: Any,
+        alpha: float,
+        added: list[Any],
+    ) -> tuple[np.ndarray, str]:
+        """Scale the input's channels down and the weights' rows up by the same factors
+        (folded into the LayerNorm when it is theirs alone). Returns the new ranges and input."""
+        import onnx
+        from onnx import numpy_helper
+
+        graph, inits = self.graph, self.inits
+        weights = [numpy_helper.to_array(inits[n.input[1]]) for _, n in nodes]
+        s = _smooth_scales(channels, np.max([np.abs(w).max(axis=1) for w in weights], axis=0), alpha)
+        if cur == x and _fold_into_layernorm(producer, s, self.consumers, inits, [n for _, n in nodes]):
+            self.prep.folded_inputs += 1
+        else:
+            graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), f"{key}_smooth"))
+            added.append(_node("Mul", [cur, f"{key}_smooth"], [f"{key}_smoothed"], name=f"{key}_SmoothMul"))
+            cur = f"{key}_smoothed"
+        for j, ((_, node), w) in enumerate(zip(nodes, weights, strict=True)):
+            name = node.input[1]
+            if len(self.consumers.get(name, ())) > 1:  # shared with another node: the scaled copy is this one's own
+                name = f"{key}_{j}_smoothed_w"
+                graph.initializer.append(onnx.TensorProto())
+                inits[name] = graph.initializer[-1]
+                node.input[1] = name
+            inits[name].CopyFrom(numpy_helper.from_array((w * s[:, None]).astype(np.float32), name))
+        self.prep.smoothed_inputs += 1
+        return channels / s, cur
+
+    def split_outliers(self, key: str, cur: str, channels: np.ndarray, idx: np.ndarray, added: list[Any]) -> str:
+        """Zero the outlier channels ``idx`` of the int8 input and gather them for a float MatMul."""
+        from onnx import numpy_helper
+
+        keep = np.ones(channels.size, np.float32)
+        keep[idx] = 0.0
+        self.graph.initializer.extend(
+            [numpy_helper.from_array(keep, f"{key}_inliers_mask"), numpy_helper.from_array(idx, f"{key}_outliers")]
+        )
+        added += [
+            _node("Mul", [cur, f"{key}_inliers_mask"], [f"{key}_inliers"], name=f"{key}_InlierMul"),
+            _node("Gather", [cur, f"{key}_outliers"], [f"{key}_outlier_x"], name=f"{key}_Gather", axis=-1),
+        ]
+        self.prep.outlier_channels += int(idx.size)
+        self.prep.split_inputs += 1
+        return f"{key}_inliers"
+
+    def rewire(self, key: str, cur: str, nodes: list[tuple[int, Any]], idx: np.ndarray, added: list[Any]) -> None:
+        """Point the MatMuls at the rewritten input; with outliers, add each one's float part."""
+        from onnx import numpy_helper
+
+        self.before.setdefault(nodes[0][0], []).extend(added)
         for j, (pos, node) in enumerate(nodes):
             node.input[0] = cur
             if not idx.size:
                 continue
-            w = numpy_helper.to_array(inits[node.input[1]])
+            w = numpy_helper.to_array(self.inits[node.input[1]])
             rows = numpy_helper.from_array(np.ascontiguousarray(w[idx]), f"{key}_{j}_outlier_rows")
-            graph.initializer.append(rows)
+            self.graph.initializer.append(rows)
             y = node.output[0]
             node.output[0] = f"{key}_{j}_int8_part"
-            fm = helper.make_node(
+            fm = _node(
                 "MatMul", [f"{key}_outlier_x", rows.name], [f"{key}_{j}_float_part"], name=f"{key}_{j}_FloatMatMul"
             )
-            add = helper.make_node("Add", [node.output[0], fm.output[0]], [y], name=f"{key}_{j}_Add")
-            after.setdefault(pos, []).extend([fm, add])
-            prep.float_nodes.append(fm.name)
-    order = list(head)
-    for pos, node in enumerate(graph.node):
-        order += [*before.get(pos, []), node, *after.get(pos, [])]
-    del graph.node[:]
-    graph.node.extend(order)
-    return prep
+            add = _node("Add", [node.output[0], fm.output[0]], [y], name=f"{key}_{j}_Add")
+            self.after.setdefault(pos, []).extend([fm, add])
+            self.prep.float_nodes.append(fm.name)
+
+    def reorder(self, head: list[Any]) -> None:
+        order = list(head)
+        for pos, node in enumerate(self.graph.node):
+            order += [*self.before.get(pos, []), node, *self.after.get(pos, [])]
+        del self.graph.node[:]
+        self.graph.node.extend(order)

@@ -206,24 +206,7 @@ def quantize_model(
 
     quant = require("onnxruntime.quantization", "export")
     p = Path(path)
-    try:
-        model = onnx.load(str(p), load_external_data=False)
-    except Exception as exc:
-        raise ExportError(f"cannot read {p} to quantize it: {type(exc).__name__}: {exc}") from exc
-    external = (
-        any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
-        or p.with_name(p.name + "_data").exists()
-    )
-    graph_inputs = [i.name for i in model.graph.input]
-    excluded = list(config.nodes_to_exclude) + (_edge_nodes(model) if config.keep_float == "edges" else [])
-    known = {n.name for n in model.graph.node}
-    missing = [n for n in config.nodes_to_exclude if n not in known]
-    if missing:
-        raise ExportError(f"quantization.nodes_to_exclude names nodes that {p.name} does not have: {missing[:5]}")
-    quantized_types = {n.op_type for n in model.graph.node} & set(config.op_types)
-    if not quantized_types:
-        raise ExportError(f"{p.name} has none of the op types to quantize {list(config.op_types)}")
-    del model
+    graph_inputs, excluded, external, quantized_types = _inspect(p, config)
     # optimum's fused graphs (Attention, SkipLayerNormalization) defeat shape inference;
     # their tensors are float, which is what the quantizer needs to know.
     extra: dict[str, Any] = {"DefaultTensorType": onnx.TensorProto.FLOAT}
@@ -240,40 +223,9 @@ def quantize_model(
                     p, config, tokenizer, texts, graph_inputs, excluded, external, Path(tmp), max_length
                 )
                 excluded += prepared.float_nodes
-            if config.mode == "int8":
-                quant.quantize_dynamic(
-                    src,
-                    out,
-                    op_types_to_quantize=list(config.op_types),
-                    per_channel=config.per_channel,
-                    reduce_range=config.reduce_range,
-                    weight_type=quant.QuantType.QInt8,
-                    nodes_to_exclude=excluded,
-                    use_external_data_format=external,
-                    extra_options=extra,
-                )
-            else:
-                feeds = _calibration_feeds(config, tokenizer, texts, graph_inputs, max_length)
-                method = {
-                    "minmax": quant.CalibrationMethod.MinMax,
-                    "entropy": quant.CalibrationMethod.Entropy,
-                    "percentile": quant.CalibrationMethod.Percentile,
-                }[config.calibration]
-                quant.quantize_static(
-                    p,
-                    out,
-                    _Calibration(feeds),
-                    quant_format=quant.QuantFormat.QDQ,
-                    op_types_to_quantize=list(config.op_types),
-                    per_channel=config.per_channel,
-                    reduce_range=config.reduce_range,
-                    activation_type=quant.QuantType.QInt8,
-                    weight_type=quant.QuantType.QInt8,
-                    nodes_to_exclude=excluded,
-                    use_external_data_format=external,
-                    calibrate_method=method,
-                    extra_options={**extra, "ActivationSymmetric": True},
-                )
+            _run_quantizer(
+                quant, config, p, src, out, excluded, external, extra, tokenizer, texts, graph_inputs, max_length
+            )
         except ExportError:
             raise
         except Exception as exc:
@@ -291,6 +243,83 @@ def quantize_model(
         "quantized_op_types": sorted(quantized_types),
         **(prepared.to_dict() if prepared is not None else {}),
     }
+
+
+def _inspect(p: Path, config: QuantizeConfig) -> tuple[list[str], list[str], bool, set[str]]:
+    """The model's inputs, the nodes to keep float, whether its weights are external, and
+    the op types that will be quantized; refused when the config names what is not there."""
+    import onnx
+
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as exc:
+        raise ExportError(f"cannot read {p} to quantize it: {type(exc).__name__}: {exc}") from exc
+    external = (
+        any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
+        or p.with_name(p.name + "_data").exists()
+    )
+    graph_inputs = [i.name for i in model.graph.input]
+    excluded = list(config.nodes_to_exclude) + (_edge_nodes(model) if config.keep_float == "edges" else [])
+    known = {n.name for n in model.graph.node}
+    missing = [n for n in config.nodes_to_exclude if n not in known]
+    if missing:
+        raise ExportError(f"quantization.nodes_to_exclude names nodes that {p.name} does not have: {missing[:5]}")
+    quantized_types = {n.op_type for n in model.graph.node} & set(config.op_types)
+    if not quantized_types:
+        raise ExportError(f"{p.name} has none of the op types to quantize {list(config.op_types)}")
+    return graph_inputs, excluded, external, quantized_types
+
+
+def _run_quantizer(
+    quant: Any,
+    config: QuantizeConfig,
+    original: Path,
+    src: Path,
+    out: Path,
+    excluded: list[str],
+    external: bool,
+    extra: dict[str, Any],
+    tokenizer: Any,
+    texts: Sequence[str],
+    graph_inputs: list[str],
+    max_length: int | None,
+) -> None:
+    """onnxruntime's dynamic quantizer on ``src`` (the original file, or its prepared copy),
+    or its static (QDQ) one on ``original``, calibrated on the texts."""
+    if config.mode == "int8":
+        quant.quantize_dynamic(
+            src,
+            out,
+            op_types_to_quantize=list(config.op_types),
+            per_channel=config.per_channel,
+            reduce_range=config.reduce_range,
+            weight_type=quant.QuantType.QInt8,
+            nodes_to_exclude=excluded,
+            use_external_data_format=external,
+            extra_options=extra,
+        )
+        return
+    feeds = _calibration_feeds(config, tokenizer, texts, graph_inputs, max_length)
+    method = {
+        "minmax": quant.CalibrationMethod.MinMax,
+        "entropy": quant.CalibrationMethod.Entropy,
+        "percentile": quant.CalibrationMethod.Percentile,
+    }[config.calibration]
+    quant.quantize_static(
+        original,
+        out,
+        _Calibration(feeds),
+        quant_format=quant.QuantFormat.QDQ,
+        op_types_to_quantize=list(config.op_types),
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        activation_type=quant.QuantType.QInt8,
+        weight_type=quant.QuantType.QInt8,
+        nodes_to_exclude=excluded,
+        use_external_data_format=external,
+        calibrate_method=method,
+        extra_options={**extra, "ActivationSymmetric": True},
+    )
 
 
 def _prepare(

@@ -298,150 +298,29 @@ def tune(
         InvalidInputError: bad arguments (lengths, floors, texts overlapping the held-out set).
         ExportError: no variant could be built or the output directory is in the way.
     """
-    from ..bench.workload import parse_lengths
-    from .recipes import Recipe, load_recipe
-
     t0 = time.perf_counter()
-    say = progress or (lambda msg: log.info("%s", msg))
-    spec = parse_lengths(lengths)
-    if spec.texts is not None:
-        raise InvalidInputError("tune: --lengths takes A-B or N; give real texts with --texts FILE")
-    for name, value in (("min_cosine", min_cosine), ("min_argmax", min_argmax), ("min_greedy", min_greedy)):
-        if value is not None and not 0.0 < value <= 1.0:
-            raise InvalidInputError(f"tune: {name} must be in (0, 1], got {value}")
-    if budget_s <= 0:
-        raise InvalidInputError(f"tune: budget_s must be positive, got {budget_s}")
-    for name, count in (("requests", requests), ("concurrency", concurrency), ("rounds", rounds)):
-        if count < 1:
-            raise InvalidInputError(f"tune: {name} must be at least 1, got {count}")
-    if not settings:
-        raise InvalidInputError("tune: no runtime settings to try")
+    floors = {"cosine": min_cosine, "argmax": min_argmax, "greedy": min_greedy}
+    spec = _check_arguments(
+        lengths, floors, budget_s, {"requests": requests, "concurrency": concurrency, "rounds": rounds}, settings
+    )
     out = Path(output)
-    _check_output(out)
-    rcp = load_recipe(recipe) if isinstance(recipe, (str, os.PathLike)) else (recipe or Recipe())
-    model_ref = _model_ref(model)
-    chosen_variants = resolve_variants(variants)
-    bench_texts = _read_texts(texts) if texts is not None else None
-    holdout_texts = _read_texts(holdout) if holdout is not None else None
-    if holdout_texts is not None:
-        overlap = set(holdout_texts) & (set(rcp.samples) | set(bench_texts or ()))
-        if overlap:
-            raise InvalidInputError(
-                f"tune: {len(overlap)} held-out text(s) are also tuning texts or check samples, "
-                f"e.g. {next(iter(overlap))!r}: a held-out set must be unseen"
-            )
-    floors = {k: v for k, v in (("cosine", min_cosine), ("argmax", min_argmax), ("greedy", min_greedy)) if v}
-
-    work = out.parent / f".{out.name}.tune"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    deadline = t0 + budget_s
-    rows: list[VariantResult] = []
+    rcp, model_ref, chosen_variants, bench_texts, holdout_texts = _inputs(out, model, recipe, variants, texts, holdout)
+    floors_set = {k: v for k, v in floors.items() if v}
+    work = _work_dir(out)
+    clock = _Clock(t0 + budget_s, budget_s, bar, progress or (lambda msg: log.info("%s", msg)))
     try:
         # -- 1+2: build and check every variant -------------------------------------
-        for i, var in enumerate(chosen_variants):
-            if bar is not None:
-                bar.set_description(f"export+check {var.name}")
-            left = deadline - time.perf_counter()
-            # each build must leave time to benchmark what passed (a fifth of the budget)
-            if rows and left < 0.2 * budget_s + max(r.export_s for r in rows):
-                rows.append(VariantResult(var.name, "skipped", failure=f"budget ({budget_s:g}s) spent"))
-                _tick(bar)
-                continue
-            say(f"[{i + 1}/{len(chosen_variants)}] {var.name}: export and checks")
-            row = _search(
-                model_ref,
-                work / _slug(var.name),
-                var,
-                rcp,
-                floors,
-                lambda: deadline - time.perf_counter(),
-                0.2 * budget_s,
-                say,
-            )
-            rows.append(row)
-            _tick(bar)
-            if row.directory is not None:
-                family = Manifest.load(row.directory).source.get("family", "encoder")
-                if family != "encoder":
-                    # BatchedGenerator's continuous batching is another benchmark (ortbatch generate/bench)
-                    raise InvalidInputError(
-                        f"tune benchmarks encoder exports with BatchedSession; {model} is a {family} model. "
-                        "Export it with --quantize int8 (checked by greedy-token agreement) and compare with "
-                        "benchmarks/generation.py instead"
-                    )
+        rows = _build_variants(model, model_ref, chosen_variants, work, rcp, floors_set, clock)
         passed = [r for r in rows if r.status == "passed"]
         if not passed:
             raise ExportError("tune: no variant passed the checks:\n" + _plain(rows))
-        baseline = next((r for r in rows if r.variant == "fp32"), None)
-
         # -- 3: benchmark the passing ones (fp32 too, as the baseline) -------------------
-        from ..bench.workload import load_target, make_workload
-
-        bench_rows = [r for r in rows if r.status == "passed" or (r is baseline and r.directory is not None)]
-        ref_dir = bench_rows[0].directory
-        assert ref_dir is not None
-        text_file = _length_filtered_texts(ref_dir, spec.low, spec.high, bench_texts, work / "bench-texts.txt")
-        import onnxruntime
-
-        target = load_target(ref_dir, onnxruntime.InferenceSession(os.fspath(ref_dir / "model.onnx")))
-        from ..bench.workload import LengthSpec
-
-        workload = make_workload(target, LengthSpec(texts=os.fspath(text_file)), requests, seed=seed)
-        cells = [(r, s) for r in bench_rows for s in settings]
-        # each cell also builds its sessions and warms up (about as long again as it measures)
-        left = deadline - time.perf_counter() - 5.0
-        per_cell = bench_s or max(1.0, min(10.0, left / max(1, 2 * len(cells) * rounds) - 1.0))
-        say(
-            f"benchmarking {len(bench_rows)} variant(s) x {len(settings)} setting(s), "
-            f"{rounds} rounds of {per_cell:.1f}s"
-        )
-        samples: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
-        round_s = 0.0
-        for rnd in range(rounds):
-            started = time.perf_counter()
-            # a round must fit in what is left (the first always runs: a choice needs figures)
-            if rnd > 0 and started + round_s > deadline:
-                say(f"budget: {rnd} of {rounds} round(s) fit in {budget_s:g}s")
-                break
-            for r, s in cells:
-                if bar is not None:
-                    bar.set_description(f"bench {r.variant} {s.label} round {rnd + 1}")
-                assert r.directory is not None
-                samples.setdefault((r.variant, s.label), []).append(
-                    _measure(r.directory, s, workload, concurrency, per_cell, warm_s=min(5.0, per_cell))
-                )
-                _tick(bar)
-            round_s = time.perf_counter() - started
-        for r in bench_rows:
-            for s in settings:
-                runs = samples[(r.variant, s.label)]
-                k = int(np.argsort([x[0] for x in runs])[len(runs) // 2])  # the median round
-                rps, p50, p99 = runs[k]
-                r.by_setting[s.label] = {
-                    "requests_per_s": round(rps, 2),
-                    "p50_ms": round(p50, 2),
-                    "p99_ms": round(p99, 2),
-                }
-                if r.throughput is None or rps > r.throughput:
-                    r.throughput, r.p50_ms, r.p99_ms, r.setting = rps, round(p50, 2), round(p99, 2), s
-        if baseline is not None and baseline.throughput:
-            for r in bench_rows:
-                if r.throughput is not None:
-                    r.speedup = r.throughput / baseline.throughput
+        bench = _BenchPlan(spec, bench_texts, requests, seed, concurrency, rounds, bench_s)
+        workload = _benchmark(rows, settings, bench, work, clock)
         chosen = max(passed, key=lambda r: r.throughput or 0.0)
-
         # -- held-out: checked after the choice, reported only ---------------------------
         if holdout_texts is not None:
-            for r in sorted(passed, key=lambda r: r is not chosen):  # the chosen one first
-                if r is not chosen and time.perf_counter() > deadline:
-                    r.holdout = "skipped: budget spent"
-                    continue
-                if bar is not None:
-                    bar.set_description(f"held-out checks {r.variant}")
-                assert r.directory is not None
-                r.holdout = _holdout(r.directory, holdout_texts, floors)
+            _check_holdout(passed, chosen, holdout_texts, floors_set, clock)
         # -- 4: keep the winner -------------------------------------------------------
         result = TuneResult(out, chosen, rows, workload.describe() | {"texts": os.fspath(texts or "built-in")}, 0.0)
         _install(chosen, out, result, work, keep)
@@ -451,6 +330,232 @@ def tune(
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the phases of tune ----------------------------------------------------------------------
+
+
+def _check_arguments(
+    lengths: str,
+    floors: dict[str, float | None],
+    budget_s: float,
+    counts: dict[str, int],
+    settings: Sequence[RuntimeSetting],
+) -> Any:
+    """The benchmark's LengthSpec, once every argument is known to be usable."""
+    from ..bench.workload import parse_lengths
+
+    spec = parse_lengths(lengths)
+    if spec.texts is not None:
+        raise InvalidInputError("tune: --lengths takes A-B or N; give real texts with --texts FILE")
+    for name, value in floors.items():
+        if value is not None and not 0.0 < value <= 1.0:
+            raise InvalidInputError(f"tune: min_{name} must be in (0, 1], got {value}")
+    if budget_s <= 0:
+        raise InvalidInputError(f"tune: budget_s must be positive, got {budget_s}")
+    for name, count in counts.items():
+        if count < 1:
+            raise InvalidInputError(f"tune: {name} must be at least 1, got {count}")
+    if not settings:
+        raise InvalidInputError("tune: no runtime settings to try")
+    return spec
+
+
+def _inputs(
+    out: Path,
+    model: str | os.PathLike[str],
+    recipe: Any,
+    variants: Sequence[Variant] | Sequence[str] | None,
+    texts: str | os.PathLike[str] | None,
+    holdout: str | os.PathLike[str] | None,
+) -> tuple[Any, str, list[Variant], list[str] | None, list[str] | None]:
+    """The output checked, then the recipe, model, variants and texts, read."""
+    from .recipes import Recipe, load_recipe
+
+    _check_output(out)
+    rcp = load_recipe(recipe) if isinstance(recipe, (str, os.PathLike)) else (recipe or Recipe())
+    model_ref = _model_ref(model)
+    chosen_variants = resolve_variants(variants)
+    bench_texts = _read_texts(texts) if texts is not None else None
+    holdout_texts = _read_texts(holdout) if holdout is not None else None
+    _check_unseen(holdout_texts, rcp.samples, bench_texts)
+    return rcp, model_ref, chosen_variants, bench_texts, holdout_texts
+
+
+def _work_dir(out: Path) -> Path:
+    """A fresh scratch directory beside ``out`` (removed when tune ends)."""
+    work = out.parent / f".{out.name}.tune"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    return work
+
+
+def _check_unseen(holdout_texts: list[str] | None, samples: Sequence[str], bench_texts: list[str] | None) -> None:
+    if holdout_texts is None:
+        return
+    overlap = set(holdout_texts) & (set(samples) | set(bench_texts or ()))
+    if overlap:
+        raise InvalidInputError(
+            f"tune: {len(overlap)} held-out text(s) are also tuning texts or check samples, "
+            f"e.g. {next(iter(overlap))!r}: a held-out set must be unseen"
+        )
+
+
+@dataclass
+class _Clock:
+    """The budget's deadline, and where progress goes."""
+
+    deadline: float
+    budget_s: float
+    bar: Any
+    say: Progress
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def describe(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(text)
+
+
+@dataclass
+class _BenchPlan:
+    """What the benchmark of the passing variants runs."""
+
+    spec: Any
+    texts: list[str] | None
+    requests: int
+    seed: int
+    concurrency: int
+    rounds: int
+    bench_s: float | None
+
+
+def _build_variants(
+    model: Any,
+    model_ref: str,
+    variants: Sequence[Variant],
+    work: Path,
+    rcp: Any,
+    floors: dict[str, float],
+    clock: _Clock,
+) -> list[VariantResult]:
+    rows: list[VariantResult] = []
+    for i, var in enumerate(variants):
+        clock.describe(f"export+check {var.name}")
+        left = clock.left()
+        # each build must leave time to benchmark what passed (a fifth of the budget)
+        if rows and left < 0.2 * clock.budget_s + max(r.export_s for r in rows):
+            rows.append(VariantResult(var.name, "skipped", failure=f"budget ({clock.budget_s:g}s) spent"))
+            _tick(clock.bar)
+            continue
+        clock.say(f"[{i + 1}/{len(variants)}] {var.name}: export and checks")
+        row = _search(model_ref, work / _slug(var.name), var, rcp, floors, clock.left, 0.2 * clock.budget_s, clock.say)
+        rows.append(row)
+        _tick(clock.bar)
+        if row.directory is not None:
+            family = Manifest.load(row.directory).source.get("family", "encoder")
+            if family != "encoder":
+                # BatchedGenerator's continuous batching is another benchmark (ortbatch generate/bench)
+                raise InvalidInputError(
+                    f"tune benchmarks encoder exports with BatchedSession; {model} is a {family} model. "
+                    "Export it with --quantize int8 (checked by greedy-token agreement) and compare with "
+                    "benchmarks/generation.py instead"
+                )
+    return rows
+
+
+def _benchmark(
+    rows: list[VariantResult], settings: Sequence[RuntimeSetting], plan: _BenchPlan, work: Path, clock: _Clock
+) -> Any:
+    """Benchmark every passing variant (and the fp32 baseline) under every setting, in
+    interleaved rounds; each row gets its median round's figures. Returns the workload."""
+    from ..bench.workload import LengthSpec, load_target, make_workload
+
+    baseline = next((r for r in rows if r.variant == "fp32"), None)
+    bench_rows = [r for r in rows if r.status == "passed" or (r is baseline and r.directory is not None)]
+    ref_dir = bench_rows[0].directory
+    assert ref_dir is not None
+    spec = plan.spec
+    text_file = _length_filtered_texts(ref_dir, spec.low, spec.high, plan.texts, work / "bench-texts.txt")
+    import onnxruntime
+
+    target = load_target(ref_dir, onnxruntime.InferenceSession(os.fspath(ref_dir / "model.onnx")))
+    workload = make_workload(target, LengthSpec(texts=os.fspath(text_file)), plan.requests, seed=plan.seed)
+    cells = [(r, s) for r in bench_rows for s in settings]
+    # each cell also builds its sessions and warms up (about as long again as it measures)
+    left = clock.left() - 5.0
+    per_cell = plan.bench_s or max(1.0, min(10.0, left / max(1, 2 * len(cells) * plan.rounds) - 1.0))
+    clock.say(
+        f"benchmarking {len(bench_rows)} variant(s) x {len(settings)} setting(s), "
+        f"{plan.rounds} rounds of {per_cell:.1f}s"
+    )
+    samples = _rounds(cells, workload, plan, per_cell, clock)
+    _median_figures(bench_rows, settings, samples, baseline)
+    return workload
+
+
+def _rounds(
+    cells: list[tuple[VariantResult, RuntimeSetting]], workload: Any, plan: _BenchPlan, per_cell: float, clock: _Clock
+) -> dict[tuple[str, str], list[tuple[float, float, float]]]:
+    samples: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    round_s = 0.0
+    for rnd in range(plan.rounds):
+        started = time.perf_counter()
+        # a round must fit in what is left (the first always runs: a choice needs figures)
+        if rnd > 0 and started + round_s > clock.deadline:
+            clock.say(f"budget: {rnd} of {plan.rounds} round(s) fit in {clock.budget_s:g}s")
+            break
+        for r, s in cells:
+            clock.describe(f"bench {r.variant} {s.label} round {rnd + 1}")
+            assert r.directory is not None
+            samples.setdefault((r.variant, s.label), []).append(
+                _measure(r.directory, s, workload, plan.concurrency, per_cell, warm_s=min(5.0, per_cell))
+            )
+            _tick(clock.bar)
+        round_s = time.perf_counter() - started
+    return samples
+
+
+def _median_figures(
+    bench_rows: list[VariantResult],
+    settings: Sequence[RuntimeSetting],
+    samples: dict[tuple[str, str], list[tuple[float, float, float]]],
+    baseline: VariantResult | None,
+) -> None:
+    for r in bench_rows:
+        for s in settings:
+            runs = samples[(r.variant, s.label)]
+            k = int(np.argsort([x[0] for x in runs])[len(runs) // 2])  # the median round
+            rps, p50, p99 = runs[k]
+            r.by_setting[s.label] = {
+                "requests_per_s": round(rps, 2),
+                "p50_ms": round(p50, 2),
+                "p99_ms": round(p99, 2),
+            }
+            if r.throughput is None or rps > r.throughput:
+                r.throughput, r.p50_ms, r.p99_ms, r.setting = rps, round(p50, 2), round(p99, 2), s
+    if baseline is not None and baseline.throughput:
+        for r in bench_rows:
+            if r.throughput is not None:
+                r.speedup = r.throughput / baseline.throughput
+
+
+def _check_holdout(
+    passed: list[VariantResult],
+    chosen: VariantResult,
+    holdout_texts: list[str],
+    floors: dict[str, float],
+    clock: _Clock,
+) -> None:
+    for r in sorted(passed, key=lambda r: r is not chosen):  # the chosen one first
+        if r is not chosen and time.perf_counter() > clock.deadline:
+            r.holdout = "skipped: budget spent"
+            continue
+        clock.describe(f"held-out checks {r.variant}")
+        assert r.directory is not None
+        r.holdout = _holdout(r.directory, holdout_texts, floors)
 
 
 # -- steps -----------------------------------------------------------------------------------

@@ -101,17 +101,7 @@ class PaddingCollator(Collator):
         if type(feed) is not dict and not isinstance(feed, Mapping):
             raise InvalidInputError(f"input_feed must be a mapping of input name to array, got {type(feed).__name__}")
         if len(feed) != len(self._names) or not self._names.issuperset(feed):
-            unknown = sorted(str(k) for k in feed if k not in self._names)
-            if unknown:
-                raise InvalidInputError(
-                    f"unknown input {unknown[0]!r}; the model's inputs are {sorted(self._names)}",
-                    input_name=unknown[0],
-                )
-            missing = sorted(self._names.difference(feed))
-            raise InvalidInputError(
-                f"missing input {missing[0]!r}; the model needs {sorted(self._names)}",
-                input_name=missing[0],
-            )
+            self._refuse_names(feed)
         arrays: dict[str, np.ndarray] = {}
         rows = -1
         rows_from = ""
@@ -143,41 +133,7 @@ class PaddingCollator(Collator):
                     "all inputs of a request must have the same batch dimension",
                     input_name=sig.name,
                 )
-            for axis in range(1, len(shape)):
-                fixed = sig.shape[axis]
-                ragged = sig.axes[axis]
-                n = shape[axis]
-                if isinstance(fixed, int) and ragged is None:
-                    if n != fixed:
-                        raise InvalidInputError(
-                            f"input {sig.name!r}: axis {axis} must be {fixed} {sig.describe()}, "
-                            f"got shape {list(shape)}",
-                            input_name=sig.name,
-                        )
-                    continue
-                if ragged is None:
-                    continue
-                if n < 1:
-                    raise InvalidInputError(
-                        f"input {sig.name!r}: axis {axis} ({ragged!r}) is empty, shape {list(shape)}",
-                        input_name=sig.name,
-                    )
-                seen = lengths.get(ragged)
-                if seen is None:
-                    limit = self.signature.max_lengths.get(ragged)
-                    if limit is not None and n > limit:
-                        raise InvalidInputError(
-                            f"input {sig.name!r}: {ragged} length {n} is over the model's limit of {limit}",
-                            input_name=sig.name,
-                        )
-                    lengths[ragged] = n
-                    lengths_from[ragged] = sig.name
-                elif seen != n:
-                    raise InvalidInputError(
-                        f"input {sig.name!r} has {ragged} length {n} but {lengths_from[ragged]!r} has "
-                        f"{seen}: inputs sharing the {ragged!r} axis must agree",
-                        input_name=sig.name,
-                    )
+            self._check_axes(sig, shape, lengths, lengths_from)
             arrays[sig.name] = arr
         if rows > self.signature.max_rows:
             raise InvalidInputError(
@@ -188,6 +144,60 @@ class PaddingCollator(Collator):
                 input_name=rows_from,
             )
         return Prepared(arrays, rows, math.prod(lengths.values()) if lengths else 1, lengths)
+
+    def _refuse_names(self, feed: Mapping[str, Any]) -> None:
+        """The error for a feed whose names are not exactly the model's inputs."""
+        unknown = sorted(str(k) for k in feed if k not in self._names)
+        if unknown:
+            raise InvalidInputError(
+                f"unknown input {unknown[0]!r}; the model's inputs are {sorted(self._names)}",
+                input_name=unknown[0],
+            )
+        missing = sorted(self._names.difference(feed))
+        raise InvalidInputError(
+            f"missing input {missing[0]!r}; the model needs {sorted(self._names)}",
+            input_name=missing[0],
+        )
+
+    def _check_axes(
+        self, sig: Any, shape: tuple[int, ...], lengths: dict[str, int], lengths_from: dict[str, str]
+    ) -> None:
+        """Fixed axes must match; a ragged axis must be non-empty, within the model's limit, and
+        agree with every other input on the same axis (recorded in ``lengths``)."""
+        for axis in range(1, len(shape)):
+            fixed = sig.shape[axis]
+            ragged = sig.axes[axis]
+            n = shape[axis]
+            if isinstance(fixed, int) and ragged is None:
+                if n != fixed:
+                    raise InvalidInputError(
+                        f"input {sig.name!r}: axis {axis} must be {fixed} {sig.describe()}, got shape {list(shape)}",
+                        input_name=sig.name,
+                    )
+                continue
+            if ragged is None:
+                continue
+            if n < 1:
+                raise InvalidInputError(
+                    f"input {sig.name!r}: axis {axis} ({ragged!r}) is empty, shape {list(shape)}",
+                    input_name=sig.name,
+                )
+            seen = lengths.get(ragged)
+            if seen is None:
+                limit = self.signature.max_lengths.get(ragged)
+                if limit is not None and n > limit:
+                    raise InvalidInputError(
+                        f"input {sig.name!r}: {ragged} length {n} is over the model's limit of {limit}",
+                        input_name=sig.name,
+                    )
+                lengths[ragged] = n
+                lengths_from[ragged] = sig.name
+            elif seen != n:
+                raise InvalidInputError(
+                    f"input {sig.name!r} has {ragged} length {n} but {lengths_from[ragged]!r} has "
+                    f"{seen}: inputs sharing the {ragged!r} axis must agree",
+                    input_name=sig.name,
+                )
 
     # -- batching --------------------------------------------------------------------------
     def collate(self, items: Sequence[Prepared]) -> tuple[dict[str, np.ndarray], Any]:

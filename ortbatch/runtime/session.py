@@ -23,6 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,52 @@ log = logging.getLogger("ortbatch")
 
 _OPEN, _CLOSING, _CLOSED = "open", "closing", "closed"
 _LATENCY_SESSION_MAX_BYTES = 1 << 30  # auto-build the latency session only for models up to 1 GiB
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """A BatchedSession's batching limits: the caller's, else what ``ortbatch tune`` wrote
+    into the manifest for this export, else the defaults; each checked."""
+
+    max_batch_size: int
+    max_batch_tokens: int | None
+    workers: int
+    max_delay_ms: float
+    max_queue: int
+    timeout_s: float | None
+
+    @classmethod
+    def resolve(
+        cls,
+        manifest: Manifest | None,
+        max_batch_size: int | None,
+        max_batch_tokens: int | None,
+        workers: int | None,
+        max_delay_ms: float,
+        max_queue: int,
+        timeout_s: float | None,
+    ) -> _Limits:
+        # what `ortbatch tune` chose for this export, where the caller sets nothing
+        tuned = manifest.runtime if manifest is not None else {}
+        if max_batch_size is None:
+            max_batch_size = tuned.get("max_batch_size", 32)
+        if max_batch_tokens is None:
+            max_batch_tokens = tuned.get("max_batch_tokens")
+        if workers is None:
+            workers = tuned.get("workers")
+        check_positive("max_batch_size", max_batch_size)
+        check_positive("max_queue", max_queue)
+        if max_batch_tokens is not None:
+            check_positive("max_batch_tokens", max_batch_tokens)
+        if workers is not None:
+            check_positive("workers", workers)
+        if max_delay_ms < 0:
+            raise ValueError(f"max_delay_ms must be >= 0, got {max_delay_ms}")
+        timeout_s = deadline_seconds(timeout_s, "timeout_s")
+        assert max_batch_size is not None
+        return cls(
+            max_batch_size, max_batch_tokens, workers if workers is not None else 2, max_delay_ms, max_queue, timeout_s
+        )
 
 
 class BatchedSession:
@@ -124,26 +171,44 @@ class BatchedSession:
         warmup: bool = False,
     ) -> None:
         self.manifest = _find_manifest(sess_or_path)
-        # what `ortbatch tune` chose for this export, where the caller sets nothing
-        tuned = self.manifest.runtime if self.manifest is not None else {}
-        if max_batch_size is None:
-            max_batch_size = tuned.get("max_batch_size", 32)
-        if max_batch_tokens is None:
-            max_batch_tokens = tuned.get("max_batch_tokens")
-        if workers is None:
-            workers = tuned.get("workers")
-        check_positive("max_batch_size", max_batch_size)
-        check_positive("max_queue", max_queue)
-        if max_batch_tokens is not None:
-            check_positive("max_batch_tokens", max_batch_tokens)
-        if workers is not None:
-            check_positive("workers", workers)
-        if max_delay_ms < 0:
-            raise ValueError(f"max_delay_ms must be >= 0, got {max_delay_ms}")
-        timeout_s = deadline_seconds(timeout_s, "timeout_s")
-
-        self.workers = workers if workers is not None else 2
+        limits = _Limits.resolve(
+            self.manifest, max_batch_size, max_batch_tokens, workers, max_delay_ms, max_queue, timeout_s
+        )
+        self.workers = limits.workers
         self.latency_session: Any = None
+        self._open(sess_or_path, providers, session_options, latency_session)
+        limit = self.manifest.max_batch_size if self.manifest is not None else None
+        self.max_batch_size = min(limits.max_batch_size, limit) if limit else limits.max_batch_size
+        self.signature = ModelSignature.from_node_args(
+            self.session.get_inputs(),
+            self.session.get_outputs(),
+            manifest=self.manifest,
+            pad_values=pad_values,
+            padding_side=padding_side,
+        )
+        self.signature.max_rows = self.max_batch_size
+        self.collator: Collator = collator if collator is not None else PaddingCollator(self.signature)
+        self.output_names: list[str] = [o.name for o in self.session.get_outputs()]
+        self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
+        self._output_set = frozenset(self.output_names)
+        self.timeout_s = limits.timeout_s
+        #: most requests that may wait at once (a larger group is refused by submit_many)
+        self.max_queue = max_queue
+        self._build_scheduling(limits)
+        #: seconds the warm-up took (0.0 without warm-up)
+        self.warmup_s = self._warm_up() if warmup else 0.0
+        self._state = _OPEN
+        self._state_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._worker, name=f"ortbatch-worker-{i}", daemon=True) for i in range(self.workers)
+        ]
+        for t in self._threads:
+            t.start()
+        track_live(self)
+
+    def _open(self, sess_or_path: Any, providers: Any, session_options: Any, latency_session: bool | None) -> None:
+        """Build the sessions from a path (and the latency session where it pays), or take
+        the one handed in, checked to be on ``providers``."""
         if isinstance(sess_or_path, (str, os.PathLike)):
             model_path = self.manifest.model_path if self.manifest is not None else Path(sess_or_path)
             if not model_path.is_file():
@@ -167,49 +232,23 @@ class BatchedSession:
                 check_active(self.session, resolve_providers(providers))
             _describe_handed_session(self.session, self.workers)
 
-        limit = self.manifest.max_batch_size if self.manifest is not None else None
-        self.max_batch_size = min(max_batch_size, limit) if limit else max_batch_size
-        self.signature = ModelSignature.from_node_args(
-            self.session.get_inputs(),
-            self.session.get_outputs(),
-            manifest=self.manifest,
-            pad_values=pad_values,
-            padding_side=padding_side,
-        )
-        self.signature.max_rows = self.max_batch_size
-        self.collator: Collator = collator if collator is not None else PaddingCollator(self.signature)
-        self.output_names: list[str] = [o.name for o in self.session.get_outputs()]
-        self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
-        self._output_set = frozenset(self.output_names)
-        self.timeout_s = timeout_s
-        #: most requests that may wait at once (a larger group is refused by submit_many)
-        self.max_queue = max_queue
-
+    def _build_scheduling(self, limits: _Limits) -> None:
+        """The batch policy, scheduler, statistics and executors (not yet the worker threads)."""
         self._cost = CostModel()
         self._policy = BatchPolicy(
             max_rows=self.max_batch_size,
-            max_tokens=max_batch_tokens,
-            max_delay_s=max_delay_ms / 1e3,
+            max_tokens=limits.max_batch_tokens,
+            max_delay_s=limits.max_delay_ms / 1e3,
             cost=self._cost,
         )
         self._stats = StatsRecorder()
-        self._sched = Scheduler(self._policy, max_queue, on_expired=self._stats.error)
+        self._sched = Scheduler(self._policy, limits.max_queue, on_expired=self._stats.error)
         # run_async's requests of the current loop turn, per event loop (ortbatch.runtime.bridge)
         self._outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Outbox] = weakref.WeakKeyDictionary()
         self._executor = Executor(self.session)
         # A batch that runs alone (and an inline run) goes to the latency session if there is one.
         self._alone_executor = Executor(self.latency_session) if self.latency_session is not None else self._executor
         self._inline_binding = self._alone_executor.binding()
-        #: seconds the warm-up took (0.0 without warm-up)
-        self.warmup_s = self._warm_up() if warmup else 0.0
-        self._state = _OPEN
-        self._state_lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._worker, name=f"ortbatch-worker-{i}", daemon=True) for i in range(self.workers)
-        ]
-        for t in self._threads:
-            t.start()
-        track_live(self)
 
     # -- the InferenceSession-like face ---------------------------------------------------
     def get_inputs(self) -> list[Any]:
