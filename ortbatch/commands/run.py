@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._providers import PROVIDERS_HELP, providers_arg
+from ._flags import PROVIDERS_HELP, providers_arg
 
 HELP = "compute an export's task for every row of JSONL/CSV/Parquet files (or an OpenAI Batch API file), resumably"
 
