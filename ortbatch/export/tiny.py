@@ -1,4 +1,4 @@
-"""``tiny:<kind>``: small random models with real tokenizers, built on this machine.
+"""``tiny:<kind>``: small models with real tokenizers, trained on this machine in seconds.
 
 They let anyone try the whole pipeline offline in about a minute, generation included::
 

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -203,37 +204,49 @@ class TuneResult:
     seconds: float
 
     def table(self, markdown: bool = False) -> str:
+        """The table of every variant. ``markdown``: every detail in its cell (tune.md). Plain
+        text (the terminal): each cell short enough that the table fits about 100 columns
+        (``*`` marks the chosen variant), and what a cell leaves out (the failing check, the
+        rejected tries, where a failing variant fell short, the held-out result) in notes below it."""
         header = ["variant", "checks", "worst metric", "req/s", "p50 ms", "p99 ms", "setting", "vs fp32", "held-out"]
         rows = []
+        notes = []
         for r in self.rows:
             checks = r.status if not r.failure else f"{r.status}: {r.failure}"
             if r.attempts:
                 checks += f" (as {r.quantization}; rejected first: " + "; ".join(r.attempts) + ")"
-            if not markdown and len(checks) > 100:
-                checks = checks[:99] + "…"
-            mark = " (chosen)" if self.chosen is not None and r.variant == self.chosen.variant else ""
-            rows.append(
-                [
-                    r.variant + mark,
-                    checks,
-                    r.worst_metric,
-                    _num(r.throughput, 1),
-                    _num(r.p50_ms, 1),
-                    _num(r.p99_ms, 1),
-                    r.setting.label if r.setting else "-",
-                    "-" if r.speedup is None else f"{r.speedup:.2f}x",
-                    r.holdout,
-                ]
-            )
+            chosen = self.chosen is not None and r.variant == self.chosen.variant
+            numbers = [
+                _num(r.throughput, 1),
+                _num(r.p50_ms, 1),
+                _num(r.p99_ms, 1),
+                r.setting.label if r.setting else "-",
+                "-" if r.speedup is None else f"{r.speedup:.2f}x",
+            ]
+            if markdown:
+                rows.append([r.variant + (" (chosen)" if chosen else ""), checks, r.worst_metric, *numbers, r.holdout])
+                continue
+            worst = r.worst_metric.split(" (", 1)[0]
+            holdout = r.holdout.split(",", 1)[0].split(":", 1)[0]
+            rows.append([r.variant + (" *" if chosen else ""), r.status, worst, *numbers, holdout])
+            detail = [checks] if checks != r.status else []
+            if worst != r.worst_metric and r.status != "passed":  # where a failing variant fell short
+                detail.append(f"worst {r.worst_metric}")
+            if holdout != r.holdout:
+                detail.append(f"held-out: {r.holdout}")
+            if detail:
+                notes.append(textwrap.fill(f"{r.variant}: " + "; ".join(detail), width=100, subsequent_indent="    "))
         if markdown:
             cells = [[c.replace("|", "\\|") for c in row] for row in rows]
             lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
         widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-        out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+        out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
         out.append("  ".join("-" * w for w in widths))
-        out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-        return "\n".join(out)
+        out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+        if self.chosen is not None:
+            out.append("* chosen")
+        return "\n".join(out + notes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -869,7 +882,15 @@ def plot(result: TuneResult, path: Path) -> None:
         ax.text(x, (r.throughput or 0.0), label, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(xs), [r.variant for r in rows], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("requests / s (BatchedSession)")
-    ax.set_title(f"ortbatch tune: {result.workload.get('lengths', '')} tokens; grey = failed the checks", fontsize=9)
+    # the workload by its token lengths and source, never its file (a path in the tune's temp dir)
+    length = result.workload.get("length") or {}
+    span = f"{length['min']}-{length['max']} tokens" if "min" in length and "max" in length else "tokens"
+    source = Path(str(result.workload.get("texts") or "built-in")).name
+    ax.set_title(
+        f"ortbatch tune: {result.workload.get('requests', '')} requests, {span} ({source} texts); "
+        "green = chosen, blue = passed; failed or skipped: no bar",
+        fontsize=9,
+    )
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

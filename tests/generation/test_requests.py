@@ -14,7 +14,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import numpy as np
@@ -172,31 +172,59 @@ def test_stream_break_and_task_cancel_free_rows(fake_dir: Path, no_thread_leak: 
     p = prompts([6], seed=5)[0]
     long_p = [4] * 3  # sum 12, positions keep it far from eos for a while
 
+    async def paced(
+        gen: BatchedGenerator, stream: AsyncIterator[StreamToken]
+    ) -> tuple[Gate, asyncio.Task[StreamToken]]:
+        """Start ``stream`` in the same batch as a 4-token pacer whose gate parks the scheduler
+        at its token 3: the stream then has sent its tokens 0-2 and cannot run on to its end
+        before the caller breaks or cancels (the scheduler does not wait for a slow consumer)."""
+        park = Gate(at=0)
+        gen.submit([5], 1, on_token=park)
+        park.hold()  # the scheduler is parked: what is queued now is admitted together
+        first = asyncio.ensure_future(anext(stream))  # its first step submits the request
+        while gen.stats().queued < 1:
+            await asyncio.sleep(0)
+        pacer = Gate(at=3)
+        gen.submit(long_p, 4, on_token=pacer)
+        park.release.set()
+        return pacer, first
+
     async def main(gen: BatchedGenerator) -> None:
         async with contextlib.aclosing(gen.stream(p, 50)) as stream:
+            pacer, first = await paced(gen, stream)
+            assert (await first).index == 0
             async for tok in stream:
                 if tok.index == 2:
                     break
+        pacer.release.set()  # only now: the stream's future is already cancelled
+
         seen: list[int] = []
+        two = asyncio.Event()
+        long_stream = gen.stream(long_p, 50)
 
-        async def consume() -> None:
-            async for tok in gen.stream(long_p, 50):
-                seen.append(tok.token_id)
-                await asyncio.sleep(0.001)
+        async def consume(first: asyncio.Task[StreamToken]) -> None:
+            async with contextlib.aclosing(long_stream) as stream:
+                seen.append((await first).token_id)
+                async for tok in stream:
+                    seen.append(tok.token_id)
+                    if len(seen) == 2:
+                        two.set()
 
-        task = asyncio.create_task(consume())
-        while len(seen) < 2:
-            await asyncio.sleep(0.001)
+        pacer, first = await paced(gen, long_stream)
+        task = asyncio.create_task(consume(first))
+        await two.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        pacer.release.set()
 
     with BatchedGenerator(fake_dir) as gen:
         gate_free = Gate(at=-1)  # never parks; just exercises the callback path
         gen.submit([4], 1, on_token=gate_free).result(10)
         asyncio.run(main(gen))
         wait_until(lambda: gen.stats().active_rows == 0 and gen.stats().cancelled == 2)
-        assert gen.stats().generated_tokens < 1 + 50 + 50
+        # 1 + two parks of 1 + two pacers of 4; each stream stopped within a step of its cancel
+        assert gen.stats().generated_tokens <= 1 + 2 + 8 + 2 * 5
 
 
 def test_stream_raises_submit_errors_and_generate_async(fake_dir: Path, no_thread_leak: None) -> None:

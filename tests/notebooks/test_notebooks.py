@@ -159,3 +159,13 @@ def test_notebook_runs(path: Path, workdir: Path, kernel_env: dict[str, str], mo
         and not any("image/png" in out.get("data", {}) for out in cell.outputs)
     ]
     assert not missing, f"{path.name}: cells {missing} draw a plot but no image came out"
+    # a warning printed in a tutorial is a defect the reader sees (e.g. tqdm's "IProgress not
+    # found" when ipywidgets is missing: it is in the dev and notebooks extras)
+    warned = [
+        (i, out.get("text", "")[:300])
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if out.get("name") == "stderr" and "Warning" in out.get("text", "")
+    ]
+    assert not warned, f"{path.name}: cells print warnings: {warned}"

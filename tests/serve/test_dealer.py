@@ -6,6 +6,7 @@ socket split them 5/11 or 2/14), over HTTP and HTTPS."""
 from __future__ import annotations
 
 import collections
+import select
 import socket
 import ssl
 import time
@@ -94,6 +95,50 @@ def test_a_front_end_that_is_gone_is_skipped(channels):
         listener.close()
         for c in clients:
             c.close()
+
+
+def test_a_connection_left_in_a_dead_front_ends_channel_is_dealt_again(channels):
+    """A front end killed with a connection dealt but not yet taken: the connection goes to
+    the next front end, unread (issue 26: a client that reconnected at once lost it too)."""
+    listener = _listener()
+    (a, a_fe), (b, b_fe) = channels
+    dealer = ConnectionDealer(listener, lambda: [a, b]).start()
+    try:
+        clients = _clients(listener.getsockname()[1], 1)
+        deadline = time.monotonic() + 5
+        while dealer.dealt < 1:
+            assert time.monotonic() < deadline, "never dealt"
+            time.sleep(0.005)
+        first, other = (a_fe, b_fe) if select.select([a_fe], [], [], 5)[0] else (b_fe, a_fe)
+        first.close()  # dies with the descriptor still in its channel, never acknowledged
+        assert _received(other, 1) == [b"0"]
+        assert dealer.dealt == 1 and dealer.refused == 0
+    finally:
+        dealer.stop()
+        listener.close()
+        for c in clients:
+            c.close()
+
+
+def test_an_acknowledged_connection_is_the_front_ends_alone(channels):
+    listener = _listener()
+    (a, a_fe), _ = channels
+    dealer = ConnectionDealer(listener, lambda: [a]).start()
+    try:
+        (client,) = _clients(listener.getsockname()[1], 1)
+        a_fe.settimeout(5)
+        _, fds, _, _ = socket.recv_fds(a_fe, 16, 1)
+        a_fe.send(b"a")  # taken, as adopting_server acknowledges it
+        socket.socket(fileno=fds[0]).close()  # the front end closes it: the client sees it closed
+        client.settimeout(5)
+        try:
+            assert client.recv(16) == b""
+        except ConnectionResetError:
+            pass
+        client.close()
+    finally:
+        dealer.stop()
+        listener.close()
 
 
 def test_with_no_front_end_serving_a_connection_is_closed():

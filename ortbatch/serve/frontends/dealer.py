@@ -14,6 +14,13 @@ with ``loop.connect_accepted_socket``, through the same HTTP protocol (and TLS) 
 connection it accepted itself. Keep-alive connections cost the engine one ``accept`` and
 one ``sendmsg`` each, whatever the number of requests they carry. gRPC connections are
 spread by the kernel (SO_REUSEPORT): grpcio takes no accepted socket.
+
+The dealer keeps its copy of a connection until the front end acknowledges it (one byte
+back per descriptor, sent before it reads anything from the connection). A front end that
+dies with connections dealt but not yet taken (still in its channel) would otherwise take
+them down with it, unread: a client that reconnected at once after its front end was
+killed lost its second request too. On the channel's end (EOF) such connections are dealt
+again, to the next front end; nobody has read a byte of them.
 """
 
 from __future__ import annotations
@@ -21,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import select
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,6 +78,8 @@ class ConnectionDealer:
         #: connections handed over, and those closed for want of a front end
         self.dealt = 0
         self.refused = 0
+        #: per channel, the connections dealt over it that its front end has not acknowledged
+        self._unacked: dict[socket.socket, deque[socket.socket]] = {}
         self._thread = threading.Thread(target=self._run, name="ortbatch-dealer", daemon=True)
 
     def start(self) -> ConnectionDealer:
@@ -82,22 +93,48 @@ class ConnectionDealer:
             self._thread.join(5)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:  # the listener closed under us, or a transient accept error
-                if self._listener.fileno() < 0:
-                    return
-                log.debug("dealer: accept failed: %s", exc)
-                continue
-            try:
+        try:
+            while not self._stop.is_set():
+                self._collect()
+                try:
+                    conn, _ = self._listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError as exc:  # the listener closed under us, or a transient accept error
+                    if self._listener.fileno() < 0:
+                        return
+                    log.debug("dealer: accept failed: %s", exc)
+                    continue
                 self._deal(conn)
-            finally:
-                conn.close()  # the front end holds its own descriptor now
+        finally:
+            for conns in self._unacked.values():
+                for conn in conns:
+                    conn.close()
+            self._unacked.clear()
 
-    def _deal(self, conn: socket.socket) -> None:
+    def _collect(self) -> None:
+        """Close the connections front ends acknowledged; deal again those of a front end
+        whose channel ended (it died, or the engine closed the channel to restart it)."""
+        for channel, conns in list(self._unacked.items()):
+            ended = channel.fileno() < 0
+            while not ended and conns and select.select([channel], [], [], 0)[0]:
+                try:
+                    acks = channel.recv(256)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    acks = b""
+                if not acks:
+                    ended = True
+                for _ in range(min(len(acks), len(conns))):
+                    conns.popleft().close()  # the front end holds its own descriptor now
+            if ended or not conns:
+                del self._unacked[channel]
+            if ended:
+                for conn in conns:
+                    self._deal(conn, again=True)
+
+    def _deal(self, conn: socket.socket, again: bool = False) -> None:
         channels = list(self._channels())
         deadline = time.monotonic() + self._wait_s
         while not channels and time.monotonic() < deadline and not self._stop.wait(0.05):
@@ -110,9 +147,11 @@ class ConnectionDealer:
                     socket.send_fds(channel, [b"c"], [conn.fileno()])
                 except OSError:  # that front end is gone or stalled: the next one
                     continue
-                self.dealt += 1
+                self._unacked.setdefault(channel, deque()).append(conn)
+                self.dealt += not again
                 return
         self.refused += 1
+        conn.close()
 
 
 def adopting_server(config: Any, channel: socket.socket) -> Any:
@@ -152,6 +191,11 @@ def adopting_server(config: Any, channel: socket.socket) -> Any:
                 if not data and not fds:  # the engine's end closed
                     self._stop_reading()
                     return
+                if fds:  # taken: the dealer may drop its copies (see the module's docstring)
+                    try:
+                        channel.send(b"a" * len(fds))
+                    except OSError:
+                        pass
                 for fd in fds:
                     conn = socket.socket(fileno=fd)
                     if self.should_exit:
