@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "ProviderChain",
     "canonical_name",
     "default_providers",
+    "fallback_names",
     "parse_provider_names",
     "probe_providers",
     "resolve_providers",
@@ -90,6 +92,15 @@ def canonical_name(word: str) -> str:
     if text.endswith("ExecutionProvider") and not known:
         return text  # no onnxruntime to ask; a build that lacks it says so at session build
     raise ProviderError(f"unknown execution provider {word!r}; use {_VALID}")
+
+
+def fallback_names(name: str) -> tuple[str, ...]:
+    """``name`` and the providers ONNX Runtime hands the nodes it cannot run to: the
+    :data:`SHORTCUTS` chain that ``name`` leads (TensorRT, CUDA, CPU), else ``name`` then CPU."""
+    for chain in SHORTCUTS.values():
+        if chain[0] == name:
+            return chain
+    return (name,) if name == CPU else (name, CPU)
 
 
 def _words(spec: str | Sequence[Any]) -> list[Any]:
@@ -184,7 +195,10 @@ def probe_providers(names: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     so = ort.SessionOptions()
     so.log_severity_level = 3
     try:
-        sess = ort.InferenceSession(_PROBE_MODEL, sess_options=so, providers=list(names), enable_fallback=0)
+        # ORT's UserWarning about a provider it lacks is dropped: the providers returned say it
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module="onnxruntime")
+            sess = ort.InferenceSession(_PROBE_MODEL, sess_options=so, providers=list(names), enable_fallback=0)
     except Exception as exc:  # a provider that cannot even register (TensorRT without its libraries)
         return (), f"{type(exc).__name__}: {exc}"
     return tuple(sess.get_providers()), ""

@@ -148,22 +148,52 @@ def export_model(
         ValidationError: a check failed (``exc.report`` has the details).
     """
     say = progress or (lambda msg: log.info("%s", msg))
+    given = {name: value for name, value in locals().items() if name in _RECIPE_ARGUMENTS}
+    rcp = _recipe(recipe, tolerances, given)
+    result = _export_checked(rcp, Path(output_dir), force, validate, keep_failed, trust_remote_code, quiet, say)
+    if raise_on_failure and result.report is not None and not result.report.passed:
+        raise ValidationError(f"{result.not_installed_message()}: {result.report.summary()}", report=result.report)
+    return result
+
+
+#: the arguments of :func:`export_model` that override a field of its recipe
+_RECIPE_ARGUMENTS = frozenset(
+    {
+        "model",
+        "task",
+        "opset",
+        "dtype",
+        "optimize",
+        "device",
+        "trt",
+        "max_batch_size",
+        "max_sequence_length",
+        "samples",
+        "providers",
+        "quantize",
+    }
+)
+
+
+def _recipe(
+    recipe: Recipe | str | os.PathLike[str] | None,
+    tolerances: dict[str, dict[str, float]] | None,
+    given: dict[str, Any],
+) -> Recipe:
+    """The recipe with the arguments laid over it, refused before anything slow when it
+    asks for what cannot be done, with the export's dependencies checked."""
     if isinstance(recipe, (str, os.PathLike)):
         recipe = load_recipe(recipe)
     base = recipe if recipe is not None else Recipe()
+    model, samples, providers = given["model"], given["samples"], given["providers"]
     rcp = base.with_overrides(
-        model=os.fspath(model) if model is not None else None,
-        task=task,
-        opset=opset,
-        dtype=dtype,
-        optimize=optimize,
-        device=device,
-        trt=trt,
-        max_batch_size=max_batch_size,
-        max_sequence_length=max_sequence_length,
-        samples=tuple(samples) if samples is not None else None,
-        providers=tuple(providers) if providers is not None else None,
-        quantize=QuantizeConfig.parse(quantize),
+        **{
+            **given,
+            "model": os.fspath(model) if model is not None else None,
+            "samples": tuple(samples) if samples is not None else None,
+            "providers": tuple(providers) if providers is not None else None,
+            "quantize": QuantizeConfig.parse(given["quantize"]),
+        },
         tolerances=_merge_tolerances(base.tolerances, tolerances),
     )
     if rcp.optimize == "O4" and rcp.dtype != "fp16":
@@ -182,8 +212,22 @@ def export_model(
             raise ExportError(str(exc)) from None
     for mod in ("torch", "transformers", "optimum.exporters.onnx", "onnx", "onnxruntime"):
         require(mod, "export")
+    return rcp
 
-    out = Path(output_dir)
+
+def _export_checked(
+    rcp: Recipe,
+    out: Path,
+    force: bool,
+    validate: bool,
+    keep_failed: bool,
+    trust_remote_code: bool,
+    quiet: bool,
+    say: Progress,
+) -> ExportResult:
+    """Resolve, build and check the export beside ``out``, then move it into place (or to
+    ``<out>.failed``)."""
+    assert rcp.model is not None  # _recipe refuses a recipe without one
     model_ref = resolve_model_ref(rcp.model)
     if os.path.isdir(model_ref) and out.resolve() == Path(model_ref).resolve():
         raise ExportError(f"the output directory {out} is the model's own directory; choose another (-o)")
@@ -199,7 +243,7 @@ def export_model(
         # when complete (and checked): an interrupt or a failure leaves the target as it was.
         build = _staging_dir(out)
         try:
-            torch_model, manifest = _build(build, resolved, rcp, tokenizer, max_seq, trust_remote_code, say)
+            torch_model, _ = _build(build, resolved, rcp, tokenizer, max_seq, trust_remote_code, say)
             report = None
             if validate:
                 from .checks import validate as run_checks
@@ -218,10 +262,7 @@ def export_model(
             raise
     manifest = Manifest.load(dest)
     say(f"wrote {dest} in {time.perf_counter() - t0:.1f}s")
-    result = ExportResult(directory=dest, manifest=manifest, report=report, installed=installed)
-    if raise_on_failure and report is not None and not report.passed:
-        raise ValidationError(f"{result.not_installed_message()}: {report.summary()}", report=report)
-    return result
+    return ExportResult(directory=dest, manifest=manifest, report=report, installed=installed)
 
 
 def _build(

@@ -196,17 +196,18 @@ def test_cli_validate_exits_non_zero_and_keeps_files(bert_copy: Path, capsys) ->
     assert (bert_copy / "model.onnx").is_file() and (bert_copy / "validation.json").is_file()
 
 
-def test_requested_gpu_provider_missing_is_a_failure_not_a_fallback(exported) -> None:
+def test_requested_gpu_provider_missing_is_not_run_not_a_fallback(exported) -> None:
+    # issue 26 item 6: a provider this machine lacks is "not run" (said so), never a pass
+    # on CPU behind its name and never a failed export
     from ortbatch import validate
 
     d = exported("bert").directory
     report = validate(d, providers=["cuda"], save=False)
-    assert not report.passed
-    (fail,) = [c for c in report.checks if c.name == "provider_parity"]
-    assert fail.provider == "CUDAExecutionProvider" and fail.status == "failed"
-    assert "not available" in fail.note or "fell back" in fail.note
-    skipped = [c.name for c in report.checks if c.provider == "CUDAExecutionProvider" and c.status == "skipped"]
-    assert skipped == ["reference_parity", "shape_generalisation", "batching_invariance"]
+    assert report.passed and report.not_run() == ["CUDAExecutionProvider"]
+    cuda = {c.name: c for c in report.checks if c.provider == "CUDAExecutionProvider"}
+    assert list(cuda) == ["reference_parity", "shape_generalisation", "batching_invariance", "provider_parity"]
+    assert all(c.status == "not_run" and "not in this onnxruntime build" in c.note for c in cuda.values())
+    assert "CUDA NOT RUN" in report.summary()
 
 
 def test_silent_cpu_fallback_is_detected(exported, monkeypatch) -> None:
@@ -221,4 +222,26 @@ def test_silent_cpu_fallback_is_detected(exported, monkeypatch) -> None:
     (fail,) = [c for c in report.checks if c.name == "provider_parity"]
     if "CUDAExecutionProvider" in real:  # pragma: no cover - a CUDA machine really has it
         pytest.skip("CUDA is available here: nothing falls back")
-    assert fail.status == "failed" and "not active" in fail.note and "runs on ['CPUExecutionProvider']" in fail.note
+    assert fail.status == "not_run" and "not active" in fail.note and "runs on ['CPUExecutionProvider']" in fail.note
+    assert report.not_run() == ["CUDAExecutionProvider"]
+
+
+def test_a_provider_that_is_not_here_is_not_run_and_the_export_stays_passed(exported, tmp_path: Path, capsys) -> None:
+    # issue 26 item 6: `ortbatch validate DIR --providers cuda,trt` on a machine without a
+    # GPU rewrote a CPU-correct export as failed, and `serve` then refused it
+    from ortbatch._ort.probe import loads
+    from ortbatch.cli import main
+    from ortbatch.manifest import Manifest
+
+    if loads("CUDAExecutionProvider") or loads("TensorrtExecutionProvider"):  # pragma: no cover - a GPU machine
+        pytest.skip("a GPU provider loads here: it would really run")
+    d = Path(shutil.copytree(exported("bert").directory, tmp_path / "minilm"))
+    assert main(["validate", str(d), "--providers", "cuda,trt", "--no-reference"]) == 0
+    out = capsys.readouterr().out
+    assert "NOT RUN" in out and "CUDA" in out and "Tensorrt" in out
+    assert Manifest.load(d).validation["passed"] is True
+    saved = json.loads((d / "validation.json").read_text())
+    assert saved["passed"] is True and saved["not_run"] == ["CUDAExecutionProvider", "TensorrtExecutionProvider"]
+    by = {(c["check"], c["provider"]): c["status"] for c in saved["checks"]}
+    assert {s for (_, p), s in by.items() if p != "CPUExecutionProvider" and p != "any"} == {"not_run"}
+    assert by[("batching_invariance", "CPUExecutionProvider")] == "passed"

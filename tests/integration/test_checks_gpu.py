@@ -42,10 +42,10 @@ def test_fp32_checks_turn_tf32_off_on_cuda_and_use_each_components_profiles(tmp_
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: [TRT, CUDA, CPU])
     m = _manifest(tmp_path)
-    chain = dict(checks._chain_for(CUDA, m, "encoder_model", "fp32"))
+    chain = dict(checks.runner.chain_for(CUDA, m, "encoder_model", "fp32"))
     assert chain[CUDA]["use_tf32"] == "0" and list(chain) == [CUDA, CPU]
-    assert "use_tf32" not in dict(checks._chain_for(CUDA, m, "encoder_model", "fp16"))[CUDA]
-    dec = dict(checks._chain_for(TRT, m, "decoder_model", "fp32"))
+    assert "use_tf32" not in dict(checks.runner.chain_for(CUDA, m, "encoder_model", "fp16"))[CUDA]
+    dec = dict(checks.runner.chain_for(TRT, m, "decoder_model", "fp32"))
     assert list(dec) == [TRT, CUDA, CPU]
     assert dec[TRT]["trt_profile_min_shapes"] == "input_ids:1x1,encoder_hidden_states:1x1x8"
     assert dec[TRT]["trt_engine_cache_path"] == str(tmp_path / "trt_cache/dec/engines")

@@ -1,0 +1,209 @@
+"""``validate``: the checks on every requested provider, the report, and the manifest."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..._ort import CPU, arithmetic, parity_tolerances, parse_provider_names
+from ...errors import ManifestError
+from ...manifest import Manifest
+from ..recipes import DEFAULT_SAMPLES, tolerances_for
+from ..reference import Reference, load_reference
+from .report import NOT_RUN, CheckResult, ValidationReport
+from .runner import OnnxModel, not_here, open_sessions, vocab_size
+from .suite import (
+    CHECKS,
+    GREEDY_TOKENS,
+    CheckContext,
+    batching_invariance,
+    finite_weights,
+    provider_parity,
+    reference_parity,
+    shape_generalisation,
+    status_of,
+)
+
+__all__ = ["validate"]
+
+
+def _normalise_providers(providers: Sequence[str] | str | None, manifest: Manifest) -> list[str]:
+    if providers is None:
+        providers = manifest.validation.get("providers") or [CPU]
+    names = parse_provider_names(providers)  # the one spelling table; unknown names refused
+    out = [CPU] + [p for p in names if p != CPU]  # CPU is always the baseline
+    return list(dict.fromkeys(out))
+
+
+def validate(
+    directory: str | os.PathLike[str],
+    providers: Sequence[str] | str | None = None,
+    *,
+    samples: Sequence[str] | None = None,
+    reference: Any = None,
+    use_reference: bool = True,
+    tolerances: Mapping[str, float] | None = None,
+    save: bool = True,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationReport:
+    """Run the built-in checks on an export directory.
+
+    Args:
+        directory: an ``ortbatch export`` directory (with ``ortbatch.json``).
+        providers: execution providers to check (names or ``cpu``/``cuda``/``trt``);
+            CPU is always checked as the baseline. Default: the manifest's.
+        samples: texts to tokenize (default: the manifest's, from the recipe).
+        reference: an already loaded PyTorch model (default: load ``source.model``).
+        use_reference: ``False`` runs the ONNX-only checks.
+        tolerances: overrides for this run (keys atol, rtol, cosine, argmax, greedy).
+        save: write ``validation.json`` and record the result in ``ortbatch.json``.
+
+    Returns:
+        The :class:`ValidationReport`; it does not raise when a check fails (see
+        :meth:`ValidationReport.raise_for_failures`). When the PyTorch model cannot be
+        loaded, reference parity is reported as skipped and says why.
+    """
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    plan = _plan(directory, providers, samples, tolerances)
+    ref: Reference | None = None
+    reason = "not requested (--no-reference / use_reference=False)"
+    if use_reference:
+        say("loading the PyTorch reference")
+        ref, reason = load_reference(plan.manifest.source, reference)
+    report = ValidationReport(
+        directory=os.fspath(plan.directory),
+        task=str(plan.manifest.source.get("task", "")),
+        dtype=plan.dtype,
+        providers=plan.providers,
+        reference={"available": ref is not None, "reason": reason},
+        tolerances=dict(plan.base_tol),
+        variant=plan.variant,
+    )
+    cpu_model: OnnxModel | None = None
+    for provider in plan.providers:
+        checks, model = _check_provider(plan, provider, ref, reason, seed, cpu_model, say)
+        report.checks.extend(checks)
+        if provider == CPU:
+            cpu_model = model
+    say("finite weights")
+    report.checks.append(finite_weights(plan.manifest))
+    report.seconds = time.perf_counter() - t0
+    if save:
+        _record(report, plan.manifest, ref is not None)
+    return report
+
+
+@dataclass
+class _Plan:
+    """What every provider's checks share: the export, its samples and its tolerances."""
+
+    manifest: Manifest
+    directory: Path
+    providers: list[str]
+    tokenizer: Any
+    dtype: str
+    variant: str | None  # the quantization mode, None when not quantized
+    base_tol: dict[str, float]
+    fp16_tol: dict[str, float]
+    rows: list[list[int]]
+    max_seq: int
+
+
+def _plan(
+    directory: str | os.PathLike[str],
+    providers: Sequence[str] | str | None,
+    samples: Sequence[str] | None,
+    tolerances: Mapping[str, float] | None,
+) -> _Plan:
+    manifest = Manifest.load(directory).verify(warn=False)
+    if manifest.directory is None:  # pragma: no cover - load always sets it
+        raise ManifestError("manifest has no directory")
+    provider_list = _normalise_providers(providers, manifest)  # before anything slow: a typo fails fast
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(os.fspath(manifest.directory))
+    dtype = str(manifest.source.get("dtype", "fp32"))
+    quantization = manifest.source.get("quantization")
+    variant = str(quantization.get("mode", "int8")) if isinstance(quantization, dict) else None
+    stored_tol = manifest.validation.get("tolerances") or (
+        tolerances_for("int8", None, None, str(manifest.source.get("task", "")))
+        if variant is not None
+        else tolerances_for(dtype, manifest.source.get("optimize"))
+    )
+    base_tol = {**stored_tol, **(tolerances or {})}
+    fp16_tol = {**(manifest.validation.get("tolerances_fp16") or tolerances_for("fp16")), **(tolerances or {})}
+    texts = list(samples or manifest.validation.get("samples") or DEFAULT_SAMPLES)
+    max_seq = int(manifest.max_sequence_length or 512)
+    family = str(manifest.source.get("family", "encoder"))
+    rows = [ids[:max_seq] for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    if family == "decoder":
+        rows = [r[: max_seq - GREEDY_TOKENS] or [tokenizer.eos_token_id or 0] for r in rows]
+    return _Plan(
+        manifest, manifest.directory, provider_list, tokenizer, dtype, variant, base_tol, fp16_tol, rows, max_seq
+    )
+
+
+def _check_provider(
+    plan: _Plan,
+    provider: str,
+    ref: Reference | None,
+    reason: str,
+    seed: int,
+    cpu_model: OnnxModel | None,
+    say: Callable[[str], None],
+) -> tuple[list[CheckResult], OnnxModel | None]:
+    """The checks on one provider, and the model they ran (None when it did not start)."""
+    absent = not_here(provider)
+    if absent is not None:  # nothing about the export: this machine cannot run the provider
+        note = f"not run: {absent}"
+        return [CheckResult(name, provider, NOT_RUN, note=note) for name in CHECKS[:4]], None
+    sessions, why, opts = open_sessions(plan.manifest, provider, plan.dtype)
+    if sessions is None:
+        out = [CheckResult("provider_parity", provider, "failed", note=why)]
+        out += [CheckResult(name, provider, "skipped", note=f"{provider} is not active") for name in CHECKS[:3]]
+        return out, None
+    model = OnnxModel(plan.manifest, sessions, plan.tokenizer)
+    # from the arithmetic really used: TF32 (TensorRT fp32), fp16 inside an fp16 engine
+    tol = parity_tolerances(arithmetic(provider, opts, plan.dtype), plan.base_tol, plan.fp16_tol)
+    vocab = vocab_size(plan.manifest, plan.tokenizer)
+    ctx = CheckContext(model, ref, tol, plan.rows, plan.max_seq, vocab, seed, quantized=plan.variant is not None)
+    short = provider.replace("ExecutionProvider", "")
+    out = []
+    if ref is not None:
+        say(f"[{short}] reference parity")
+        cases = reference_parity(ctx)
+        out.append(CheckResult("reference_parity", provider, status_of(cases), cases))
+    else:
+        out.append(CheckResult("reference_parity", provider, "skipped", note=f"no PyTorch reference: {reason}"))
+    say(f"[{short}] shape generalisation")
+    cases = shape_generalisation(ctx)
+    note = "" if ref is not None else "ONNX-only: rows vs the same rows alone"
+    out.append(CheckResult("shape_generalisation", provider, status_of(cases), cases, note=note))
+    say(f"[{short}] batching invariance")
+    cases = batching_invariance(ctx)
+    out.append(CheckResult("batching_invariance", provider, status_of(cases), cases))
+    if provider != CPU and cpu_model is not None:
+        say(f"[{short}] provider parity")
+        cases = provider_parity(ctx, cpu_model)
+        out.append(CheckResult("provider_parity", provider, status_of(cases), cases))
+    return out, model
+
+
+def _record(report: ValidationReport, manifest: Manifest, ran_reference: bool) -> None:
+    """Write ``validation.json`` and the result into ``ortbatch.json``."""
+    assert manifest.directory is not None
+    report.save(manifest.directory / "validation.json")
+    manifest.validation = {
+        **manifest.validation,
+        "passed": report.passed,
+        "report": "validation.json",
+        "not_run": report.not_run(),
+        "reference_parity": "ran" if ran_reference else "skipped",
+    }
+    manifest.save()
