@@ -36,6 +36,7 @@ __all__ = [
     "TorchPipeline",
     "append_pipeline",
     "flag_pipeline",
+    "graph_embeddings",
     "read_pipeline",
     "reference_embeddings",
     "sentence_transformers_available",
@@ -374,6 +375,32 @@ def append_pipeline_file(onnx_path: str | Path, parsed: ParsedPipeline) -> None:
         onnx.save(model, str(path), save_as_external_data=True, location=path.name + "_data")
     else:
         onnx.save(model, str(path))
+
+
+def graph_embeddings(onnx_path: str | Path, tokenizer: Any, texts: Sequence[str], max_length: int) -> np.ndarray:
+    """``sentence_embedding`` of ``texts`` from the saved graph on CPU (no prompt), for
+    the int8 calibration ranges the export records."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    enc = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="np")
+    ids = enc["input_ids"].astype(np.int64)
+    mask = enc["attention_mask"].astype(np.int64)
+    feed: dict[str, np.ndarray] = {}
+    for arg in sess.get_inputs():
+        if arg.name == "input_ids":
+            feed[arg.name] = ids
+        elif arg.name == "attention_mask":
+            feed[arg.name] = mask
+        elif arg.name == "token_type_ids":
+            feed[arg.name] = np.zeros_like(ids)
+        elif arg.name == "position_ids":
+            feed[arg.name] = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        elif arg.name == "prompt_length":
+            feed[arg.name] = np.zeros(len(ids), dtype=np.int64)
+        else:
+            raise ExportError(f"cannot fill input {arg.name!r} to calibrate the embeddings")
+    return np.asarray(sess.run(["sentence_embedding"], feed)[0], dtype=np.float32)
 
 
 # -- the reference ----------------------------------------------------------------------

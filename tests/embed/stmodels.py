@@ -139,3 +139,31 @@ def padded_feed(tokenizer: Any, texts: list[str], input_names: set[str]) -> dict
     if "position_ids" in input_names:
         feed["position_ids"] = np.broadcast_to(np.arange(feed["input_ids"].shape[1]), feed["input_ids"].shape).copy()
     return feed
+
+
+def block_sentence_transformers() -> None:
+    """Make ``import sentence_transformers`` fail in this process, as if not installed.
+
+    The finder answers with a spec whose loader raises ImportError (rather than raising
+    from find_spec), so libraries that only probe with ``importlib.util.find_spec``, as
+    optimum does at import, go on working; any real import of it fails."""
+    import importlib.abc
+    import importlib.machinery
+    import sys
+
+    class _Loader(importlib.abc.Loader):
+        def create_module(self, spec: Any) -> None:
+            raise ImportError(f"No module named {spec.name!r} (blocked by the test)")
+
+        def exec_module(self, module: Any) -> None:  # pragma: no cover - create_module raises
+            raise ImportError(module.__name__)
+
+    class _Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+            if name == "sentence_transformers" or name.startswith("sentence_transformers."):
+                return importlib.machinery.ModuleSpec(name, _Loader())
+            return None
+
+    for name in [m for m in sys.modules if m.split(".")[0] == "sentence_transformers"]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, _Block())

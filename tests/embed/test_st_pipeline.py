@@ -171,12 +171,9 @@ def test_unknown_module_and_activation_are_export_errors(bases, tmp_path):
 
 _HIDDEN_SCRIPT = textwrap.dedent(
     """
-    import sys, importlib.abc
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "sentence_transformers" or name.startswith("sentence_transformers."):
-                raise ImportError("blocked: " + name)
-    sys.meta_path.insert(0, Block())
+    import sys
+    from tests.embed.stmodels import block_sentence_transformers
+    block_sentence_transformers()
     import numpy as np, onnx, onnxruntime as ort
     from transformers import AutoTokenizer
     from ortbatch.export import st_pipeline
