@@ -294,6 +294,30 @@ def _gather_row(b: _Builder, tokens: str, index: str, dim: int) -> str:
     return b.op("Squeeze", b.op("GatherElements", tokens, idx, axis=1), b.axes(1))
 
 
+def _zero_token_types(g: Any) -> None:
+    """A sentence embedding is of one text, whose token types are all 0 (as the tokenizer
+    gives encode): computed in the graph, so callers feed input_ids and attention_mask only,
+    as sentence-transformers exports take them."""
+    from onnx import TensorProto, helper
+
+    tt = next((i for i in g.input if i.name == "token_type_ids"), None)
+    if tt is None:
+        return
+    g.input.remove(tt)
+    nodes = [
+        helper.make_node("Shape", ["input_ids"], ["ortbatch_embed/ids_shape"], name="ortbatch_embed/ids_shape"),
+        helper.make_node(
+            "ConstantOfShape",
+            ["ortbatch_embed/ids_shape"],
+            ["token_type_ids"],
+            name="ortbatch_embed/token_type_ids",
+            value=helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+        ),
+    ]
+    for n in reversed(nodes):  # ahead of every node that reads them
+        g.node.insert(0, n)
+
+
 def append_pipeline(model: Any, parsed: ParsedPipeline, hidden: str = "last_hidden_state") -> Any:
     """Append the pooling, Dense layers and Normalize to ``model`` (an ``onnx.ModelProto``
     whose graph outputs ``hidden`` [batch, sequence, dim] and takes ``attention_mask``);
@@ -313,6 +337,7 @@ def append_pipeline(model: Any, parsed: ParsedPipeline, hidden: str = "last_hidd
     if opset < 13:
         raise ExportError(f"the pooling head needs opset >= 13, the graph has {opset}")
     b = _Builder(opset)
+    _zero_token_types(g)
     dim = pipe.token_dimension
     h = b.op("Cast", hidden, to=TensorProto.FLOAT)
     m0 = b.op("Cast", "attention_mask", to=TensorProto.FLOAT)  # [B, S]

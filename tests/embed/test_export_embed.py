@@ -72,7 +72,8 @@ def _mean_graph(export: Path, st_dir: Path, out: Path) -> Path:
     shutil.copytree(export, out)
     model = onnx.load(str(out / "model.onnx"))
     graph = model.graph
-    ours = [n for n in graph.node if n.name.startswith("ortbatch_embed/")]
+    keep_nodes = ("ortbatch_embed/ids_shape", "ortbatch_embed/token_type_ids")  # the inputs, not the pooling
+    ours = [n for n in graph.node if n.name.startswith("ortbatch_embed/") and n.name not in keep_nodes]
     for n in ours:
         graph.node.remove(n)
     keep = [i for i in graph.initializer if not i.name.startswith("ortbatch_embed/")]
