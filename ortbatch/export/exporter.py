@@ -319,7 +319,7 @@ def _build(
         vectors = st_pipeline.graph_embeddings(out / "model.onnx", tokenizer, list(rcp.samples), max_seq)
         pipe = dataclasses.replace(embedding.pipeline, quantization_ranges=calibration_ranges(vectors))
         manifest.extra[EMBEDDING_KEY] = pipe.to_dict()
-        manifest.source["embedding_checkpoint"] = os.fspath(resolved.model)
+        manifest.source["embedding_checkpoint"] = os.fspath(embedding.transformer_path)
         manifest.save(out)
     if quantized is not None:  # the variant and the int8 tolerances the checks will use
         manifest.source["quantization"] = quantized
@@ -340,7 +340,15 @@ def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progres
     so a served embedding is never pooled by an unstated guess."""
     if resolved.task != "feature-extraction":
         return None
-    parsed = st_pipeline.read_pipeline(resolved.model) if os.path.isdir(resolved.model) else None
+    root = resolved.model
+    if not os.path.isdir(root):  # a reachable hub id: its files, to read modules.json from
+        try:
+            from huggingface_hub import snapshot_download
+
+            root = str(snapshot_download(resolved.model))
+        except Exception as exc:
+            raise ExportError(f"cannot fetch {resolved.model} to read its modules.json: {exc}") from exc
+    parsed = st_pipeline.read_pipeline(root)
     if parsed is None:
         cfg = resolved.config
         sizes = (getattr(cfg, k, None) for k in ("hidden_size", "n_embd", "d_model"))
@@ -348,7 +356,7 @@ def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progres
         if dim is None:
             raise ExportError(f"cannot tell the hidden size of {resolved.model} to pool its tokens")
         pipe = EmbeddingPipeline(pooling=(rcp.pooling,), token_dimension=dim, source="pooling-flag")
-        parsed = st_pipeline.ParsedPipeline(pipe, Path(resolved.model))
+        parsed = st_pipeline.ParsedPipeline(pipe, Path(root))
         say(f"sentence_embedding: {rcp.pooling} pooling of the token embeddings (--pooling; no modules.json)")
     else:
         p = parsed.pipeline
