@@ -69,7 +69,7 @@ def test_minilm_export_matches_sentence_transformers(minilm_export) -> None:
 @pytest.mark.parametrize(
     ("kind", "task", "outputs"),
     [
-        ("bert", "feature-extraction", {"last_hidden_state"}),
+        ("bert", "feature-extraction", {"last_hidden_state", "sentence_embedding"}),  # --pooling mean
         ("bert-cls", "text-classification", {"logits"}),
         ("bert-tok", "token-classification", {"logits"}),
         ("bert-qa", "question-answering", {"start_logits", "end_logits"}),
