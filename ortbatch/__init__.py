@@ -39,6 +39,7 @@ __all__ = [
     "PaddingCollator",
     "Completion",
     "Stats",
+    "Embedder",
     # export and checks
     "export_model",
     "validate",
@@ -72,6 +73,7 @@ _LAZY = {
     "Collator": "ortbatch.runtime.collate",
     "PaddingCollator": "ortbatch.runtime.collate",
     "Stats": "ortbatch.runtime.stats",
+    "Embedder": "ortbatch.embed",
     "BatchedGenerator": "ortbatch.generation",
     "Completion": "ortbatch.generation",
     "export_model": "ortbatch.export",
@@ -84,6 +86,7 @@ _LAZY = {
 
 if _typing.TYPE_CHECKING:  # pragma: no cover
     from .bulk import RunConfig, RunSummary, run
+    from .embed import Embedder
     from .export import ValidationReport, export_model, validate
     from .generation import BatchedGenerator, Completion
     from .runtime.collate import Collator, PaddingCollator

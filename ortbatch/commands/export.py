@@ -67,6 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="int8 variant: dynamic (per-channel weights) or static (calibrated on the recipe's samples); "
         "options in the recipe's [quantization] table",
     )
+    parser.add_argument(
+        "--pooling",
+        choices=["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"],
+        default=None,
+        help="sentence embedding of a plain transformer (no modules.json): how its token embeddings are pooled "
+        "(default mean); a sentence-transformers checkpoint always gets its own pipeline",
+    )
     parser.add_argument("--no-validate", action="store_true", help="skip the accuracy checks")
     parser.add_argument(
         "--keep-failed",
@@ -129,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
             recipe=recipe,
             providers=providers,
             quantize=_quantize(recipe, args.quantize),
+            pooling=args.pooling,
             validate=not args.no_validate,
             raise_on_failure=False,
             keep_failed=args.keep_failed,

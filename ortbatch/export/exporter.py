@@ -24,6 +24,7 @@ export is replaced only with ``force=True``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import importlib.metadata
 import logging
@@ -42,9 +43,11 @@ from .._extras import require
 from .._ort import CPU, CUDA, probe_providers
 from .._ort.trt import TRT_PROVIDER, TrtShapes, check_trt_graph, tensorrt_provider_options
 from .._quiet import third_parties_quiet
+from ..embed.ops import calibration_ranges
+from ..embed.pipeline import EMBEDDING_KEY, EmbeddingPipeline
 from ..errors import ExportError, OrtBatchError, UnsupportedModelError, ValidationError
 from ..manifest import Manifest, model_hash
-from . import graph, hub, tasks
+from . import graph, hub, st_pipeline, tasks
 from .quantize import QuantizeConfig, quantize_model
 from .recipes import Recipe, load_recipe, resolve_model_ref, tolerances_for
 
@@ -105,6 +108,7 @@ def export_model(
     trust_remote_code: bool = False,
     progress: Progress | None = None,
     quantize: str | QuantizeConfig | None = None,
+    pooling: str | None = None,
     tolerances: dict[str, dict[str, float]] | None = None,
     quiet: bool = True,
 ) -> ExportResult:
@@ -134,6 +138,10 @@ def export_model(
         quantize: ``"int8"`` (dynamic), ``"int8-static"`` (calibrated on the samples) or
             a :class:`~ortbatch.export.quantize.QuantizeConfig`; the checks then use the
             task's int8 tolerances (:data:`~ortbatch.export.recipes.INT8_TOLERANCES`).
+        pooling: for ``feature-extraction`` of a plain transformer (no ``modules.json``), how
+            the graph's ``sentence_embedding`` pools the tokens (default ``"mean"``; one of
+            :data:`ortbatch.embed.POOLING_MODES`). A sentence-transformers checkpoint gets its
+            own pipeline (pooling, Dense, Normalize) from its modules.json instead.
         tolerances: per-dtype overrides (``{"int8": {"cosine": 0.995}}``), merged over the recipe's.
         keep_failed: install an export whose checks failed into ``output_dir`` (default:
             it goes to ``<output_dir>.failed`` and ``output_dir`` is left alone).
@@ -171,6 +179,7 @@ _RECIPE_ARGUMENTS = frozenset(
         "samples",
         "providers",
         "quantize",
+        "pooling",
     }
 )
 
@@ -301,8 +310,17 @@ def _build(
             quantized = quantize_model(
                 out / f, rcp.quantize, tokenizer=tokenizer, texts=rcp.samples, max_length=max_seq
             )
+    embedding = _embedding_pipeline(resolved, rcp, say)
+    if embedding is not None:
+        st_pipeline.append_pipeline_file(out / "model.onnx", embedding)
     tokenizer.save_pretrained(out)
     manifest = _write_manifest(out, resolved, rcp, tokenizer, onnx_files, max_seq)
+    if embedding is not None:  # the pipeline, and int8 calibration ranges from the samples
+        vectors = st_pipeline.graph_embeddings(out / "model.onnx", tokenizer, list(rcp.samples), max_seq)
+        pipe = dataclasses.replace(embedding.pipeline, quantization_ranges=calibration_ranges(vectors))
+        manifest.extra[EMBEDDING_KEY] = pipe.to_dict()
+        manifest.source["embedding_checkpoint"] = os.fspath(embedding.transformer_path)
+        manifest.save(out)
     if quantized is not None:  # the variant and the int8 tolerances the checks will use
         manifest.source["quantization"] = quantized
         manifest.validation["tolerances"] = tolerances_for("int8", None, rcp.tolerances, resolved.task)
@@ -314,6 +332,41 @@ def _build(
             "--providers cuda,trt` where the model will be served"
         )
     return torch_model, manifest
+
+
+def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progress) -> st_pipeline.ParsedPipeline | None:
+    """The sentence-embedding pipeline a feature-extraction export gets: the checkpoint's
+    own (modules.json), else its tokens pooled as ``--pooling`` says; printed either way,
+    so a served embedding is never pooled by an unstated guess."""
+    if resolved.task != "feature-extraction":
+        return None
+    root = resolved.model
+    if not os.path.isdir(root):  # a reachable hub id: its files, to read modules.json from
+        try:
+            from huggingface_hub import snapshot_download
+
+            root = str(snapshot_download(resolved.model))
+        except Exception as exc:
+            raise ExportError(f"cannot fetch {resolved.model} to read its modules.json: {exc}") from exc
+    parsed = st_pipeline.read_pipeline(root)
+    if parsed is None:
+        cfg = resolved.config
+        sizes = (getattr(cfg, k, None) for k in ("hidden_size", "n_embd", "d_model"))
+        dim = next((d for d in sizes if isinstance(d, int)), None)
+        if dim is None:
+            raise ExportError(f"cannot tell the hidden size of {resolved.model} to pool its tokens")
+        pipe = EmbeddingPipeline(pooling=(rcp.pooling,), token_dimension=dim, source="pooling-flag")
+        parsed = st_pipeline.ParsedPipeline(pipe, Path(root))
+        say(f"sentence_embedding: {rcp.pooling} pooling of the token embeddings (--pooling; no modules.json)")
+    else:
+        p = parsed.pipeline
+        dense = " -> ".join(f"Dense {d.in_features}->{d.out_features} {d.activation}" for d in p.dense)
+        say(
+            "sentence_embedding: the checkpoint's own pipeline: "
+            + " -> ".join(x for x in ["+".join(p.pooling) + " pooling", dense, "Normalize" if p.normalize else ""] if x)
+            + f" ({p.dimension} dims)"
+        )
+    return parsed
 
 
 # -- the target directory ------------------------------------------------------------

@@ -168,8 +168,14 @@ class Recipe:
     tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
     path: str | None = None
     quantize: QuantizeConfig | None = None
+    # feature-extraction of a plain transformer (no modules.json): how its tokens are pooled
+    pooling: str = "mean"
 
     def __post_init__(self) -> None:
+        from ..embed.pipeline import POOLING_MODES
+
+        if self.pooling not in POOLING_MODES:
+            raise ExportError(f"pooling must be one of {list(POOLING_MODES)}, got {self.pooling!r}")
         if self.dtype not in DTYPES:
             raise ExportError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.optimize is not None and self.optimize not in OPTIMIZE_LEVELS:

@@ -93,10 +93,9 @@ def _library(model: str) -> str:
     except Exception:
         return "transformers"
     if library == "sentence_transformers":
-        try:
-            import sentence_transformers  # noqa: F401
-        except ImportError:
-            return "transformers"  # the plain transformer, without the pooling head
+        # ortbatch reads the pipeline (modules.json) itself and appends it to the plain
+        # transformer's graph, with or without sentence-transformers importable
+        return "transformers"
     return library if library in ("transformers", "sentence_transformers") else "transformers"
 
 
@@ -139,7 +138,9 @@ def resolve_model(model: str, task: str = "auto", *, trust_remote_code: bool = F
             f"{model_type!r} can be exported only for {sorted(model_tasks)}, none of which ortbatch checks and "
             f"serves; supported tasks: {', '.join(SUPPORTED_TASKS)}"
         )
-    if task == "auto":
+    if task == "auto" and os.path.isdir(model) and (Path(model) / "modules.json").is_file():
+        task = "feature-extraction"  # a sentence-transformers checkpoint: its embeddings, never a generator
+    elif task == "auto":
         task = _infer_task(config, library)
         if task + "-with-past" in model_tasks:
             task += "-with-past"

@@ -27,11 +27,26 @@ def _edit_graph(path: Path, edit) -> None:
 
     model = onnx.load(str(path))
     edit(model.graph)
+    _topological(model.graph)  # an edit appends nodes after the embedding head that reads them
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     manifest = Manifest.load(path.parent)
     manifest.extra["components"]["model"]["sha256"] = model_hash(path)
     manifest.save()
+
+
+def _topological(graph) -> None:
+    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        ready = [n for n in pending if all(x in known for x in n.input)]
+        assert ready, "the edit left a cycle or a dangling input"
+        for n in ready:
+            ordered.append(n)
+            known.update(n.output)
+            pending.remove(n)
+    del graph.node[:]
+    graph.node.extend(ordered)
 
 
 def _producer(graph, output: str):

@@ -23,7 +23,9 @@ def test_minilm_recipe_export_passes_and_writes_a_complete_directory(minilm_expo
         assert (d / name).is_file(), name
     m = res.manifest
     assert m.source["task"] == "feature-extraction"
-    assert m.source["library"] == "sentence_transformers"
+    # ortbatch reads the pipeline from modules.json itself; the transformer is exported plain
+    assert m.source["library"] == "transformers"
+    assert m.extra["embedding"]["pooling"] == ["mean"] and m.extra["embedding"]["normalize"] is True
     assert m.source["opset"] == 18
     assert m.padding_side == "right"
     assert m.limits == {"max_batch_size": 64, "max_sequence_length": 256}
@@ -31,7 +33,7 @@ def test_minilm_recipe_export_passes_and_writes_a_complete_directory(minilm_expo
         "input_ids": ("int64", ("batch", "sequence"), 0),
         "attention_mask": ("int64", ("batch", "sequence"), 0),
     }
-    assert m.outputs["token_embeddings"].axes == ("batch", "sequence", None)
+    assert m.outputs["last_hidden_state"].axes == ("batch", "sequence", None)
     assert m.outputs["sentence_embedding"].axes == ("batch", None)  # graph-internal dim: not ragged
     assert m.providers == [["CPUExecutionProvider", {}]]
     assert m.validation["passed"] is True
@@ -39,8 +41,9 @@ def test_minilm_recipe_export_passes_and_writes_a_complete_directory(minilm_expo
     assert report["passed"] is True
     checks = {c["check"]: c for c in report["checks"]}
     assert set(checks) == {"reference_parity", "shape_generalisation", "batching_invariance", "finite_weights"}
-    parity = checks["reference_parity"]["cases"][0]["outputs"]
+    parity = [o for case in checks["reference_parity"]["cases"] for o in case["outputs"]]
     emb = next(o for o in parity if o["output"] == "sentence_embedding")
+    assert "sentence_embedding vs sentence-transformers" in checks["reference_parity"]["cases"][1]["label"]
     assert emb["metric"] == "cosine" and emb["metric_value"] > 0.9999
     assert emb["shape"] == [10, 384] and emb["max_abs_err"] < 1e-4 and emb["tolerance"]["atol"] == 1e-4
     labels = [c["label"] for c in checks["shape_generalisation"]["cases"]]
@@ -66,7 +69,7 @@ def test_minilm_export_matches_sentence_transformers(minilm_export) -> None:
 @pytest.mark.parametrize(
     ("kind", "task", "outputs"),
     [
-        ("bert", "feature-extraction", {"last_hidden_state"}),
+        ("bert", "feature-extraction", {"last_hidden_state", "sentence_embedding"}),  # --pooling mean
         ("bert-cls", "text-classification", {"logits"}),
         ("bert-tok", "token-classification", {"logits"}),
         ("bert-qa", "question-answering", {"start_logits", "end_logits"}),

@@ -92,6 +92,8 @@ class OnnxModel:
                 feed[name] = np.zeros_like(ids)
             elif name == "position_ids":
                 feed[name] = positions(mask)
+            elif name == "prompt_length":  # the embedding pipeline's: no prompt in the samples
+                feed[name] = np.zeros(ids.shape[0], dtype=np.int64)
             elif name.startswith("past_key_values"):
                 shape = [ids.shape[0]] + [d if isinstance(d, int) else 0 for d in arg.shape[1:]]
                 feed[name] = np.zeros(shape, dtype=_np_dtype(arg.type))

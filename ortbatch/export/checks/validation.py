@@ -73,9 +73,14 @@ def validate(
     plan = _plan(directory, providers, samples, tolerances)
     ref: Reference | None = None
     reason = "not requested (--no-reference / use_reference=False)"
+    embedding_ref: tuple[Any, str] | None = None
     if use_reference:
         say("loading the PyTorch reference")
         ref, reason = load_reference(plan.manifest.source, reference)
+        if ref is not None:
+            embedding_ref, why = _embedding_reference(plan)
+            if why:  # the transformer is there but not the model the user embeds with
+                ref, reason = None, why
     report = ValidationReport(
         directory=os.fspath(plan.directory),
         task=str(plan.manifest.source.get("task", "")),
@@ -87,7 +92,7 @@ def validate(
     )
     cpu_model: OnnxModel | None = None
     for provider in plan.providers:
-        checks, model = _check_provider(plan, provider, ref, reason, seed, cpu_model, say)
+        checks, model = _check_provider(plan, provider, ref, reason, seed, cpu_model, say, embedding_ref)
         report.checks.extend(checks)
         if provider == CPU:
             cpu_model = model
@@ -113,6 +118,7 @@ class _Plan:
     fp16_tol: dict[str, float]
     rows: list[list[int]]
     max_seq: int
+    texts: list[str]
 
 
 def _plan(
@@ -145,8 +151,37 @@ def _plan(
     if family == "decoder":
         rows = [r[: max_seq - GREEDY_TOKENS] or [tokenizer.eos_token_id or 0] for r in rows]
     return _Plan(
-        manifest, manifest.directory, provider_list, tokenizer, dtype, variant, base_tol, fp16_tol, rows, max_seq
+        manifest, manifest.directory, provider_list, tokenizer, dtype, variant, base_tol, fp16_tol, rows, max_seq, texts
     )
+
+
+def _embedding_reference(plan: _Plan) -> tuple[tuple[Any, str] | None, str]:
+    """The user's model's sentence embeddings of the samples: sentence-transformers'
+    ``encode`` of the checkpoint when importable, else ortbatch's torch implementation of
+    the pipeline parsed from it (never the exported graph). ``(None, "")`` for an export
+    without a pipeline; ``(None, why)`` when the checkpoint cannot be read."""
+    from ...embed.pipeline import EmbeddingPipeline
+
+    pipe = EmbeddingPipeline.from_manifest(plan.manifest)
+    if pipe is None:
+        return None, ""
+    checkpoint = str(plan.manifest.source.get("embedding_checkpoint") or plan.manifest.source.get("model") or "")
+    if not checkpoint:
+        return None, "the manifest does not name the checkpoint to embed the samples with"
+    try:
+        from .. import st_pipeline
+
+        if pipe.source == "sentence-transformers":
+            parsed = st_pipeline.read_pipeline(checkpoint)
+            if parsed is None:
+                return None, f"{checkpoint} has no modules.json any more"
+        else:
+            parsed = st_pipeline.ParsedPipeline(pipe, Path(checkpoint))
+        vectors, by = st_pipeline.reference_embeddings(checkpoint, plan.texts, parsed=parsed)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return None, f"could not embed the samples with {checkpoint} ({type(exc).__name__}: {first[:300]})"
+    return (vectors, by), ""
 
 
 def _check_provider(
@@ -157,6 +192,7 @@ def _check_provider(
     seed: int,
     cpu_model: OnnxModel | None,
     say: Callable[[str], None],
+    embedding_ref: tuple[Any, str] | None = None,
 ) -> tuple[list[CheckResult], OnnxModel | None]:
     """The checks on one provider, and the model they ran (None when it did not start)."""
     absent = not_here(provider)
@@ -172,7 +208,17 @@ def _check_provider(
     # from the arithmetic really used: TF32 (TensorRT fp32), fp16 inside an fp16 engine
     tol = parity_tolerances(arithmetic(provider, opts, plan.dtype), plan.base_tol, plan.fp16_tol)
     vocab = vocab_size(plan.manifest, plan.tokenizer)
-    ctx = CheckContext(model, ref, tol, plan.rows, plan.max_seq, vocab, seed, quantized=plan.variant is not None)
+    ctx = CheckContext(
+        model,
+        ref,
+        tol,
+        plan.rows,
+        plan.max_seq,
+        vocab,
+        seed,
+        quantized=plan.variant is not None,
+        embedding_ref=embedding_ref,
+    )
     short = provider.replace("ExecutionProvider", "")
     out = []
     if ref is not None:

@@ -1,0 +1,529 @@
+"""sentence-transformers checkpoints, read by ortbatch itself (no sentence-transformers needed).
+
+* :func:`read_pipeline` parses ``modules.json`` (Transformer -> Pooling -> Dense* ->
+  Normalize), each module's config and weights, and ``config_sentence_transformers.json``
+  (prompts, default prompt, similarity) into an
+  :class:`~ortbatch.embed.pipeline.EmbeddingPipeline`; a module ortbatch does not know is
+  an :class:`~ortbatch.errors.ExportError` naming it.
+* :func:`append_pipeline` appends that pipeline to the transformer's ONNX graph, after
+  ``last_hidden_state`` (output ``sentence_embedding``).
+* :class:`TorchPipeline` is an independent PyTorch implementation of the parsed pipeline
+  (row by row on the unpadded tokens, not the graph's masked formulas), and
+  :func:`reference_embeddings` is the checks' reference: sentence-transformers' own
+  ``encode`` when it is importable, else :class:`TorchPipeline`.
+
+Pooling follows sentence-transformers' ``Pooling._forward_padded`` (v5). One deliberate
+difference: ``weightedmean`` weighs a token by its position in its own text, where
+sentence-transformers weighs by the padded column, so a left-padded batch gives each row
+the embedding it has alone (right-padded, the two are the same).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..embed.pipeline import POOLING_MODES, DenseSpec, EmbeddingPipeline
+from ..errors import ExportError
+
+__all__ = [
+    "ParsedPipeline",
+    "TorchPipeline",
+    "append_pipeline",
+    "flag_pipeline",
+    "graph_embeddings",
+    "read_pipeline",
+    "reference_embeddings",
+    "sentence_transformers_available",
+]
+
+# modules.json "type" (its last dotted part) -> what ortbatch does with it
+_KNOWN_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+# Dense's activation_function, as sentence-transformers saves it (fullname of the module)
+_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.activation.GELU": "gelu",
+    "torch.nn.modules.activation.SiLU": "silu",
+}
+_LEGACY_POOLING = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+@dataclass
+class ParsedPipeline:
+    """A checkpoint's pipeline: the description, where its transformer is, Dense weights."""
+
+    pipeline: EmbeddingPipeline
+    transformer_path: Path
+    dense_weights: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
+    max_seq_length: int | None = None
+
+
+def sentence_transformers_available() -> bool:
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ExportError(f"cannot read {path}: {exc}") from exc
+
+
+def _pooling_modes(cfg: dict[str, Any], where: Path) -> tuple[str, ...]:
+    mode = cfg.get("pooling_mode")
+    if mode is None:
+        # legacy booleans, in sentence-transformers' concatenation order; none set means mean
+        modes = tuple(m for k, m in _LEGACY_POOLING.items() if cfg.get(k))
+        return modes or ("mean",)
+    modes = (mode,) if isinstance(mode, str) else tuple(mode)
+    for m in modes:
+        if m not in POOLING_MODES:
+            raise ExportError(f"{where}: unknown pooling mode {m!r}; sentence-transformers has {list(POOLING_MODES)}")
+    return modes
+
+
+def _dense_weights(folder: Path) -> dict[str, np.ndarray]:
+    st = folder / "model.safetensors"
+    if st.is_file():
+        from safetensors.numpy import load_file
+
+        return dict(load_file(str(st)))
+    bin_ = folder / "pytorch_model.bin"
+    if bin_.is_file():
+        import torch
+
+        state = torch.load(str(bin_), map_location="cpu", weights_only=True)
+        return {k: v.float().numpy() for k, v in state.items()}
+    raise ExportError(f"{folder}: a Dense module needs model.safetensors or pytorch_model.bin, found neither")
+
+
+def _dense(folder: Path) -> tuple[DenseSpec, np.ndarray, np.ndarray | None]:
+    cfg = _json(folder / "config.json")
+    act_name = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
+    act = _ACTIVATIONS.get(act_name)
+    if act is None:
+        raise ExportError(
+            f"{folder}: Dense activation {act_name!r} is not one ortbatch can export; known: {sorted(_ACTIVATIONS)}"
+        )
+    for key in ("module_input_name", "module_output_name"):
+        if cfg.get(key) not in (None, "sentence_embedding"):
+            raise ExportError(f"{folder}: Dense {key}={cfg[key]!r} (only 'sentence_embedding' is exported)")
+    spec = DenseSpec(int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True)), act)
+    weights = _dense_weights(folder)
+    w = weights.get("linear.weight")
+    if w is None or w.shape != (spec.out_features, spec.in_features):
+        raise ExportError(
+            f"{folder}: expected linear.weight of shape {(spec.out_features, spec.in_features)}, "
+            f"got {None if w is None else w.shape}"
+        )
+    b = weights.get("linear.bias") if spec.bias else None
+    if spec.bias and (b is None or b.shape != (spec.out_features,)):
+        raise ExportError(f"{folder}: expected linear.bias of shape {(spec.out_features,)}")
+    return spec, w.astype(np.float32), None if b is None else b.astype(np.float32)
+
+
+def read_pipeline(model_dir: str | Path) -> ParsedPipeline | None:
+    """Parse a local sentence-transformers checkpoint; ``None`` when it has no modules.json
+    (a plain transformer: see :func:`flag_pipeline`)."""
+    root = Path(model_dir)
+    modules_file = root / "modules.json"
+    if not modules_file.is_file():
+        return None
+    modules = _json(modules_file)
+    if not isinstance(modules, list) or not modules:
+        raise ExportError(f"{modules_file}: expected a non-empty list of modules")
+    transformer: Path | None = None
+    max_seq: int | None = None
+    pooling: tuple[str, ...] | None = None
+    include_prompt = True
+    token_dim: int | None = None
+    dense: list[DenseSpec] = []
+    dense_w: list[tuple[np.ndarray, np.ndarray | None]] = []
+    normalize = False
+    order: list[str] = []
+    for entry in sorted(modules, key=lambda m: int(m.get("idx", 0))):
+        kind = str(entry.get("type", "")).rsplit(".", 1)[-1]
+        folder = root / str(entry.get("path", ""))
+        if kind not in _KNOWN_MODULES:
+            raise ExportError(
+                f"{modules_file}: module {entry.get('type')!r} ({entry.get('name')}) is not one ortbatch can "
+                f"export; it knows {list(_KNOWN_MODULES)}"
+            )
+        order.append(kind)
+        if kind == "Transformer":
+            if transformer is not None:
+                raise ExportError(f"{modules_file}: more than one Transformer module")
+            transformer = folder
+            cfg_file = folder / "sentence_bert_config.json"
+            cfg = _json(cfg_file) if cfg_file.is_file() else {}
+            if cfg.get("do_lower_case"):
+                raise ExportError(f"{cfg_file}: do_lower_case=true is not supported by ortbatch's tokenizer path")
+            max_seq = cfg.get("max_seq_length")
+        elif kind == "Pooling":
+            cfg = _json(folder / "config.json")
+            pooling = _pooling_modes(cfg, folder / "config.json")
+            include_prompt = bool(cfg.get("include_prompt", True))
+            token_dim = cfg.get("embedding_dimension", cfg.get("word_embedding_dimension"))
+        elif kind == "Dense":
+            spec, w, b = _dense(folder)
+            dense.append(spec)
+            dense_w.append((w, b))
+        elif kind == "Normalize":
+            normalize = True
+    expected = ["Transformer", "Pooling", *(["Dense"] * len(dense)), *(["Normalize"] if normalize else [])]
+    if order != expected:
+        raise ExportError(
+            f"{modules_file}: modules {order} are not Transformer -> Pooling -> Dense* -> Normalize, "
+            "the pipeline ortbatch exports"
+        )
+    assert transformer is not None and pooling is not None
+    if token_dim is None:
+        token_dim = _hidden_size(transformer)
+    st_cfg_file = root / "config_sentence_transformers.json"
+    st_cfg = _json(st_cfg_file) if st_cfg_file.is_file() else {}
+    try:
+        pipe = EmbeddingPipeline(
+            pooling=pooling,
+            token_dimension=int(token_dim),
+            include_prompt=include_prompt,
+            dense=tuple(dense),
+            normalize=normalize,
+            prompts={str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()},
+            default_prompt_name=st_cfg.get("default_prompt_name") or None,
+            similarity=str(st_cfg.get("similarity_fn_name") or "cosine"),
+            source="sentence-transformers",
+        )
+    except ValueError as exc:
+        raise ExportError(f"{root}: {exc}") from exc
+    return ParsedPipeline(pipe, transformer, dense_w, int(max_seq) if max_seq else None)
+
+
+def _hidden_size(transformer: Path) -> int:
+    cfg = _json(transformer / "config.json")
+    for key in ("hidden_size", "d_model", "n_embd", "dim"):
+        if isinstance(cfg.get(key), int):
+            return int(cfg[key])
+    raise ExportError(f"{transformer}/config.json names no hidden size")
+
+
+def flag_pipeline(model_dir: str | Path, pooling: str = "mean") -> ParsedPipeline:
+    """A plain transformer (no modules.json): its token embeddings pooled as ``--pooling`` says."""
+    if pooling not in POOLING_MODES:
+        raise ExportError(f"--pooling must be one of {list(POOLING_MODES)}, got {pooling!r}")
+    root = Path(model_dir)
+    pipe = EmbeddingPipeline(pooling=(pooling,), token_dimension=_hidden_size(root), source="pooling-flag")
+    return ParsedPipeline(pipe, root)
+
+
+# -- the ONNX graph ---------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self._n = 0
+
+    def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
+        from onnx import helper
+
+        self._n += 1
+        name = f"ortbatch_embed/{op_type}_{self._n}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [name + ":0"], name=name, **attrs))
+        return name + ":0"
+
+    def const(self, value: Any, dtype: Any = np.float32) -> str:
+        from onnx import numpy_helper
+
+        self._n += 1
+        name = f"ortbatch_embed/const_{self._n}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def axes(self, *axes: int) -> str:
+        return self.const(list(axes), np.int64)
+
+    def reduce(self, op_type: str, x: str, axis: int, keepdims: int) -> str:
+        # ReduceSum takes axes as an input from opset 13, ReduceMax only from 18
+        new = self.opset >= (13 if op_type == "ReduceSum" else 18)
+        if new:
+            return self.op(op_type, x, self.axes(axis), keepdims=keepdims)
+        return self.op(op_type, x, axes=[axis], keepdims=keepdims)
+
+
+def _activation(b: _Builder, x: str, act: str) -> str:
+    if act == "identity":
+        return x
+    if act == "tanh":
+        return b.op("Tanh", x)
+    if act == "relu":
+        return b.op("Relu", x)
+    if act == "sigmoid":
+        return b.op("Sigmoid", x)
+    if act == "silu":
+        return b.op("Mul", x, b.op("Sigmoid", x))
+    if act == "gelu":  # torch's exact GELU: x/2 * (1 + erf(x/sqrt(2)))
+        erf = b.op("Erf", b.op("Div", x, b.const(np.sqrt(2.0))))
+        return b.op("Mul", b.op("Mul", x, b.const(0.5)), b.op("Add", erf, b.const(1.0)))
+    raise ExportError(f"activation {act!r} cannot be exported")
+
+
+def _gather_row(b: _Builder, tokens: str, index: str, dim: int) -> str:
+    """tokens [B, S, D], index [B, 1] -> tokens[b, index[b], :] as [B, D]."""
+    idx = b.op("Expand", b.op("Unsqueeze", index, b.axes(2)), b.const([1, 1, dim], np.int64))
+    return b.op("Squeeze", b.op("GatherElements", tokens, idx, axis=1), b.axes(1))
+
+
+def _zero_token_types(g: Any) -> None:
+    """A sentence embedding is of one text, whose token types are all 0 (as the tokenizer
+    gives encode): computed in the graph, so callers feed input_ids and attention_mask only,
+    as sentence-transformers exports take them."""
+    from onnx import TensorProto, helper
+
+    tt = next((i for i in g.input if i.name == "token_type_ids"), None)
+    if tt is None:
+        return
+    g.input.remove(tt)
+    nodes = [
+        helper.make_node("Shape", ["input_ids"], ["ortbatch_embed/ids_shape"], name="ortbatch_embed/ids_shape"),
+        helper.make_node(
+            "ConstantOfShape",
+            ["ortbatch_embed/ids_shape"],
+            ["token_type_ids"],
+            name="ortbatch_embed/token_type_ids",
+            value=helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+        ),
+    ]
+    for n in reversed(nodes):  # ahead of every node that reads them
+        g.node.insert(0, n)
+
+
+def append_pipeline(model: Any, parsed: ParsedPipeline, hidden: str = "last_hidden_state") -> Any:
+    """Append the pooling, Dense layers and Normalize to ``model`` (an ``onnx.ModelProto``
+    whose graph outputs ``hidden`` [batch, sequence, dim] and takes ``attention_mask``);
+    adds the output ``sentence_embedding`` [batch, dimension] and, for
+    ``include_prompt=false``, the input ``prompt_length`` [batch]. Returns ``model``."""
+    from onnx import TensorProto, helper
+
+    pipe = parsed.pipeline
+    g = model.graph
+    if hidden not in {o.name for o in g.output}:
+        raise ExportError(f"the transformer's graph has no {hidden!r} output to pool")
+    if "attention_mask" not in {i.name for i in g.input}:
+        raise ExportError("the transformer's graph takes no attention_mask: padding could not be left out")
+    if pipe.output in {o.name for o in g.output}:
+        raise ExportError(f"the graph already has a {pipe.output!r} output")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 13:
+        raise ExportError(f"the pooling head needs opset >= 13, the graph has {opset}")
+    b = _Builder(opset)
+    _zero_token_types(g)
+    dim = pipe.token_dimension
+    h = b.op("Cast", hidden, to=TensorProto.FLOAT)
+    m0 = b.op("Cast", "attention_mask", to=TensorProto.FLOAT)  # [B, S]
+    m = m0
+    if pipe.needs_prompt_length:
+        # Leave out each row's first prompt_length real tokens (sentence-transformers zeroes
+        # the prompt's columns after any left padding).
+        rank = b.op("CumSum", m0, b.const(1, np.int64))
+        pl = b.op("Unsqueeze", b.op("Cast", "prompt_length", to=TensorProto.FLOAT), b.axes(1))
+        m = b.op("Mul", m0, b.op("Cast", b.op("Greater", rank, pl), to=TensorProto.FLOAT))
+        g.input.append(helper.make_tensor_value_info("prompt_length", TensorProto.INT64, ["batch"]))
+    mu = b.op("Unsqueeze", m, b.axes(2))  # [B, S, 1]
+    parts: list[str] = []
+    mean_sum = count = None
+    for mode in pipe.pooling:
+        if mode == "cls":  # the first token the mask keeps
+            parts.append(_gather_row(b, h, b.op("ArgMax", m, axis=1, keepdims=1), dim))
+        elif mode == "lasttoken":  # the last token the mask keeps (the last column when none)
+            idx = b.op("ArgMax", m, axis=1, keepdims=1, select_last_index=1)
+            parts.append(_gather_row(b, b.op("Mul", h, mu), idx, dim))
+        elif mode == "max":
+            masked = b.op("Where", b.op("Less", mu, b.const(0.5)), b.const(-np.inf), h)
+            parts.append(b.reduce("ReduceMax", masked, 1, 0))
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            if mean_sum is None:
+                mean_sum = b.reduce("ReduceSum", b.op("Mul", h, mu), 1, 0)
+                count = b.op("Max", b.reduce("ReduceSum", mu, 1, 0), b.const(1e-9))
+            assert count is not None
+            parts.append(b.op("Div", mean_sum, count if mode == "mean" else b.op("Sqrt", count)))
+        elif mode == "weightedmean":
+            w = b.op("Unsqueeze", b.op("Mul", b.op("CumSum", m0, b.const(1, np.int64)), m), b.axes(2))
+            total = b.reduce("ReduceSum", b.op("Mul", h, w), 1, 0)
+            parts.append(b.op("Div", total, b.op("Max", b.reduce("ReduceSum", w, 1, 0), b.const(1e-9))))
+    x = parts[0] if len(parts) == 1 else b.op("Concat", *parts, axis=-1)
+    for spec, (weight, bias) in zip(pipe.dense, parsed.dense_weights, strict=True):
+        x = b.op("MatMul", x, b.const(weight.T))
+        if bias is not None:
+            x = b.op("Add", x, b.const(bias))
+        x = _activation(b, x, spec.activation)
+    if pipe.normalize:  # torch.nn.functional.normalize: x / max(||x||, 1e-12)
+        norm = b.op("Sqrt", b.reduce("ReduceSum", b.op("Mul", x, x), -1, 1))
+        x = b.op("Div", x, b.op("Max", norm, b.const(1e-12)))
+    b.nodes.append(helper.make_node("Identity", [x], [pipe.output], name="ortbatch_embed/output"))
+    g.node.extend(b.nodes)
+    g.initializer.extend(b.inits)
+    g.output.append(helper.make_tensor_value_info(pipe.output, TensorProto.FLOAT, ["batch", pipe.dimension]))
+    return model
+
+
+def append_pipeline_file(onnx_path: str | Path, parsed: ParsedPipeline) -> None:
+    """:func:`append_pipeline` on a saved model, in place (external data kept external)."""
+    import onnx
+
+    path = Path(onnx_path)
+    model = onnx.load(str(path))
+    append_pipeline(model, parsed)
+    onnx.checker.check_model(model, full_check=False)
+    external = any(p.suffix in (".onnx_data", ".data") or p.name.endswith("_data") for p in path.parent.iterdir())
+    if external or model.ByteSize() > 1_800_000_000:
+        onnx.save(model, str(path), save_as_external_data=True, location=path.name + "_data")
+    else:
+        onnx.save(model, str(path))
+
+
+def graph_embeddings(onnx_path: str | Path, tokenizer: Any, texts: Sequence[str], max_length: int) -> np.ndarray:
+    """``sentence_embedding`` of ``texts`` from the saved graph on CPU (no prompt), for
+    the int8 calibration ranges the export records."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    enc = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="np")
+    ids = enc["input_ids"].astype(np.int64)
+    mask = enc["attention_mask"].astype(np.int64)
+    feed: dict[str, np.ndarray] = {}
+    for arg in sess.get_inputs():
+        if arg.name == "input_ids":
+            feed[arg.name] = ids
+        elif arg.name == "attention_mask":
+            feed[arg.name] = mask
+        elif arg.name == "token_type_ids":
+            feed[arg.name] = np.zeros_like(ids)
+        elif arg.name == "position_ids":
+            feed[arg.name] = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        elif arg.name == "prompt_length":
+            feed[arg.name] = np.zeros(len(ids), dtype=np.int64)
+        else:
+            raise ExportError(f"cannot fill input {arg.name!r} to calibrate the embeddings")
+    return np.asarray(sess.run(["sentence_embedding"], feed)[0], dtype=np.float32)
+
+
+# -- the reference ----------------------------------------------------------------------
+
+
+class TorchPipeline:
+    """The parsed pipeline in PyTorch, as an independent check of the graph: the
+    transformer from ``transformers``, then each row pooled over its own unpadded tokens."""
+
+    def __init__(self, parsed: ParsedPipeline) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.parsed = parsed
+        self.tokenizer = AutoTokenizer.from_pretrained(str(parsed.transformer_path))
+        self.model = AutoModel.from_pretrained(str(parsed.transformer_path)).eval()
+
+    def _pool_row(self, tokens: Any, first_real: int) -> Any:
+        import torch
+
+        pipe = self.parsed.pipeline
+        n_all = tokens.shape[0]
+        out = []
+        for mode in pipe.pooling:
+            t = tokens[first_real:]
+            if mode == "cls":
+                out.append(t[0] if len(t) else tokens[0] * 0)
+            elif mode == "lasttoken":
+                out.append(t[-1] if len(t) else tokens[-1] * 0)
+            elif mode == "max":
+                out.append(t.max(dim=0).values if len(t) else torch.full_like(tokens[0], -float("inf")))
+            elif mode == "mean":
+                out.append(t.sum(dim=0) / max(len(t), 1e-9))
+            elif mode == "mean_sqrt_len_tokens":
+                out.append(t.sum(dim=0) / max(len(t), 1e-9) ** 0.5)
+            elif mode == "weightedmean":
+                w = torch.arange(first_real + 1, n_all + 1, dtype=tokens.dtype)[:, None]
+                out.append((t * w).sum(dim=0) / max(float(w.sum()), 1e-9))
+        return torch.cat(out)
+
+    def encode(self, texts: Sequence[str], prompt: str | None = None) -> np.ndarray:
+        import torch
+
+        pipe = self.parsed.pipeline
+        skip = 0
+        if prompt is not None and not pipe.include_prompt:
+            ids = self.tokenizer(prompt)["input_ids"]
+            skip = len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
+        rows = []
+        with torch.inference_mode():
+            for text in texts:  # one at a time: no padding at all
+                full = text if prompt is None else prompt + text
+                enc = self.tokenizer(full, return_tensors="pt", truncation=True, max_length=self.parsed.max_seq_length)
+                hidden = self.model(**enc).last_hidden_state[0].float()
+                x = self._pool_row(hidden, skip)
+                for spec, (w, b) in zip(pipe.dense, self.parsed.dense_weights, strict=True):
+                    x = torch.from_numpy(w) @ x + (torch.from_numpy(b) if b is not None else 0)
+                    x = _torch_activation(spec.activation)(x)
+                if pipe.normalize:
+                    x = x / x.norm().clamp_min(1e-12)
+                rows.append(x.numpy())
+        return np.stack(rows).astype(np.float32)
+
+
+def _torch_activation(name: str) -> Any:
+    import torch
+
+    return {
+        "identity": lambda x: x,
+        "tanh": torch.tanh,
+        "relu": torch.relu,
+        "sigmoid": torch.sigmoid,
+        "gelu": torch.nn.functional.gelu,
+        "silu": torch.nn.functional.silu,
+    }[name]
+
+
+def reference_embeddings(
+    model_dir: str | Path,
+    texts: Sequence[str],
+    *,
+    prompt: str | None = None,
+    parsed: ParsedPipeline | None = None,
+    batch_size: int = 32,
+) -> tuple[np.ndarray, str]:
+    """The user's model's embeddings of ``texts`` and what computed them:
+    ``SentenceTransformer(model_dir).encode`` when sentence-transformers is importable and
+    the checkpoint is one, else :class:`TorchPipeline` on the parsed pipeline."""
+    if parsed is None:
+        parsed = read_pipeline(model_dir)
+        if parsed is None:
+            raise ExportError(f"{model_dir} has no modules.json; pass the pipeline --pooling made")
+    pipe = parsed.pipeline
+    if prompt is None and pipe.default_prompt_name is not None:  # as encode() applies it
+        prompt = pipe.prompts[pipe.default_prompt_name]
+    if pipe.source == "sentence-transformers" and sentence_transformers_available():
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(str(model_dir), device="cpu")
+        vecs = st.encode(list(texts), prompt=prompt, batch_size=batch_size, convert_to_numpy=True)
+        return np.asarray(vecs, dtype=np.float32), "sentence-transformers"
+    return TorchPipeline(parsed).encode(texts, prompt=prompt), "torch reference"

@@ -1,0 +1,185 @@
+"""``export_model`` of sentence-transformers checkpoints: the graph carries the checkpoint's
+own pipeline, the manifest records it, and the parity check's reference is the user's model
+(sentence-transformers' encode, or ortbatch's torch implementation when it is hidden), so a
+graph whose pooling disagrees with the checkpoint fails the checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("optimum.exporters.onnx")
+st_mod = pytest.importorskip("sentence_transformers")
+
+from ortbatch import export_model, validate  # noqa: E402
+from ortbatch.embed import Embedder, EmbeddingPipeline  # noqa: E402
+from ortbatch.errors import ValidationError  # noqa: E402
+from ortbatch.manifest import Manifest, model_hash  # noqa: E402
+from tests.embed.stmodels import TEXTS, build_base, build_st, cosines  # noqa: E402
+
+pytestmark = [pytest.mark.export, pytest.mark.slow]
+MIN_COSINE = 0.9999
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bert_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_base("bert", tmp_path_factory.mktemp("base") / "bert")
+
+
+@pytest.fixture(scope="module")
+def cls_export(bert_base: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("cls")
+    st_dir = build_st(bert_base, root / "st-cls", pooling="cls", dense=((16, "Tanh"),), normalize=True)
+    result = export_model(st_dir, root / "export", max_batch_size=4)
+    return st_dir, result.directory
+
+
+def test_export_carries_the_checkpoints_pipeline(cls_export):
+    st_dir, export = cls_export
+    manifest = Manifest.load(export)
+    pipe = EmbeddingPipeline.from_manifest(manifest)
+    assert pipe is not None
+    assert (pipe.pooling, pipe.dimension, pipe.normalize, pipe.source) == (("cls",), 16, True, "sentence-transformers")
+    assert pipe.quantization_ranges is not None
+    assert "sentence_embedding" in manifest.outputs
+    report = json.loads((export / "validation.json").read_text())
+    parity = next(c for c in report["checks"] if c["check"] == "reference_parity")
+    labels = [case["label"] for case in parity["cases"]]
+    assert any("sentence_embedding vs sentence-transformers" in lb for lb in labels), labels
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS * 2, batch_size=3)
+    with Embedder(export) as emb:
+        got = emb.encode(TEXTS * 2)
+    assert cosines(got, want).min() >= MIN_COSINE
+
+
+def _mean_graph(export: Path, st_dir: Path, out: Path) -> Path:
+    """The export with its CLS pooling swapped for mean: what ortbatch used to serve for a
+    CLS checkpoint. The manifest is made consistent (hash, pipeline) so only the check can tell."""
+    import onnx
+
+    from ortbatch.export import st_pipeline
+
+    shutil.copytree(export, out)
+    model = onnx.load(str(out / "model.onnx"))
+    graph = model.graph
+    keep_nodes = ("ortbatch_embed/ids_shape", "ortbatch_embed/token_type_ids")  # the inputs, not the pooling
+    ours = [n for n in graph.node if n.name.startswith("ortbatch_embed/") and n.name not in keep_nodes]
+    for n in ours:
+        graph.node.remove(n)
+    keep = [i for i in graph.initializer if not i.name.startswith("ortbatch_embed/")]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    for o in [o for o in graph.output if o.name == "sentence_embedding"]:
+        graph.output.remove(o)
+    parsed = st_pipeline.read_pipeline(st_dir)
+    assert parsed is not None
+    import dataclasses
+
+    parsed.pipeline = dataclasses.replace(parsed.pipeline, pooling=("mean",))
+    st_pipeline.append_pipeline(model, parsed)
+    onnx.save(model, str(out / "model.onnx"))
+    manifest = Manifest.load(out)
+    manifest.extra["components"]["model"]["sha256"] = model_hash(out / "model.onnx")
+    manifest.extra["embedding"]["pooling"] = ["mean"]
+    manifest.save(out)
+    return out
+
+
+def test_pooling_that_disagrees_with_the_checkpoint_fails(cls_export, tmp_path):
+    st_dir, export = cls_export
+    bad = _mean_graph(export, st_dir, tmp_path / "mean-for-cls")
+    report = validate(bad)
+    assert not report.passed
+    failed = [c for c in report.failed() if c.name == "reference_parity"]
+    assert failed, report.summary()
+    cos = [
+        comp.metric_value
+        for case in failed[0].cases
+        for comp in case.comparisons
+        if comp.output == "sentence_embedding" and not comp.passed
+    ]
+    assert cos and cos[0] is not None and cos[0] < 0.99
+    # the CLI names the check and the cosine; serve refuses it
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        [sys.executable, "-m", "ortbatch.cli", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "reference_parity" in text and "sentence_embedding" in text, text
+    assert "cosine" in text, text
+    from ortbatch.commands.serve import refuse_failed_checks
+
+    with pytest.raises(ValidationError, match="allow-unvalidated"):
+        refuse_failed_checks(bad, allow_unvalidated=False)
+    refuse_failed_checks(bad, allow_unvalidated=True)
+
+
+_HIDDEN = textwrap.dedent(
+    """
+    import sys, json
+    from tests.embed.stmodels import block_sentence_transformers
+    block_sentence_transformers()
+    import numpy as np
+    from ortbatch import export_model
+    from ortbatch.embed import Embedder
+    from tests.embed.stmodels import TEXTS
+    st_dir, out, npy = sys.argv[1:4]
+    result = export_model(st_dir, out, max_batch_size=4)
+    report = json.load(open(out + "/validation.json"))
+    parity = next(c for c in report["checks"] if c["check"] == "reference_parity")
+    print("LABELS", [case["label"] for case in parity["cases"]])
+    with Embedder(out) as emb:
+        np.save(npy, emb.encode(TEXTS))
+    """
+)
+
+
+def test_export_without_sentence_transformers(bert_base, tmp_path):
+    st_dir = build_st(bert_base, tmp_path / "st", pooling="lasttoken", dense=((8, "ReLU"),), normalize=False)
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS, batch_size=4)
+    npy = tmp_path / "hidden.npy"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", _HIDDEN, str(st_dir), str(tmp_path / "export"), str(npy)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "sentence_embedding vs torch reference" in done.stdout
+    assert cosines(np.load(npy), want).min() >= MIN_COSINE
+
+
+def test_plain_transformer_pooled_by_the_flag(bert_base, tmp_path):
+    said: list[str] = []
+    result = export_model(bert_base, tmp_path / "export", pooling="cls", max_batch_size=4, progress=said.append)
+    assert any("cls pooling" in s and "--pooling" in s for s in said), said
+    pipe = EmbeddingPipeline.from_manifest(result.manifest)
+    assert pipe is not None and pipe.pooling == ("cls",) and pipe.source == "pooling-flag"
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(bert_base))
+    model = AutoModel.from_pretrained(str(bert_base)).eval()
+    import torch
+
+    with torch.inference_mode():
+        want = np.stack([model(**tok(t, return_tensors="pt")).last_hidden_state[0, 0].numpy() for t in TEXTS])
+    with Embedder(result.directory) as emb:
+        got = emb.encode(TEXTS)
+    assert cosines(got, want).min() >= MIN_COSINE
