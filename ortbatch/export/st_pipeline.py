@@ -405,9 +405,9 @@ def append_pipeline_file(onnx_path: str | Path, parsed: ParsedPipeline) -> None:
 def graph_embeddings(onnx_path: str | Path, tokenizer: Any, texts: Sequence[str], max_length: int) -> np.ndarray:
     """``sentence_embedding`` of ``texts`` from the saved graph on CPU (no prompt), for
     the int8 calibration ranges the export records."""
-    import onnxruntime as ort
+    from .._ort import plain_session
 
-    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    sess = plain_session(onnx_path)
     enc = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="np")
     ids = enc["input_ids"].astype(np.int64)
     mask = enc["attention_mask"].astype(np.int64)
