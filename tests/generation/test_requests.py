@@ -423,7 +423,14 @@ def test_failed_decode_fails_its_rows_and_serving_continues(fake_dir: Path, no_t
     failing = _FailingFactory(fail_decode_at=3)
     with BatchedGenerator(fake_dir, session_factory=failing) as gen:
         failing.arm()
+        # Held at the blocker's first token, so the three are admitted and decoded together
+        # (a prompt of two tokens: a one-token prefill would count as a decode).
+        gate = Gate(at=0)
+        blocker = gen.submit([5, 6], 1, on_token=gate)
+        gate.hold()
         futs = [gen.submit([4 + i, 9], 20) for i in range(3)]
+        gate.release.set()
+        blocker.result(10)
         for f in futs:
             with pytest.raises(InferenceError, match="decode failed"):
                 f.result(10)
