@@ -24,9 +24,10 @@ Importing this package is light; starlette/uvicorn are imported when an app is b
 
 from __future__ import annotations
 
+from ..errors import NonFiniteOutputError, RequestTooLargeError
 from .app import build_app, create_app, create_completions_app
 from .http import DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts, assemble_app, error_response
-from .model import EmbeddingResult, NonFiniteOutputError, RequestTooLargeError, ServedModel, TensorMetadata
+from .model import EmbeddingResult, ServedModel, TensorMetadata
 from .protocol import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
 from .served_generator import ServedGenerator, is_generation_export
 from .server import BackgroundServer, ServeConfig, bind_socket, serve

@@ -26,12 +26,16 @@ from typing import Any, NamedTuple
 from ..errors import (
     InferenceError,
     InvalidInputError,
+    ModelLoadFailedError,
+    ModelNotFoundError,
+    ModelUnavailableError,
     QueueFullError,
     RequestTimeoutError,
+    RequestTooLargeError,
     SessionClosedError,
+    UnsupportedError,
 )
 from .metrics import ServerMetrics
-from .model import RequestTooLargeError
 from .protocol import dumps_json
 
 __all__ = [
@@ -167,6 +171,10 @@ _OPENAI_ERROR_TYPES = {
 }
 
 
+# errors of 500 and over whose message is the server's own answer, shown to the client
+_ANSWERED_AS_IS = (InferenceError, SessionClosedError, RequestTimeoutError, ModelUnavailableError, UnsupportedError)
+
+
 def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[str, Any], dict[str, str]]:
     """Map an exception to ``(status, body, headers)``: the one place where errors
     become HTTP answers."""
@@ -177,8 +185,14 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
         status, headers = exc.status, dict(exc.headers)
     elif isinstance(exc, RequestTooLargeError):
         status = 413
-    elif isinstance(exc, InvalidInputError):
+    elif isinstance(exc, (InvalidInputError, ModelLoadFailedError)):
         status = 400
+    elif isinstance(exc, ModelNotFoundError):
+        status = 404
+    elif isinstance(exc, ModelUnavailableError):
+        status = 503
+    elif isinstance(exc, UnsupportedError):
+        status = 501
     elif isinstance(exc, QueueFullError):
         status, headers = 429, {"Retry-After": _RETRY_AFTER_S}
     elif isinstance(exc, RequestTimeoutError):
@@ -191,8 +205,8 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
         status = 500
     if status == 499:
         return status, {"error": "client disconnected"}, headers
-    # an HTTPError's message is the server's own answer (e.g. a 503 naming an unloaded model)
-    if status < 500 or isinstance(exc, (InferenceError, SessionClosedError, RequestTimeoutError, HTTPError)):
+    # an HTTPError's message is the server's own answer, as is a 503 naming an unloaded model
+    if status < 500 or isinstance(exc, (*_ANSWERED_AS_IS, HTTPError)):
         message = str(exc)
     else:  # a fault of the server itself: logged in full, never echoed to the client
         incident = secrets.token_hex(4)

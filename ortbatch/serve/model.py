@@ -18,15 +18,13 @@ from typing import Any
 import numpy as np
 
 from .._extras import require
-from ..errors import InferenceError, InvalidInputError, RequestTimeoutError
+from ..errors import InvalidInputError, NonFiniteOutputError, RequestTimeoutError, RequestTooLargeError
 from ..manifest import MANIFEST_NAME, Manifest
 from .protocol import DATATYPES, InferRequest, ort_type_to_datatype
 
 __all__ = [
     "DEFAULT_MAX_TEXT_CHARS",
     "EmbeddingResult",
-    "NonFiniteOutputError",
-    "RequestTooLargeError",
     "ServedModel",
     "TensorMetadata",
     "check_texts",
@@ -55,16 +53,6 @@ _MIN_CUT_CHARS = 8192
 # Texts with fewer characters in all are tokenized on the event loop (a thread hop costs
 # more than that); larger batches go to a thread (the tokenizers library releases the GIL).
 _INLINE_TOKENIZE_CHARS = 4096
-
-
-class RequestTooLargeError(InvalidInputError):
-    """The request can never be served as sent (a text over the character limit, more
-    texts than the queue holds): answered 413 with the limit."""
-
-
-class NonFiniteOutputError(InferenceError):
-    """The model produced NaN or Inf for a request whose inputs were finite: a damaged
-    or numerically unstable export. Never answered as a 200."""
 
 
 def check_texts(texts: Sequence[str], field: str, cut_at: int | None, max_chars: int) -> list[str]:

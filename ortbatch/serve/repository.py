@@ -52,9 +52,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidInputError, OrtBatchError
+from ..errors import InvalidInputError, ModelLoadFailedError, ModelNotFoundError, ModelUnavailableError, OrtBatchError
 from ..manifest import MANIFEST_NAME
-from .http import HTTPError
 
 if TYPE_CHECKING:
     from .server import ServeConfig
@@ -251,8 +250,9 @@ class ModelRepository:
 
     async def load(self, name: str) -> None:
         """Load ``name``, or reload it from its directory if loaded (the old one serves
-        until the new one is ready, then drains). Raises :class:`HTTPError` 400 when it
-        cannot be loaded (a loaded model keeps serving), 404 when there is no such model."""
+        until the new one is ready, then drains). Raises :class:`~ortbatch.errors.ModelLoadFailedError`
+        when it cannot be loaded (a loaded model keeps serving),
+        :class:`~ortbatch.errors.ModelNotFoundError` when there is no such model."""
         await _in_thread(self.load_now, name)
 
     async def unload(self, name: str) -> None:
@@ -270,7 +270,7 @@ class ModelRepository:
             path = self.root / name if self.root is not None and plain else None
             if path is None or not (path / MANIFEST_NAME).is_file():
                 where = f" and {self.root} has no folder {name!r} with {MANIFEST_NAME}" if self.root else ""
-                raise HTTPError(404, f"unknown model {name!r}: not in the repository{where}")
+                raise ModelNotFoundError(f"unknown model {name!r}: not in the repository{where}")
             with self._mutex:
                 entry = self._entries.setdefault(name, _Entry(name, path))
         with entry.lock:
@@ -285,14 +285,14 @@ class ModelRepository:
                     self._set_state(entry, UNAVAILABLE, reason)
                 log.warning("model %r failed to load: %s", name, exc)
                 kept = "; the loaded model keeps serving" if old is not None else ""
-                raise HTTPError(400, f"model {name!r} {reason}{kept}") from None
+                raise ModelLoadFailedError(f"model {name!r} {reason}{kept}") from None
             with self._mutex:
                 closed = self._closed
                 if not closed:
                     entry.loaded, entry.state, entry.reason = new, READY, ""
             if closed:
                 new.served.close(False)
-                raise HTTPError(503, "the server is shutting down")
+                raise ModelUnavailableError("the server is shutting down")
             if old is not None:
                 self._retire_soon(old)
 
@@ -305,7 +305,7 @@ class ModelRepository:
         with self._mutex:
             entry = self._entries.get(name)
         if entry is None:
-            raise HTTPError(404, f"unknown model {name!r}")
+            raise ModelNotFoundError(f"unknown model {name!r}")
         with entry.lock:
             with self._mutex:
                 old = entry.loaded
@@ -351,15 +351,16 @@ class ModelRepository:
 
     # -- requests ----------------------------------------------------------------------
     def acquire(self, name: str) -> Loaded:
-        """The loaded model ``name``, counted as in use until :meth:`release` (404 unknown,
-        503 not loaded now)."""
+        """The loaded model ``name``, counted as in use until :meth:`release`
+        (:class:`~ortbatch.errors.ModelNotFoundError` unknown,
+        :class:`~ortbatch.errors.ModelUnavailableError` not loaded now)."""
         with self._mutex:
             entry = self._entries.get(name)
             if entry is None:
-                raise HTTPError(404, f"unknown model {name!r}; this server serves {sorted(self._entries)}")
+                raise ModelNotFoundError(f"unknown model {name!r}; this server serves {sorted(self._entries)}")
             loaded = entry.loaded
             if loaded is None or self._closed:
-                raise HTTPError(503, f"model {name!r} is not available: {entry.reason}")
+                raise ModelUnavailableError(f"model {name!r} is not available: {entry.reason}")
             loaded.in_flight += 1
             return loaded
 

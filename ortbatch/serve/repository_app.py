@@ -26,11 +26,10 @@ from typing import Any
 
 from .. import __version__
 from .._extras import require
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, ModelNotFoundError, ModelUnavailableError
 from .http import (
     AsgiEndpoint,
     BodyLimits,
-    HTTPError,
     Incoming,
     assemble_app,
     error_reply,
@@ -130,7 +129,7 @@ def create_repository_app(
         scope["ortbatch.endpoint"] = "/v2/models/{name}"  # the model's own route refines it
         try:
             loaded = repository.acquire(repository.base_name(name))
-        except HTTPError as exc:
+        except (ModelNotFoundError, ModelUnavailableError) as exc:
             await answer_error(exc, scope, receive, send)
             return
         await forward(loaded, scope, receive, send)

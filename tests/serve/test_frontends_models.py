@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from ortbatch.errors import ModelNotFoundError
 from ortbatch.serve.frontends.models import EngineModels
 from ortbatch.serve.frontends.proxy import NodeSpec
 from ortbatch.serve.frontends.transport import decode_error
-from ortbatch.serve.http import HTTPError
 from ortbatch.serve.repository import READY, UNAVAILABLE, ModelRepository
 
 pytestmark = pytest.mark.timeout(60)
@@ -139,7 +139,7 @@ def test_an_unload_tells_every_front_end_first_and_waits_for_their_release(engin
     models.on_control(one, ("unload", 9, "ghost"))
     _eventually(lambda: len(one.of("reply")) == 2)
     error = decode_error(*one.of("reply")[1][2])
-    assert isinstance(error, HTTPError) and error.status == 404
+    assert isinstance(error, ModelNotFoundError)  # HTTP 404
     assert len(one.of("model")) == 1
     # a later front end starts with the model unloaded, and a load gives it to everyone
     two = _Link()

@@ -21,6 +21,7 @@ from ortbatch.errors import (
     OrtBatchError,
     QueueFullError,
     RequestTimeoutError,
+    RequestTooLargeError,
     SessionClosedError,
 )
 from ortbatch.serve.frontends.engine import FrontEndLink
@@ -37,7 +38,6 @@ from ortbatch.serve.frontends.transport import (
     write_frame,
 )
 from ortbatch.serve.http import HTTPError
-from ortbatch.serve.model import RequestTooLargeError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,12 +25,13 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from ortbatch.errors import (  # noqa: E402
     InferenceError,
     InvalidInputError,
+    ModelNotFoundError,
     QueueFullError,
     RequestTimeoutError,
     SessionClosedError,
 )
 from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel  # noqa: E402
-from ortbatch.serve.grpc import GrpcServer, ModelNotFoundError, status_for  # noqa: E402
+from ortbatch.serve.grpc import GrpcServer, status_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -38,8 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ...errors import SessionClosedError
-from ..http import HTTPError
+from ...errors import ModelNotFoundError, ModelUnavailableError, SessionClosedError
 from ..repository import READY, UNAVAILABLE, Loaded, ModelRepository
 from .generation import GeneratorFace, ProxyGenerator
 from .proxy import SessionFace
@@ -222,7 +221,7 @@ class EngineModels:
         directory, state, reason = states[name]
         try:
             loaded: Loaded | None = self.repository.acquire(name)
-        except HTTPError:
+        except (ModelNotFoundError, ModelUnavailableError):
             loaded = None
         given = self._given[link]
         if loaded is None:

@@ -26,8 +26,6 @@ from .service import (  # noqa: E402
     GrpcCounts,
     GrpcServer,
     InferenceServicer,
-    ModelNotFoundError,
-    UnsupportedError,
     status_for,
 )
 
@@ -35,8 +33,6 @@ __all__ = [
     "GrpcCounts",
     "GrpcServer",
     "InferenceServicer",
-    "ModelNotFoundError",
-    "UnsupportedError",
     "decode_infer_request",
     "encode_infer_response",
     "status_for",

@@ -27,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, UnsupportedError
 from ..openai_api import _submit_all, parse_completion_request, prompt_char_limit
 from ..protocol import InferRequest, loads_json
 from ..served_generator import ServedGenerator
-from .routing import UnsupportedError
 
 __all__ = ["FINAL_RESPONSE", "GenerationModel"]
 

@@ -17,21 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ...errors import OrtBatchError
+from ...errors import ModelNotFoundError, OrtBatchError, UnsupportedError
 from ..model import ServedModel
 from ..repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, ModelRepository, check_parameters
 from ..served_generator import ServedGenerator
 
-__all__ = ["ModelNotFoundError", "OneModel", "RepositoryModels", "Router", "UnsupportedError", "router_for"]
-
-
-class ModelNotFoundError(OrtBatchError, LookupError):
-    """The request names a model (or version) this server does not serve."""
-
-
-class UnsupportedError(OrtBatchError):
-    """The RPC is not served for this model or by this server (gRPC UNIMPLEMENTED, as
-    Triton answers its UNSUPPORTED errors)."""
+__all__ = ["OneModel", "RepositoryModels", "Router", "router_for"]
 
 
 def _tensor_face(served: Any, name: str, version: str) -> Any:
@@ -127,7 +118,7 @@ class RepositoryModels(Router):
         repo = self.repository
         if not name:
             raise ModelNotFoundError("the request names no model")
-        loaded = repo.acquire(repo.base_name(name))  # HTTPError 404 / 503: NOT_FOUND / UNAVAILABLE
+        loaded = repo.acquire(repo.base_name(name))  # ModelNotFoundError / ModelUnavailableError
         try:
             yield _tensor_face(loaded.served, name, version)
         finally:

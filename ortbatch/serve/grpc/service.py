@@ -36,23 +36,26 @@ from ..._extras import require
 from ...errors import (
     InferenceError,
     InvalidInputError,
+    ModelLoadFailedError,
+    ModelNotFoundError,
+    ModelUnavailableError,
     OrtBatchError,
     QueueFullError,
     RequestTimeoutError,
     SessionClosedError,
+    UnsupportedError,
 )
 from ..auth import ApiKey
-from ..http import HTTPError
 from ..metrics import GrpcMetrics, ServerMetrics
 from ..model import ServedModel
 from ..repository import ModelRepository
 from ..served_generator import ServedGenerator
 from .codec import decode_infer_request, encode_infer_response, parameters
 from .generation import FINAL_RESPONSE, GenerationModel
-from .routing import ModelNotFoundError, UnsupportedError, router_for
+from .routing import router_for
 from .schema import PACKAGE, SERVICE, message
 
-__all__ = ["GrpcCounts", "GrpcServer", "InferenceServicer", "ModelNotFoundError", "UnsupportedError", "status_for"]
+__all__ = ["GrpcCounts", "GrpcServer", "InferenceServicer", "status_for"]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -74,10 +77,12 @@ def status_for(exc: BaseException) -> tuple[Any, str]:
     become gRPC statuses."""
     grpc = require("grpc", "serve")
     code = grpc.StatusCode
-    if isinstance(exc, InvalidInputError):
+    if isinstance(exc, (InvalidInputError, ModelLoadFailedError)):
         return code.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, ModelNotFoundError):
         return code.NOT_FOUND, str(exc)
+    if isinstance(exc, ModelUnavailableError):
+        return code.UNAVAILABLE, str(exc)
     if isinstance(exc, QueueFullError):
         return code.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, RequestTimeoutError):
@@ -88,30 +93,7 @@ def status_for(exc: BaseException) -> tuple[Any, str]:
         return code.UNIMPLEMENTED, str(exc)
     if isinstance(exc, InferenceError):
         return code.INTERNAL, str(exc)
-    if isinstance(exc, HTTPError):  # the repository's answers (unknown model, not loaded, load failed)
-        return _HTTP_CODES.get(exc.status, code.INVALID_ARGUMENT if exc.status < 500 else code.INTERNAL), str(exc)
     return code.INTERNAL, f"internal server error: {exc!r}"
-
-
-def _http_codes() -> dict[int, Any]:
-    grpc = require("grpc", "serve")
-    code = grpc.StatusCode
-    return {
-        400: code.INVALID_ARGUMENT,
-        401: code.UNAUTHENTICATED,
-        404: code.NOT_FOUND,
-        408: code.DEADLINE_EXCEEDED,
-        413: code.RESOURCE_EXHAUSTED,
-        429: code.RESOURCE_EXHAUSTED,
-        501: code.UNIMPLEMENTED,
-        503: code.UNAVAILABLE,
-        504: code.DEADLINE_EXCEEDED,
-    }
-
-
-# The gRPC status of each HTTP status the repository answers with (as Triton's HTTP and
-# gRPC front ends map the same server errors).
-_HTTP_CODES = _http_codes()
 
 
 class InferenceServicer:
@@ -295,7 +277,7 @@ def _model_name(request: Any) -> str:
 
 
 def _log_internal(exc: BaseException) -> None:
-    if not isinstance(exc, (OrtBatchError, HTTPError, asyncio.CancelledError)):
+    if not isinstance(exc, (OrtBatchError, asyncio.CancelledError)):
         log.exception("internal error", exc_info=exc)
 
 
