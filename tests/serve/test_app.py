@@ -492,6 +492,12 @@ def test_every_ortbatch_error_has_a_deliberate_status():
 
     expected = {
         "InvalidInputError": 400,
+        "RequestTooLargeError": 413,
+        "NonFiniteOutputError": 500,
+        "ModelNotFoundError": 404,
+        "ModelUnavailableError": 503,
+        "ModelLoadFailedError": 400,
+        "UnsupportedError": 501,
         "ModelContractError": 500,  # raised building the session, never per request
         "ModelLoadError": 500,  # likewise
         "ManifestError": 500,
