@@ -31,7 +31,9 @@ from typing import Any
 
 from ._extras import require
 from .errors import OrtBatchError
-from .serve.server import ServeConfig
+from .serve.assembly import app_for
+from .serve.config import ServeConfig
+from .serve.served.loading import load_served
 
 __all__ = [
     "REPLICA_HEADER",
@@ -108,7 +110,6 @@ class _ReplicaHeader:
 def load_replica_app(directory: str, config: ServeConfig, num_cpus: float, replica: str) -> tuple[Any, Any]:
     """Inside a replica: load the export (threads sized to ``num_cpus``) and build
     ``ortbatch serve``'s app for it. Returns ``(served, app)``."""
-    from .serve.server import _build_app, load_served
 
     def options(generation: bool) -> Any:
         # a generator runs one decode step at a time; a session has its workers in flight
@@ -116,7 +117,7 @@ def load_replica_app(directory: str, config: ServeConfig, num_cpus: float, repli
 
     served = load_served(directory, config.name, config, options)
     try:
-        app = _build_app(served, config)
+        app = app_for(served, config)
     except BaseException:
         served.close(drain=False)
         raise

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..errors import OrtBatchError
     from ..serve.auth import resolve_api_key
-    from ..serve.repository import ModelRepository, parse_model_args
+    from ..serve.served.repository import ModelRepository, parse_model_args
     from ..serve.server import ServeConfig, serve
     from ._target import export_target
 
@@ -313,7 +313,7 @@ def _serve_on_ray(args: argparse.Namespace, config: Any) -> int:
 
     from ..errors import OrtBatchError
     from ..ray import serve_on_ray
-    from ..serve.repository import parse_model_args
+    from ..serve.served.repository import parse_model_args
 
     if args.repository is not None:
         print("ortbatch serve: error: --repository is not served on Ray; give the export DIRs", file=sys.stderr)

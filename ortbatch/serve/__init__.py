@@ -3,11 +3,11 @@
 text-generation export, OpenAI-compatible ``/v1/completions`` and chat over one
 :class:`~ortbatch.BatchedGenerator`.
 
-The rooms: :mod:`~ortbatch.serve.http` (the plumbing every app shares: error mapping,
+The rooms: :mod:`~ortbatch.serve.http.plumbing` (the plumbing every app shares: error mapping,
 route wrapper, body readers, disconnects, middleware, app assembly),
-:mod:`~ortbatch.serve.kserve` and :mod:`~ortbatch.serve.openai_api` (the protocols' routes),
-:mod:`~ortbatch.serve.app` (the app for what is served), :mod:`~ortbatch.serve.model` and
-:mod:`~ortbatch.serve.served_generator` (what is served), :mod:`~ortbatch.serve.protocol`
+:mod:`~ortbatch.serve.http.kserve` and :mod:`~ortbatch.serve.http.openai_api` (the protocols' routes),
+:mod:`~ortbatch.serve.http.app` (the app for what is served), :mod:`~ortbatch.serve.served.model` and
+:mod:`~ortbatch.serve.served.generator` (what is served), :mod:`~ortbatch.serve.served.protocol`
 (the v2 wire format), :mod:`~ortbatch.serve.metrics`, :mod:`~ortbatch.serve.server`
 (running it).
 
@@ -25,12 +25,14 @@ Importing this package is light; starlette/uvicorn are imported when an app is b
 from __future__ import annotations
 
 from ..errors import NonFiniteOutputError, RequestTooLargeError
-from .app import build_app, create_app, create_completions_app
-from .http import DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts, assemble_app, error_response
-from .model import EmbeddingResult, ServedModel, TensorMetadata
-from .protocol import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
-from .served_generator import ServedGenerator, is_generation_export
-from .server import BackgroundServer, ServeConfig, bind_socket, serve
+from .config import ServeConfig
+from .http.app import build_app, create_app, create_completions_app
+from .http.plumbing import DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts, assemble_app, error_response
+from .listen import bind_socket
+from .served.generator import ServedGenerator, is_generation_export
+from .served.model import EmbeddingResult, ServedModel, TensorMetadata
+from .served.protocol import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
+from .server import BackgroundServer, serve
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",

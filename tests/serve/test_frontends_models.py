@@ -16,7 +16,7 @@ from ortbatch.errors import ModelNotFoundError
 from ortbatch.serve.frontends.models import EngineModels
 from ortbatch.serve.frontends.proxy import NodeSpec
 from ortbatch.serve.frontends.transport import decode_error
-from ortbatch.serve.repository import READY, UNAVAILABLE, ModelRepository
+from ortbatch.serve.served.repository import READY, UNAVAILABLE, ModelRepository
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,8 +80,8 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[EngineModel
         made.append(_Served())
         return made[-1]
 
-    monkeypatch.setattr("ortbatch.serve.app.build_app", lambda served, *a, **k: object())
-    monkeypatch.setattr("ortbatch.serve.repository._warm_up", lambda served: None)
+    monkeypatch.setattr("ortbatch.serve.http.app.build_app", lambda served, *a, **k: object())
+    monkeypatch.setattr("ortbatch.serve.served.repository._warm_up", lambda served: None)
     repo = ModelRepository([("m", tmp_path / "m")], loader=loader)
     assert repo.load_all() == []
     return EngineModels(repo), made

@@ -37,7 +37,7 @@ from ortbatch.serve.frontends.transport import (
     unpack_tensors,
     write_frame,
 )
-from ortbatch.serve.http import HTTPError
+from ortbatch.serve.http.plumbing import HTTPError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -361,7 +361,7 @@ def _wait(cond: Any, timeout: float = 10.0) -> None:
 
 
 def test_served_model_metadata_comes_from_the_face_without_a_session(tmp_path: Path):
-    from ortbatch.serve.model import ServedModel
+    from ortbatch.serve.served.model import ServedModel
 
     _link, proxy = _pair(Scripted())
     served = ServedModel.for_export(proxy, tmp_path, name="fake")

@@ -15,7 +15,7 @@ from reloads import Clients, changing_repository, swap_in
 
 from ortbatch.errors import ModelNotFoundError, ModelUnavailableError, OrtBatchError
 from ortbatch.serve import BackgroundServer, ServeConfig
-from ortbatch.serve.repository import LOADING, READY, UNAVAILABLE, ModelRepository, discover, parse_model_args
+from ortbatch.serve.served.repository import LOADING, READY, UNAVAILABLE, ModelRepository, discover, parse_model_args
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -174,8 +174,8 @@ def test_unload_waits_for_in_flight_requests(tmp_path, monkeypatch):
         made.append(_FakeServed())
         return made[-1]
 
-    monkeypatch.setattr("ortbatch.serve.app.build_app", lambda served, *a, **k: object())
-    monkeypatch.setattr("ortbatch.serve.tasks.served_endpoints", lambda served: {})
+    monkeypatch.setattr("ortbatch.serve.http.app.build_app", lambda served, *a, **k: object())
+    monkeypatch.setattr("ortbatch.serve.served.text_tasks.served_endpoints", lambda served: {})
     repo = ModelRepository([("m", tmp_path / "m")], loader=loader)
 
     async def scenario() -> None:
@@ -250,8 +250,8 @@ def test_strict_refuses_to_start_naming_the_model(repo_root):
 
 
 def test_ready_after_the_startup_load_and_while_others_serve(tmp_path, monkeypatch):
-    monkeypatch.setattr("ortbatch.serve.app.build_app", lambda served, *a, **k: object())
-    monkeypatch.setattr("ortbatch.serve.tasks.served_endpoints", lambda served: {})
+    monkeypatch.setattr("ortbatch.serve.http.app.build_app", lambda served, *a, **k: object())
+    monkeypatch.setattr("ortbatch.serve.served.text_tasks.served_endpoints", lambda served: {})
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
     repo = ModelRepository([("a", tmp_path / "a"), ("b", tmp_path / "b")], loader=lambda d, n: _FakeServed())

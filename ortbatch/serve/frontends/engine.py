@@ -26,7 +26,6 @@ import logging
 import multiprocessing
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -35,16 +34,20 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ...errors import ServeError, SessionClosedError
+from ...errors import SessionClosedError
 from ...runtime.scheduler import Slot
 from ...runtime.session import BatchedSession
-from ..repository import ModelRepository
+from ..assembly import ExitCounts, announce, exit_report, say, served_summary, with_grpc
+from ..config import ServeConfig
+from ..listen import bind_socket, reserve_port, url_of, warn_if_exposed
+from ..served.loading import load_served
+from ..served.repository import ModelRepository
 from .dealer import ConnectionDealer, channel_pair
 from .frontend import FrontEndSpec, run_frontend
 from .models import EngineModels, engine_side
 from .transport import Arena, BlockAllocator, FrameReader, encode_error, pack_tensors, unpack_tensors, write_frame
 
-__all__ = ["FrontEndLink", "reserve_port", "serve_frontends"]
+__all__ = ["FrontEndLink", "serve_frontends"]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -53,10 +56,6 @@ ARENA_BYTES = 256 * 1024 * 1024
 _START_TIMEOUT_S = 120.0
 _BACKOFF_S = (0.5, 10.0)
 _HEALTHY_AFTER_S = 30.0
-
-
-def _say(text: str) -> None:
-    print(f"ortbatch serve: {text}", file=sys.stderr, flush=True)
 
 
 class FrontEndLink:
@@ -408,29 +407,10 @@ class _FrontEnd:
             self.channel = None
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
-    """A bound, never listening, SO_REUSEPORT socket holding ``host:port`` (0: a free
-    one) for the front ends' gRPC servers, which bind it with SO_REUSEPORT too."""
-    try:
-        family, _, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    except OSError as exc:
-        raise ServeError(f"cannot listen on {host!r}: the address does not resolve ({exc})") from None
-    sock = socket.socket(family, socket.SOCK_STREAM, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(addr)
-    except OSError as exc:
-        sock.close()
-        raise ServeError(f"gRPC cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
-
-
-def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int:
+def serve_frontends(directory: str | Path | ModelRepository, config: ServeConfig) -> int:
     """``ortbatch serve DIR`` (or a model repository: several models, ``--repository``)
     with ``config.frontends`` front-end processes; returns the exit code as
     :func:`~ortbatch.serve.server.serve` does."""
-    from ..server import _url, bind_socket, load_served, served_summary, warn_if_exposed
-
     warn_if_exposed(config)
     repository: ModelRepository | None = None
     models: EngineModels | None = None
@@ -440,14 +420,12 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
         models = EngineModels(repository)
         closer: Any = repository
         what = served_summary(repository)
-        label = "serving"
         sessions: Any = models.sessions
         face: Any = None
         name = None
     else:
         served = closer = load_served(directory, config.name, config)
         name = served.name
-        label = f"model {name!r}"
         what = served_summary(served)
         sessions, face = engine_side(served)
     try:
@@ -516,17 +494,13 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
         if not _wait_ready(slots, stopping):
             code = 1
         else:
-            if repository is not None:
-                for line in repository.status_lines():
-                    _say(line)
-            if grpc_port is not None:
-                tls = " (TLS)" if config.ssl_certfile is not None else ""
-                host = f"[{config.host}]" if ":" in config.host else config.host
-                what += f"; gRPC{tls} on {host}:{grpc_port}"
+            host = f"[{config.host}]" if ":" in config.host else config.host
+            address = f"{host}:{grpc_port}" if grpc_port is not None else None
             pids = ", ".join(str(s.process.pid) for s in slots)
             over = "one engine (one session per model)" if repository is not None else f"one {type(sessions).__name__}"
-            _say(f"{len(slots)} front-end processes (pids {pids}) over {over}")
-            _say(f"{label} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}")
+            processes = f"{len(slots)} front-end processes (pids {pids}) over {over}"
+            what = with_grpc(what, address, config.ssl_certfile is not None)
+            announce(closer, what, url_of(sock, config.ssl_certfile is not None), before=[processes])
             _supervise(slots, stopping)
     finally:
         dealer.stop()
@@ -537,7 +511,7 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
         if grpc_hold is not None:
             grpc_hold.close()
         closer.close(drain=True)
-    return _report(slots) if code == 0 else code
+    return _report(slots, config.graceful_timeout_s) if code == 0 else code
 
 
 def _wait_ready(slots: list[_FrontEnd], stopping: threading.Event) -> bool:
@@ -545,12 +519,12 @@ def _wait_ready(slots: list[_FrontEnd], stopping: threading.Event) -> bool:
     while not all(s.link is not None and s.link.ready.is_set() for s in slots):
         for s in slots:
             if s.process.exitcode is not None:
-                _say(f"error: front end {s.index} exited while starting (exit code {s.process.exitcode})")
+                say(f"error: front end {s.index} exited while starting (exit code {s.process.exitcode})")
                 return False
         if stopping.is_set():
             return False
         if time.monotonic() > deadline:
-            _say(f"error: the front ends did not start within {_START_TIMEOUT_S:g} s")
+            say(f"error: the front ends did not start within {_START_TIMEOUT_S:g} s")
             return False
         time.sleep(0.02)
     return True
@@ -580,7 +554,7 @@ def _supervise(slots: list[_FrontEnd], stopping: threading.Event) -> None:
                 if s.link is not None:
                     s.link.drop()
                 dropped = s.link.dropped if s.link is not None else 0
-                _say(
+                say(
                     f"front end {s.index} (pid {s.process.pid}) died ({how}); {dropped} request(s) it held "
                     f"were dropped; restarting it in {delay:g} s"
                 )
@@ -592,7 +566,7 @@ def _supervise(slots: list[_FrontEnd], stopping: threading.Event) -> None:
             elif s.announce and s.link is not None and s.link.ready.is_set():
                 # said once it serves (the loop keeps watching the others meanwhile)
                 s.announce = False
-                _say(f"front end {s.index} restarted (pid {s.process.pid})")
+                say(f"front end {s.index} restarted (pid {s.process.pid})")
 
 
 def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
@@ -606,7 +580,7 @@ def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
             continue
         s.process.join(max(limit - time.monotonic(), 0.1))
         if s.process.exitcode is None:
-            _say(f"front end {s.index} (pid {s.process.pid}) did not stop; killing it")
+            say(f"front end {s.index} (pid {s.process.pid}) did not stop; killing it")
             s.process.kill()
             s.process.join(5)
         if s.link is not None:
@@ -617,29 +591,18 @@ def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
         s.close_channel()
 
 
-def _report(slots: list[_FrontEnd]) -> int:
-    total = {k: 0 for k in ("accepted", "answered", "abandoned", "grpc_accepted", "grpc_answered")}
+def _report(slots: list[_FrontEnd], grace: float | None) -> int:
+    """The exit report (:func:`~ortbatch.serve.assembly.exit_report`) over every front
+    end's counts, each one's share named."""
+    totals = ExitCounts()
     per = []
     started = True
     for s in slots:
-        last = s.counts[-1] if s.counts else None
-        if last is None:
+        if not s.counts:
             started = False
         for c in s.counts:
-            for k in total:
-                total[k] += int(c.get(k, 0))
+            for k in vars(totals):
+                setattr(totals, k, getattr(totals, k) + int(c.get(k, 0)))
         mine = sum(int(c.get("accepted", 0)) + int(c.get("grpc_accepted", 0)) for c in s.counts)
         per.append(f"{s.index}: {mine}")
-    rpc = f"; gRPC accepted={total['grpc_accepted']} answered={total['grpc_answered']}"
-    _say(
-        f"stopped; requests accepted={total['accepted']} answered={total['answered']} "
-        f"abandoned by their clients={total['abandoned']}{rpc}; by front end: {', '.join(per)}"
-    )
-    if not started:
-        return 1
-    unanswered = total["accepted"] - total["answered"] - total["abandoned"]
-    unanswered += total["grpc_accepted"] - total["grpc_answered"]
-    if unanswered > 0:
-        _say(f"{unanswered} request(s) were cancelled unanswered (--graceful-timeout-s exceeded)")
-        return 1
-    return 0
+    return exit_report(totals, started=started, grace=grace, grpc=True, by_front_end=", ".join(per))

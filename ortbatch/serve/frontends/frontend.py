@@ -26,6 +26,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from ...errors import OrtBatchError
+from ..assembly import app_for, grpc_server_for
+from ..http.connection import uvicorn_config
 from .dealer import adopting_server
 from .generation import GeneratorFace
 from .models import FrontEndRepository, Record, front_end_view
@@ -110,9 +113,6 @@ def _run(spec: FrontEndSpec) -> int:
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, on_signal)
 
-    from ...errors import OrtBatchError
-    from ..server import _build_app, _grpc_server, _uvicorn_config
-
     config = spec.config
 
     def engine_lost() -> None:
@@ -149,11 +149,13 @@ def _run(spec: FrontEndSpec) -> int:
             served = state["repository"] = FrontEndRepository(
                 link=proxy, records=spec.models, updates=updates, config=config
             )
-        app = _build_app(served, config)
+        app = app_for(served, config)
         app.state.metrics.registry.register(_FrontEndCollector(spec.index))
-        server = adopting_server(_uvicorn_config(app, config), spec.connections)
+        server = adopting_server(uvicorn_config(app, config), spec.connections)
         state["server"] = server
-        grpc_server = _grpc_server(served, dataclasses.replace(config, grpc_port=spec.grpc_port), app, reuse_port=True)
+        grpc_server = grpc_server_for(
+            served, dataclasses.replace(config, grpc_port=spec.grpc_port), app, reuse_port=True
+        )
         if grpc_server is not None:
             state["grpc"] = grpc_server
     except OrtBatchError as exc:

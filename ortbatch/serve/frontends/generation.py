@@ -62,7 +62,7 @@ class GeneratorFace:
 class ProxyGenerator:
     """The engine's generator ``key``, over a front end's link (a
     :class:`~ortbatch.serve.frontends.proxy.ProxySession`), with the face
-    :class:`~ortbatch.serve.served_generator.ServedGenerator` and the completion routes use."""
+    :class:`~ortbatch.serve.served.generator.ServedGenerator` and the completion routes use."""
 
     def __init__(self, link: Any, face: GeneratorFace, key: int, directory: str | Path) -> None:
         self._link, self._key = link, key

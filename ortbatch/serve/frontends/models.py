@@ -1,7 +1,7 @@
 """Several models over front-end processes: ``ortbatch serve DIR DIR ... --frontends N`` and
 ``ortbatch serve --repository ROOT --frontends N``.
 
-The engine owns the :class:`~ortbatch.serve.repository.ModelRepository` (every model's
+The engine owns the :class:`~ortbatch.serve.served.repository.ModelRepository` (every model's
 BatchedSession; loads, reloads and unloads), through :class:`EngineModels`. Each front
 end serves a :class:`FrontEndRepository`: the same repository class, whose models are
 views of the engine's (:meth:`~ortbatch.serve.frontends.proxy.ProxySession.for_model`),
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ModelNotFoundError, ModelUnavailableError, SessionClosedError
-from ..repository import READY, UNAVAILABLE, Loaded, ModelRepository
+from ..served.repository import READY, UNAVAILABLE, Loaded, ModelRepository
 from .generation import GeneratorFace, ProxyGenerator
 from .proxy import SessionFace
 from .transport import decode_error, encode_error
@@ -59,7 +59,7 @@ Record = tuple[str, str, str, str, int | None, SessionFace | GeneratorFace | Non
 def engine_side(served: Any) -> tuple[Any, SessionFace | GeneratorFace]:
     """What front ends reach of a served model in the engine, and its face: a ServedModel's
     BatchedSession, or a ServedGenerator's BatchedGenerator."""
-    from ..served_generator import ServedGenerator
+    from ..served.generator import ServedGenerator
 
     if isinstance(served, ServedGenerator):
         return served.generator, GeneratorFace.of(served.generator)
@@ -72,8 +72,8 @@ def front_end_view(
     """The front end's served model for the engine's model ``key``: a ServedModel over a
     :class:`~ortbatch.serve.frontends.proxy.ModelProxy`, or a ServedGenerator over a
     :class:`~ortbatch.serve.frontends.generation.ProxyGenerator`."""
-    from ..model import ServedModel
-    from ..served_generator import ServedGenerator
+    from ..served.generator import ServedGenerator
+    from ..served.model import ServedModel
 
     if isinstance(face, GeneratorFace):
         return ServedGenerator(ProxyGenerator(link, face, key, directory), name)

@@ -1,6 +1,6 @@
 """The front end's stand-in for the engine's BatchedSession.
 
-:class:`ProxySession` has the face :class:`~ortbatch.serve.model.ServedModel` uses
+:class:`ProxySession` has the face :class:`~ortbatch.serve.served.model.ServedModel` uses
 (``get_inputs``/``get_outputs``, ``run_async``, ``submit_many``, ``stats``,
 ``closed``/``ready``/``close``, ``manifest``, ``max_batch_size``, ``max_queue``); a request
 is written into the request arena and announced to the engine, and its answer arrives the

@@ -10,7 +10,7 @@ Needs the ``serve`` extra (grpcio, protobuf)::
         ...  # tritonclient.grpc.InferenceServerClient(srv.address)
 
 ``GrpcServer(repository)`` serves every model of a
-:class:`~ortbatch.serve.repository.ModelRepository` (after its ``load_all()``), with the
+:class:`~ortbatch.serve.served.repository.ModelRepository` (after its ``load_all()``), with the
 repository RPCs (index, load, unload).
 """
 

@@ -13,7 +13,7 @@ Outputs: ``text_output`` (BYTES [1]: the new text, the prompt not repeated) in e
 response, and ``finish_reason`` (``"stop"`` or ``"length"``) in the last one. Every
 response carries the parameter ``triton_final_response`` (true on the last), as Triton's
 decoupled responses do. The fields are checked by the same code as ``/v1/completions``
-(:func:`~ortbatch.serve.openai_api.parse_completion_request`), so a request refused there
+(:func:`~ortbatch.serve.http.openai_api.parse_completion_request`), so a request refused there
 is refused here with the same message. Unary ``ModelInfer`` is refused (UNIMPLEMENTED), as
 Triton refuses it for a decoupled model.
 """
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidInputError, UnsupportedError
-from ..openai_api import _submit_all, parse_completion_request, prompt_char_limit
-from ..protocol import InferRequest, loads_json
-from ..served_generator import ServedGenerator
+from ..served.completions import parse_completion_request, prompt_char_limit, submit_all
+from ..served.generator import ServedGenerator
+from ..served.protocol import InferRequest, loads_json
 
 __all__ = ["FINAL_RESPONSE", "GenerationModel"]
 
@@ -44,7 +44,7 @@ _OUTPUTS = (_TEXT_OUTPUT, _FINISH)
 
 
 class GenerationModel:
-    """The gRPC face of a :class:`~ortbatch.serve.served_generator.ServedGenerator`."""
+    """The gRPC face of a :class:`~ortbatch.serve.served.generator.ServedGenerator`."""
 
     def __init__(self, served: ServedGenerator) -> None:
         self.served = served
@@ -144,7 +144,7 @@ class GenerationModel:
                 pass
 
         on_token = (lambda i: put) if creq.stream else None
-        (future,) = _submit_all(self.generator, creq, on_token)
+        (future,) = submit_all(self.generator, creq, on_token)
         # tokens are put before the future settles, on the same thread: None comes last
         future.add_done_callback(lambda _f: put(None))
         sent = ""

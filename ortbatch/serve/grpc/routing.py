@@ -1,5 +1,5 @@
 """Which model a gRPC request reaches: the one model of ``ortbatch serve DIR``, or a model
-of a :class:`~ortbatch.serve.repository.ModelRepository` (``ortbatch serve --repository
+of a :class:`~ortbatch.serve.served.repository.ModelRepository` (``ortbatch serve --repository
 ROOT`` or several DIRs), by the request's model name and version.
 
 Both routers answer the same questions for :class:`~.service.InferenceServicer`, with the
@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...errors import ModelNotFoundError, OrtBatchError, UnsupportedError
-from ..model import ServedModel
-from ..repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, ModelRepository, check_parameters
-from ..served_generator import ServedGenerator
+from ..served.generator import ServedGenerator
+from ..served.model import ServedModel
+from ..served.repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, ModelRepository, check_parameters
 
 __all__ = ["OneModel", "RepositoryModels", "Router", "router_for"]
 
@@ -35,7 +35,7 @@ def _tensor_face(served: Any, name: str, version: str) -> Any:
         if name != found.name:
             raise ModelNotFoundError(f"unknown model {name!r}; this server serves {found.name!r}")
     elif name == served.text_model_name:  # the text-in entry, as over HTTP (serve/textview.py)
-        from ..textview import TextModelView
+        from ..served.textview import TextModelView
 
         found = TextModelView(served)
     elif name == served.name:

@@ -1,6 +1,6 @@
 """The KServe v2 ``inference.GRPCInferenceService`` over one
-:class:`~ortbatch.serve.model.ServedModel` or every model of a
-:class:`~ortbatch.serve.repository.ModelRepository`: ServerLive/Ready, ModelReady,
+:class:`~ortbatch.serve.served.model.ServedModel` or every model of a
+:class:`~ortbatch.serve.served.repository.ModelRepository`: ServerLive/Ready, ModelReady,
 ServerMetadata, ModelMetadata, ModelConfig (as Triton answers it), ModelInfer, the
 bidirectional ModelStreamInfer and, for a repository, RepositoryIndex,
 RepositoryModelLoad and RepositoryModelUnload, on a grpcio asyncio server.
@@ -47,9 +47,9 @@ from ...errors import (
 )
 from ..auth import ApiKey
 from ..metrics import GrpcMetrics, ServerMetrics
-from ..model import ServedModel
-from ..repository import ModelRepository
-from ..served_generator import ServedGenerator
+from ..served.generator import ServedGenerator
+from ..served.model import ServedModel
+from ..served.repository import ModelRepository
 from .codec import decode_infer_request, encode_infer_response, parameters
 from .generation import FINAL_RESPONSE, GenerationModel
 from .routing import router_for

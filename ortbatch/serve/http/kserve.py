@@ -6,16 +6,18 @@
     GET  /v2/models/{name}[/versions/{version}]/config     Triton-style config
     POST /v2/models/{name}[/versions/{version}]/infer      JSON or binary tensors
 
-The wire format is :mod:`~ortbatch.serve.protocol`; errors, bodies and the app itself
-come from :mod:`~ortbatch.serve.http`.
+The wire format is :mod:`~ortbatch.serve.served.protocol`; errors, bodies and the app itself
+come from :mod:`~ortbatch.serve.http.plumbing`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .. import __version__
-from .http import (
+from ... import __version__
+from ..served.model import ServedModel
+from ..served.protocol import encode_infer_response, parse_infer_request
+from .plumbing import (
     BodyLimits,
     HTTPError,
     Incoming,
@@ -26,8 +28,6 @@ from .http import (
     offload,
     run_or_abandon,
 )
-from .model import ServedModel
-from .protocol import encode_infer_response, parse_infer_request
 
 __all__ = ["HEADER_LENGTH", "kserve_routes"]
 
@@ -35,11 +35,11 @@ HEADER_LENGTH = "inference-header-content-length"
 
 
 def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
-    """The v2 routes serving ``model`` (for :func:`~ortbatch.serve.http.assemble_app`)."""
+    """The v2 routes serving ``model`` (for :func:`~ortbatch.serve.http.plumbing.assemble_app`)."""
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from .textview import TextModelView
+    from ..served.textview import TextModelView
 
     # the text-in face of a model with a tokenizer is its own entry, {name}_text
     text_view = TextModelView(model) if model.text_model_name is not None else None

@@ -48,15 +48,18 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError, ModelLoadFailedError, ModelNotFoundError, ModelUnavailableError, OrtBatchError
-from ..manifest import MANIFEST_NAME
-
-if TYPE_CHECKING:
-    from .server import ServeConfig
+from ...errors import InvalidInputError, ModelLoadFailedError, ModelNotFoundError, ModelUnavailableError, OrtBatchError
+from ...manifest import MANIFEST_NAME
+from ..config import ServeConfig
+from .generator import ServedGenerator
+from .loading import load_served
+from .model import TEXT_MODEL_SUFFIX, ServedModel
+from .protocol import DATATYPES
+from .text_tasks import served_endpoints
 
 __all__ = [
     "LOADING",
@@ -127,10 +130,10 @@ def _unique(models: Iterable[tuple[str, Path]]) -> list[tuple[str, Path]]:
 
 @dataclass(eq=False)
 class Loaded:
-    """One loaded model: what serves it, its app, and the requests on it now."""
+    """One loaded model: what serves it, the endpoints it serves (a kind of
+    :func:`~.text_tasks.served_endpoints` -> ``""`` or why not), and the requests on it now."""
 
     served: Any
-    app: Any
     endpoints: dict[str, str]
     in_flight: int = 0
     retired: bool = False
@@ -140,8 +143,6 @@ class Loaded:
     on_retired: Callable[[], None] | None = None
 
     def kind(self) -> str:
-        from .served_generator import ServedGenerator
-
         return "generator" if isinstance(self.served, ServedGenerator) else "model"
 
 
@@ -188,8 +189,6 @@ class ModelRepository:
 
     def __post_init__(self) -> None:
         if self.config is None:
-            from .server import ServeConfig
-
             self.config = ServeConfig()
         found = discover(self.root) if self.root is not None else []
         for name, path in _unique([*self.models, *found]):
@@ -201,8 +200,6 @@ class ModelRepository:
     # -- loading -----------------------------------------------------------------------
     def _build(self, directory: Path, name: str) -> Loaded:
         """Load, warm up and wrap one export (blocking)."""
-        from .server import load_served
-
         assert self.config is not None
         if not directory.exists():
             raise OrtBatchError(f"{directory} does not exist")
@@ -215,18 +212,9 @@ class ModelRepository:
             raise
 
     def _wrap(self, served: Any) -> Loaded:
-        """A loaded model's app and endpoints around ``served``."""
-        from .app import build_app
-        from .http import BodyLimits
-        from .model import ServedModel
-        from .tasks import served_endpoints
-
-        assert self.config is not None
-        # no API-key door here: the repository's own app has it, in front of every model
-        body = BodyLimits(self.config.max_body_bytes, self.config.body_timeout_s)
-        app = build_app(served, body, close_on_shutdown=False)
+        """``served`` as a loaded model, with the endpoints it serves."""
         endpoints = served_endpoints(served) if isinstance(served, ServedModel) else {"completions": ""}
-        return Loaded(served, app, endpoints)
+        return Loaded(served, endpoints)
 
     def load_all(self) -> list[tuple[str, str]]:
         """Load every model (blocking, at startup); returns ``(name, reason)`` for each that
@@ -376,7 +364,7 @@ class ModelRepository:
 
     def serving(self, endpoint: str) -> list[str]:
         """Names of the loaded models that serve ``endpoint`` (a key of
-        :func:`~ortbatch.serve.tasks.served_endpoints`, or ``"completions"``)."""
+        :func:`~ortbatch.serve.served.text_tasks.served_endpoints`, or ``"completions"``)."""
         return [
             e.name for e in self._snapshot() if e.loaded is not None and e.loaded.endpoints.get(endpoint, "no") == ""
         ]
@@ -405,8 +393,6 @@ class ModelRepository:
 
     def base_name(self, name: str) -> str:
         """The model that serves entry ``name`` (``minilm_text`` -> ``minilm``)."""
-        from .model import TEXT_MODEL_SUFFIX
-
         if name not in self._entries and name.endswith(TEXT_MODEL_SUFFIX):
             base = name[: -len(TEXT_MODEL_SUFFIX)]
             if base in self._entries:
@@ -478,9 +464,6 @@ async def _in_thread(fn: Callable[[str], None], name: str) -> None:
 def _warm_up(served: Any) -> None:
     """Run one smallest request, so the model reports ready only after ONNX Runtime has
     run it once (and a broken export fails here, at load, not on a user's request)."""
-    from .protocol import DATATYPES
-    from .served_generator import ServedGenerator
-
     if isinstance(served, ServedGenerator):
         served.generator.generate([0], max_new_tokens=1)
         return

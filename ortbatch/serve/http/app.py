@@ -3,9 +3,9 @@
 :func:`routes_for` says which protocols a served thing speaks (a :class:`ServedModel`: the
 Open Inference Protocol and, for an embedding export, ``/v1/embeddings``; a
 :class:`ServedGenerator`: OpenAI completions and chat; a model's task endpoints,
-:mod:`ortbatch.serve.tasks`), :func:`metrics_for` which
+:mod:`ortbatch.serve.http.task_routes`), :func:`metrics_for` which
 runtime counters it exports, and :func:`build_app` puts them together with
-:func:`~ortbatch.serve.http.assemble_app`. A server of several models, or another ingress,
+:func:`~ortbatch.serve.http.plumbing.assemble_app`. A server of several models, or another ingress,
 assembles the same routes its own way.
 """
 
@@ -13,23 +13,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._extras import require
-from .http import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits, assemble_app
+from ..._extras import require
+from ..metrics import ServerMetrics
+from ..served.generator import ServedGenerator
+from ..served.model import ServedModel
 from .kserve import kserve_routes
-from .metrics import ServerMetrics
-from .model import ServedModel
 from .openai_api import completion_routes, embedding_routes
-from .served_generator import ServedGenerator
+from .plumbing import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits, assemble_app
 
 __all__ = ["build_app", "create_app", "create_completions_app", "metrics_for", "routes_for"]
 
 
 def routes_for(served: ServedModel | ServedGenerator, body: BodyLimits) -> list[Any]:
     """The protocol routes serving ``served`` (without health, ``/v1/models`` and
-    ``/metrics``, which :func:`~ortbatch.serve.http.assemble_app` adds)."""
+    ``/metrics``, which :func:`~ortbatch.serve.http.plumbing.assemble_app` adds)."""
     if isinstance(served, ServedGenerator):
         return completion_routes(served, body)
-    from .tasks import task_routes
+    from .task_routes import task_routes
 
     return [*kserve_routes(served, body), *embedding_routes(served, body), *task_routes(served, body)]
 

@@ -1,4 +1,4 @@
-"""The HTTP face of a :class:`~ortbatch.serve.repository.ModelRepository`: one server, many
+"""The HTTP face of a :class:`~ortbatch.serve.served.repository.ModelRepository`: one server, many
 models, each answered by its own model's app (the very app ``ortbatch serve DIR`` runs for
 it alone), so every endpoint behaves the same with one model or many.
 
@@ -21,13 +21,20 @@ of the whole server plus each model's batching series, labelled ``model``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from .. import __version__
-from .._extras import require
-from ..errors import InvalidInputError, ModelNotFoundError, ModelUnavailableError
-from .http import (
+from ... import __version__
+from ..._extras import require
+from ...errors import InvalidInputError, ModelNotFoundError, ModelUnavailableError
+
+# the one-model collectors, reused per model (their families relabelled with the model)
+from ..metrics import ServerMetrics, _GeneratorCollector, _SessionCollector
+from ..served.protocol import loads_json
+from ..served.repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, Loaded, ModelRepository, check_parameters
+from .app import build_app
+from .plumbing import (
     AsgiEndpoint,
     BodyLimits,
     Incoming,
@@ -38,15 +45,10 @@ from .http import (
     send_reply,
 )
 
-# the one-model collectors, reused per model (their families relabelled with the model)
-from .metrics import ServerMetrics, _GeneratorCollector, _SessionCollector
-from .protocol import loads_json
-from .repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, Loaded, ModelRepository, check_parameters
-
 __all__ = ["BODY_ROUTES", "create_repository_app"]
 
 #: routes whose model is named in the JSON body -> the endpoint kind of
-#: :func:`~ortbatch.serve.tasks.served_endpoints`
+#: :func:`~ortbatch.serve.served.text_tasks.served_endpoints`
 BODY_ROUTES = {
     "/v1/embeddings": "embeddings",
     "/v1/rerank": "rerank",
@@ -114,10 +116,18 @@ def create_repository_app(
     metrics = ServerMetrics()
     metrics.registry.register(_ModelsCollector(repository))
     limits = body or BodyLimits()
+    # each loaded model's own app (the one `ortbatch serve DIR` runs for it alone), made
+    # on its first request and gone with it; no API-key door: this app has it
+    apps: weakref.WeakKeyDictionary[Loaded, Any] = weakref.WeakKeyDictionary()
+    config = repository.config
+    per_model = BodyLimits(config.max_body_bytes, config.body_timeout_s) if config is not None else limits
 
     async def forward(loaded: Loaded, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await loaded.app(scope, receive, send)
+            app = apps.get(loaded)
+            if app is None:
+                app = apps[loaded] = build_app(loaded.served, per_model, close_on_shutdown=False)
+            await app(scope, receive, send)
         finally:
             repository.release(loaded)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ...errors import InvalidInputError
 
 __all__ = [
     "DATATYPES",

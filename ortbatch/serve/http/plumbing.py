@@ -2,8 +2,8 @@
 the one place where exceptions become statuses), the route wrapper, body readers with
 their size and time limits, disconnect handling, the middleware that counts and measures
 requests, and :func:`assemble_app`, which builds a Starlette app from the routes of
-what is served. The protocol apps (:mod:`~ortbatch.serve.kserve`,
-:mod:`~ortbatch.serve.openai_api`) only contribute routes.
+what is served. The protocol apps (:mod:`~ortbatch.serve.http.kserve`,
+:mod:`~ortbatch.serve.http.openai_api`) only contribute routes.
 
 Errors: bad input 400 with the InvalidInputError text, unknown model 404, body too large
 413, queue full 429 with Retry-After, deadline 504, closed 503. Routes under ``/v2`` answer
@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..errors import (
+from ...errors import (
     InferenceError,
     InvalidInputError,
     ModelLoadFailedError,
@@ -35,8 +35,9 @@ from ..errors import (
     SessionClosedError,
     UnsupportedError,
 )
-from .metrics import ServerMetrics
-from .protocol import dumps_json
+from ..config import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
+from ..metrics import ServerMetrics
+from ..served.protocol import dumps_json
 
 __all__ = [
     "DEFAULT_BODY_TIMEOUT_S",
@@ -68,9 +69,6 @@ __all__ = [
 
 log = logging.getLogger("ortbatch.serve")
 
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-#: seconds a client has to send a whole request body (a slow sender is answered 408)
-DEFAULT_BODY_TIMEOUT_S = 60.0
 # Bodies bigger than this are parsed/encoded off the event loop so one large request
 # does not stall every other connection.
 _OFFLOAD_BYTES = 1 << 20
