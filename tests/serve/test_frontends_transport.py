@@ -25,7 +25,7 @@ from ortbatch.errors import (
     SessionClosedError,
 )
 from ortbatch.serve.frontends.engine import FrontEndLink
-from ortbatch.serve.frontends.proxy import NodeSpec, ProxySession, SessionFace
+from ortbatch.serve.frontends.proxy import NodeSpec, ProxySession, SessionInfo
 from ortbatch.serve.frontends.transport import (
     ALIGN,
     Arena,
@@ -230,16 +230,16 @@ class ScriptedEach(Scripted):
         return out
 
 
-FACE = SessionFace(
+INFO = SessionInfo(
     (NodeSpec("x", "tensor(float)", ("batch", 3)),), (NodeSpec("y", "tensor(float)", ("batch", 3)),), 4, 8, None
 )
 
 
-def _pair(session: Any, face: SessionFace = FACE, arena_bytes: int = 1 << 20, **kw: Any):
+def _pair(session: Any, info: SessionInfo = INFO, arena_bytes: int = 1 << 20, **kw: Any):
     ours, theirs = socket.socketpair()
     req, resp = Arena.create(arena_bytes), Arena.create(arena_bytes)
     link = FrontEndLink(session, ours, Arena(req.handle), Arena(resp.handle))
-    proxy = ProxySession(theirs, face, req, resp, **kw)
+    proxy = ProxySession(theirs, info, req, resp, **kw)
     return link, proxy
 
 
@@ -278,9 +278,9 @@ def test_concurrent_requests_each_get_their_own_answer(adder_path):
     from ortbatch import BatchedSession
 
     session = BatchedSession(adder_path, max_batch_size=8, max_delay_ms=1)
-    face = SessionFace.of(session)
+    info = SessionInfo.of(session)
     # an arena too small for every request at once: the rest go in the frame's payload
-    _link, proxy = _pair(session, face, arena_bytes=4096)
+    _link, proxy = _pair(session, info, arena_bytes=4096)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((int(rng.integers(1, 4)), 3)).astype(np.float32) for _ in range(300)]
 

@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -349,7 +350,7 @@ class FrontEndLink:
 class _Answer(Slot):
     """One request's outcome in the engine in place of a ``Future``: the BatchedSession
     (a worker, the deadline reaper, ``close``) settles it, and it posts itself to its
-    link's sender, with the face of a done Future that the sender reads."""
+    link's sender, with the methods of a done Future that the sender reads."""
 
     __slots__ = ("_link", "rid")
 
@@ -407,66 +408,65 @@ class _FrontEnd:
             self.channel = None
 
 
-def serve_frontends(directory: str | Path | ModelRepository, config: ServeConfig) -> int:
-    """``ortbatch serve DIR`` (or a model repository: several models, ``--repository``)
-    with ``config.frontends`` front-end processes; returns the exit code as
-    :func:`~ortbatch.serve.server.serve` does."""
-    warn_if_exposed(config)
-    repository: ModelRepository | None = None
-    models: EngineModels | None = None
-    if isinstance(directory, ModelRepository):
-        repository = directory
-        repository.load_all()  # strict: raises, having closed what it loaded
-        models = EngineModels(repository)
-        closer: Any = repository
-        what = served_summary(repository)
-        sessions: Any = models.sessions
-        face: Any = None
-        name = None
-    else:
-        served = closer = load_served(directory, config.name, config)
-        name = served.name
-        what = served_summary(served)
-        sessions, face = engine_side(served)
-    try:
-        sock = bind_socket(config.host, config.port, config.backlog)
-    except BaseException:
-        closer.close(drain=False)
-        raise
-    try:
-        grpc_hold = reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
-    except BaseException:
-        sock.close()
-        closer.close(drain=False)
-        raise
-    grpc_port = grpc_hold.getsockname()[1] if grpc_hold is not None else None
-    ctx = multiprocessing.get_context("spawn")
+@dataclass(eq=False)
+class _Engine:
+    """What the engine serves (one export, or a repository through :class:`EngineModels`),
+    and how it starts a front-end process over it."""
 
-    def start(index: int) -> tuple[Any, FrontEndLink, socket.socket]:
+    directory: str | Path | ModelRepository
+    config: ServeConfig
+    #: what is closed at the end: the served model, or the repository
+    closer: Any
+    #: what the startup line says is served
+    what: str
+    #: the sessions (or generators) the links look keys up in
+    sessions: Any
+    #: one export's session (or generator) info (None for a repository: each model's goes in its record)
+    info: Any = None
+    name: str | None = None
+    models: EngineModels | None = None
+    grpc_port: int | None = None
+
+    @classmethod
+    def load(cls, directory: str | Path | ModelRepository, config: ServeConfig) -> _Engine:
+        if isinstance(directory, ModelRepository):
+            directory.load_all()  # strict: raises, having closed what it loaded
+            models = EngineModels(directory)
+            return cls(directory, config, directory, served_summary(directory), models.sessions, models=models)
+        served = load_served(directory, config.name, config)
+        sessions, info = engine_side(served)
+        return cls(directory, config, served, served_summary(served), sessions, info, served.name)
+
+    def start(self, index: int) -> tuple[Any, FrontEndLink, socket.socket]:
+        """Start front end ``index``: its process, its link, and the channel its
+        connections are dealt through."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         deal_ours, deal_theirs = channel_pair()
         for s in (ours, theirs):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         requests = Arena.create(ARENA_BYTES, f"ortbatch-fe{index}-requests")
         responses = Arena.create(ARENA_BYTES, f"ortbatch-fe{index}-responses")
+        models = self.models
         hooks: dict[str, Any] = {}
         if models is not None:
             hooks = {"on_control": models.on_control, "on_drop": models.detach}
-        link = FrontEndLink(sessions, ours, requests, responses, **hooks)
+        link = FrontEndLink(self.sessions, ours, requests, responses, **hooks)
         spec = FrontEndSpec(
             index=index,
-            directory=str(directory) if repository is None else "",
-            name=name or "",
-            config=config,
-            face=face,
+            directory=str(self.directory) if models is None else "",
+            name=self.name or "",
+            config=self.config,
+            info=self.info,
             connections=deal_theirs,
             control=theirs,
             requests=requests.handle,
             responses=responses.handle,
-            grpc_port=grpc_port,
+            grpc_port=self.grpc_port,
             models=models.attach(link) if models is not None else None,
         )
-        proc = ctx.Process(target=run_frontend, args=(spec,), name=f"ortbatch-frontend-{index}", daemon=False)
+        proc = multiprocessing.get_context("spawn").Process(
+            target=run_frontend, args=(spec,), name=f"ortbatch-frontend-{index}", daemon=False
+        )
         # the child starts with SIGINT ignored (it installs its own handler), so a Ctrl-C
         # while it is still importing is no KeyboardInterrupt traceback
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -478,13 +478,52 @@ def serve_frontends(directory: str | Path | ModelRepository, config: ServeConfig
         deal_theirs.close()
         return proc, link, deal_ours
 
+    def announce(self, slots: list[_FrontEnd], url: str) -> None:
+        config = self.config
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        address = f"{host}:{self.grpc_port}" if self.grpc_port is not None else None
+        pids = ", ".join(str(s.process.pid) for s in slots)
+        if self.models is not None:
+            over = "one engine (one session per model)"
+        else:
+            over = f"one {type(self.sessions).__name__}"
+        processes = f"{len(slots)} front-end processes (pids {pids}) over {over}"
+        what = with_grpc(self.what, address, config.ssl_certfile is not None)
+        announce(self.closer, what, url, before=[processes])
+
+
+def _listen(config: ServeConfig, closer: Any) -> tuple[socket.socket, socket.socket | None]:
+    """The HTTP socket the dealer accepts on and the gRPC port the front ends share;
+    on a failure ``closer`` is closed."""
+    try:
+        sock = bind_socket(config.host, config.port, config.backlog)
+    except BaseException:
+        closer.close(drain=False)
+        raise
+    try:
+        grpc_hold = reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
+    except BaseException:
+        sock.close()
+        closer.close(drain=False)
+        raise
+    return sock, grpc_hold
+
+
+def serve_frontends(directory: str | Path | ModelRepository, config: ServeConfig) -> int:
+    """``ortbatch serve DIR`` (or a model repository: several models, ``--repository``)
+    with ``config.frontends`` front-end processes; returns the exit code as
+    :func:`~ortbatch.serve.server.serve` does."""
+    warn_if_exposed(config)
+    engine = _Engine.load(directory, config)
+    sock, grpc_hold = _listen(config, engine.closer)
+    engine.grpc_port = grpc_hold.getsockname()[1] if grpc_hold is not None else None
     stopping = threading.Event()
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
         stopping.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    slots = [_FrontEnd(i + 1, start) for i in range(config.frontends)]
+    slots = [_FrontEnd(i + 1, engine.start) for i in range(config.frontends)]
     dealer = ConnectionDealer(sock, lambda: [s.channel for s in slots if s.serving and s.channel is not None])
     code = 0
     try:
@@ -494,13 +533,7 @@ def serve_frontends(directory: str | Path | ModelRepository, config: ServeConfig
         if not _wait_ready(slots, stopping):
             code = 1
         else:
-            host = f"[{config.host}]" if ":" in config.host else config.host
-            address = f"{host}:{grpc_port}" if grpc_port is not None else None
-            pids = ", ".join(str(s.process.pid) for s in slots)
-            over = "one engine (one session per model)" if repository is not None else f"one {type(sessions).__name__}"
-            processes = f"{len(slots)} front-end processes (pids {pids}) over {over}"
-            what = with_grpc(what, address, config.ssl_certfile is not None)
-            announce(closer, what, url_of(sock, config.ssl_certfile is not None), before=[processes])
+            engine.announce(slots, url_of(sock, config.ssl_certfile is not None))
             _supervise(slots, stopping)
     finally:
         dealer.stop()
@@ -510,7 +543,7 @@ def serve_frontends(directory: str | Path | ModelRepository, config: ServeConfig
             signal.signal(s, h)
         if grpc_hold is not None:
             grpc_hold.close()
-        closer.close(drain=True)
+        engine.closer.close(drain=True)
     return _report(slots, config.graceful_timeout_s) if code == 0 else code
 
 

@@ -44,7 +44,7 @@ _OUTPUTS = (_TEXT_OUTPUT, _FINISH)
 
 
 class GenerationModel:
-    """The gRPC face of a :class:`~ortbatch.serve.served.generator.ServedGenerator`."""
+    """The gRPC model entry of a :class:`~ortbatch.serve.served.generator.ServedGenerator`."""
 
     def __init__(self, served: ServedGenerator) -> None:
         self.served = served

@@ -20,6 +20,7 @@ from ..served.model import ServedModel
 from .kserve import kserve_routes
 from .openai_api import completion_routes, embedding_routes
 from .plumbing import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits, assemble_app
+from .task_routes import task_routes
 
 __all__ = ["build_app", "create_app", "create_completions_app", "metrics_for", "routes_for"]
 
@@ -29,8 +30,6 @@ def routes_for(served: ServedModel | ServedGenerator, body: BodyLimits) -> list[
     ``/metrics``, which :func:`~ortbatch.serve.http.plumbing.assemble_app` adds)."""
     if isinstance(served, ServedGenerator):
         return completion_routes(served, body)
-    from .task_routes import task_routes
-
     return [*kserve_routes(served, body), *embedding_routes(served, body), *task_routes(served, body)]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import __version__
+from ..served.lookup import Entries
 from ..served.model import ServedModel
 from ..served.protocol import encode_infer_response, parse_infer_request
 from .plumbing import (
@@ -39,22 +40,10 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from ..served.textview import TextModelView
-
-    # the text-in face of a model with a tokenizer is its own entry, {name}_text
-    text_view = TextModelView(model) if model.text_model_name is not None else None
+    entries = Entries(model)  # the model and its text-in entry, {name}_text
 
     def find_model(request: Any) -> Any:
-        name = request.path_params["name"]
-        version = request.path_params.get("version")
-        found: Any = text_view if text_view is not None and name == text_view.name else None
-        if name == model.name:
-            found = model
-        if found is None:
-            raise HTTPError(404, f"unknown model {name!r}; this server serves {model.name!r}")
-        if version is not None and version != model.version:
-            raise HTTPError(404, f"unknown version {version!r} of model {name!r}; served: {model.version!r}")
-        return found
+        return entries.find(request.path_params["name"], request.path_params.get("version"))
 
     # -- v2 handlers ------------------------------------------------------------------
     async def server_metadata(request: Request) -> Response:

@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
-from ...errors import InvalidInputError, RequestTooLargeError
+from ...errors import InvalidInputError, ModelNotFoundError, RequestTooLargeError
 from ..served.completions import (
     CompletionRequest,
     admitted,
@@ -80,7 +80,7 @@ async def read_openai_body(request: Any, body: BodyLimits, model_name: str) -> d
         raise InvalidInputError("request body must be a JSON object")
     name = doc.get("model")
     if name is not None and name != model_name:
-        raise HTTPError(404, f"unknown model {str(name)[:80]!r}; this server serves {model_name!r}")
+        raise ModelNotFoundError(f"unknown model {str(name)[:80]!r}; this server serves {model_name!r}")
     return doc
 
 

@@ -59,6 +59,7 @@ from .generator import ServedGenerator
 from .loading import load_served
 from .model import TEXT_MODEL_SUFFIX, ServedModel
 from .protocol import DATATYPES
+from .servable import Servable
 from .text_tasks import served_endpoints
 
 __all__ = [
@@ -178,7 +179,7 @@ class ModelRepository:
     root: Path | None = None
     config: ServeConfig | None = None
     strict: bool = False
-    loader: Callable[[Path, str], Any] | None = None
+    loader: Callable[[Path, str], Servable] | None = None
     name: str = "repository"
     _entries: dict[str, _Entry] = field(default_factory=dict, init=False)
     _retiring: set[Loaded] = field(default_factory=set, init=False)
