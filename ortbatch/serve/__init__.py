@@ -3,13 +3,13 @@
 text-generation export, OpenAI-compatible ``/v1/completions`` and chat over one
 :class:`~ortbatch.BatchedGenerator`.
 
-The rooms: :mod:`~ortbatch.serve.http.plumbing` (the plumbing every app shares: error mapping,
-route wrapper, body readers, disconnects, middleware, app assembly),
-:mod:`~ortbatch.serve.http.kserve` and :mod:`~ortbatch.serve.http.openai_api` (the protocols' routes),
-:mod:`~ortbatch.serve.http.app` (the app for what is served), :mod:`~ortbatch.serve.served.model` and
-:mod:`~ortbatch.serve.served.generator` (what is served), :mod:`~ortbatch.serve.served.protocol`
-(the v2 wire format), :mod:`~ortbatch.serve.metrics`, :mod:`~ortbatch.serve.server`
-(running it).
+The rooms (arrows point down; docs/architecture.md draws them): the runners
+(:mod:`~ortbatch.serve.server`, :mod:`~ortbatch.serve.frontends`) over
+:mod:`~ortbatch.serve.assembly` and :mod:`~ortbatch.serve.listen`; the transports
+:mod:`~ortbatch.serve.http` and :mod:`~ortbatch.serve.grpc`, which never import each other;
+the transport-neutral core :mod:`~ortbatch.serve.served` (what is served, the repository,
+the v2 wire format, the completion and task logic, the one model lookup); and serve's floor,
+:mod:`~ortbatch.serve.config`, :mod:`~ortbatch.serve.auth`, :mod:`~ortbatch.serve.metrics`.
 
 Needs the ``serve`` extra (starlette, uvicorn, prometheus-client, tokenizers)::
 

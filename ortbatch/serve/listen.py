@@ -9,7 +9,6 @@ import ipaddress
 import logging
 import socket
 import sys
-from typing import Any
 
 from ..errors import ServeError
 from .auth import API_KEY_ENV
@@ -33,28 +32,20 @@ def is_loopback(host: str) -> bool:
 def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A listening TCP socket; ``port=0`` picks a free port (read it back with
     ``sock.getsockname()[1]``), with no window for another process to take it."""
-    sock = _bound(host, port, reuse_port=False)
-    try:
-        sock.listen(backlog)
-        sock.set_inheritable(True)
-    except OSError as exc:
-        sock.close()
-        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return _bound(host, port, backlog=backlog)
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
     """A bound, never listening, SO_REUSEPORT socket holding ``host:port`` (0: a free
     one) for the front ends' gRPC servers, which bind it with SO_REUSEPORT too."""
-    return _bound(host, port, reuse_port=True, what="gRPC cannot listen")
+    return _bound(host, port, backlog=None, what="gRPC cannot listen")
 
 
-def _bound(host: str, port: int, *, reuse_port: bool, what: str = "cannot listen") -> Any:
-    """A TCP socket bound to ``host:port``; a :class:`ServeError` naming the address
-    when it does not resolve or cannot be bound."""
+def _bound(host: str, port: int, *, backlog: int | None, what: str = "cannot listen") -> socket.socket:
+    """A TCP socket bound to ``host:port``: listening (``backlog``, inheritable by a
+    child process), or with ``backlog=None`` only holding the port for SO_REUSEPORT
+    sharers. A :class:`ServeError` naming the address when it does not resolve or
+    cannot be bound."""
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise ServeError(f"port must be 0-65535 (0 picks a free one), got {port!r}")
     try:
@@ -67,11 +58,14 @@ def _bound(host: str, port: int, *, reuse_port: bool, what: str = "cannot listen
     # client's delayed ACK (Nagle), capping one client at ~25 requests/s.
     sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)
     try:
-        if reuse_port:
+        if backlog is None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         else:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
+        if backlog is not None:
+            sock.listen(backlog)
+            sock.set_inheritable(True)
     except OSError as exc:
         sock.close()
         raise ServeError(f"{what} on {host}:{port}: {exc.strerror or exc}") from None

@@ -315,15 +315,26 @@ def _usage(tokens: int) -> dict[str, int]:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
+async def _reranked(
+    model: ServedModel, doc: dict[str, Any], texts_key: str, return_key: str, return_default: bool
+) -> tuple[list[str], np.ndarray, list[int], bool, int]:
+    """The texts of a rerank request, their scores (sigmoid unless ``raw_scores``), the
+    order to answer them in, whether to return the texts, and the tokens it took."""
+    query, texts, top_n = _parse_rerank(doc, texts_key)
+    return_texts = _flag(doc, return_key, return_default)
+    raw = _flag(doc, "raw_scores", False)
+    logits, tokens = await rerank_scores(model, query, texts, _truncate(doc, model))
+    scores = logits if raw else _sigmoid(logits)
+    return texts, scores, _ranked(scores, top_n), return_texts, tokens
+
+
 async def rerank_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, Any]:
     """``/v1/rerank`` (Cohere / Jina / vLLM shape): the documents by relevance."""
-    query, documents, top_n = _parse_rerank(doc, "documents")
-    return_documents = _flag(doc, "return_documents", True)
-    raw = _flag(doc, "raw_scores", False)
-    logits, tokens = await rerank_scores(model, query, documents, _truncate(doc, model))
-    scores = logits if raw else _sigmoid(logits)
+    documents, scores, order, return_documents, tokens = await _reranked(
+        model, doc, "documents", "return_documents", True
+    )
     results = []
-    for i in _ranked(scores, top_n):
+    for i in order:
         item: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
         if return_documents:
             item["document"] = {"text": documents[i]}
@@ -333,13 +344,9 @@ async def rerank_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, An
 
 async def rerank_tei_answer(model: ServedModel, doc: dict[str, Any]) -> list[dict[str, Any]]:
     """``/rerank`` (text-embeddings-inference shape): ``[{index, score}]`` by relevance."""
-    query, texts, top_n = _parse_rerank(doc, "texts")
-    return_text = _flag(doc, "return_text", False)
-    raw = _flag(doc, "raw_scores", False)
-    logits, _ = await rerank_scores(model, query, texts, _truncate(doc, model))
-    scores = logits if raw else _sigmoid(logits)
+    texts, scores, order, return_text, _ = await _reranked(model, doc, "texts", "return_text", False)
     out = []
-    for i in _ranked(scores, top_n):
+    for i in order:
         item: dict[str, Any] = {"index": i, "score": float(scores[i])}
         if return_text:
             item["text"] = texts[i]
