@@ -18,11 +18,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...errors import ModelNotFoundError, OrtBatchError, UnsupportedError
+from ..served.decoupled import GenerationModel
 from ..served.generator import ServedGenerator
 from ..served.lookup import Entries
 from ..served.model import ServedModel
 from ..served.repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, ModelRepository, check_parameters
-from .generation import GenerationModel
 
 __all__ = ["OneModel", "RepositoryModels", "Router", "router_for"]
 

@@ -47,11 +47,11 @@ from ...errors import (
 )
 from ..auth import ApiKey
 from ..metrics import GrpcMetrics, ServerMetrics
+from ..served.decoupled import FINAL_RESPONSE, GenerationModel
 from ..served.generator import ServedGenerator
 from ..served.model import ServedModel
 from ..served.repository import ModelRepository
 from .codec import decode_infer_request, encode_infer_response, parameters
-from .generation import FINAL_RESPONSE, GenerationModel
 from .routing import router_for
 from .schema import PACKAGE, SERVICE, message
 

@@ -3,7 +3,7 @@ or ``/v1/chat/completions`` body (:func:`parse_completion_request`,
 :func:`parse_chat_request`; the fields are listed in :mod:`ortbatch.serve.http.openai_api`),
 render a chat bounded in time and size (:func:`render_bounded`), and submit the prompts
 to the generator (:func:`submit_all`, :func:`admitted`). HTTP
-(:mod:`ortbatch.serve.http.openai_api`) and gRPC (:mod:`ortbatch.serve.grpc.generation`)
+(:mod:`ortbatch.serve.http.openai_api`) and gRPC (through :mod:`ortbatch.serve.served.decoupled`)
 both call it.
 """
 

@@ -1,4 +1,4 @@
-"""A text-generation export over gRPC, as a *decoupled* model: each request of a
+"""A text-generation export as a *decoupled* KServe v2 model (served over gRPC): each request of a
 ``ModelStreamInfer`` stream is answered by several responses, one per piece of text, the
 way Triton serves LLMs (its vLLM backend's tensor names, so clients written for it work).
 
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidInputError, UnsupportedError
-from ..served.completions import parse_completion_request, prompt_char_limit, submit_all
-from ..served.generator import ServedGenerator
-from ..served.protocol import InferRequest, loads_json
+from .completions import parse_completion_request, prompt_char_limit, submit_all
+from .generator import ServedGenerator
+from .protocol import InferRequest, loads_json
 
 __all__ = ["FINAL_RESPONSE", "GenerationModel"]
 
@@ -44,7 +44,8 @@ _OUTPUTS = (_TEXT_OUTPUT, _FINISH)
 
 
 class GenerationModel:
-    """The gRPC model entry of a :class:`~ortbatch.serve.served.generator.ServedGenerator`."""
+    """The decoupled v2 model entry of a :class:`~ortbatch.serve.served.generator.ServedGenerator`
+    (transport-free: gRPC's servicer streams what :meth:`stream` yields)."""
 
     def __init__(self, served: ServedGenerator) -> None:
         self.served = served
