@@ -262,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
         max_text_chars=args.max_text_chars,
         truncate=args.truncate,
         frontends=args.frontends,
+        allow_unvalidated=args.allow_unvalidated,
     )
     if args.ray:
         return _serve_on_ray(args, config)
@@ -274,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
         missing = [str(path) for _, path in models if not path.exists()]
         if missing:
             raise OrtBatchError(f"{', '.join(missing)} does not exist")
+        for _, path in models:  # a failed export beside good ones is refused as one alone is
+            refuse_failed_checks(path, args.allow_unvalidated)
         root = Path(args.repository) if args.repository is not None else None
         repository = ModelRepository(models, root=root, config=config, strict=args.strict)
         return serve(repository, config)
@@ -287,18 +290,13 @@ def refuse_failed_checks(target: Path, allow_unvalidated: bool) -> None:
     one that was never checked."""
     import sys
 
-    from ..errors import ValidationError
     from ..manifest import MANIFEST_NAME, Manifest
+    from ..serve.server import refuse_unvalidated
 
     if not (target / MANIFEST_NAME).is_file():
         return
+    refuse_unvalidated(target, allow_unvalidated)
     passed = Manifest.load(target).validation.get("passed")
-    if passed is False and not allow_unvalidated:
-        raise ValidationError(
-            f"{target} FAILED its accuracy checks (validation.passed is false; see "
-            f"{target / 'validation.json'}), so it may answer wrong numbers. Re-export it, "
-            "or pass --allow-unvalidated to serve it anyway"
-        )
     if passed is None:
         print(
             f"ortbatch serve: warning: {target} was never checked (exported with --no-validate); "

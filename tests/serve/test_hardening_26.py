@@ -1,0 +1,88 @@
+"""Issue 26, the serve-side items: each test failed on main before its fix."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ortbatch.cli import main
+from ortbatch.errors import ValidationError
+from ortbatch.manifest import Manifest, UnvalidatedExportWarning
+from ortbatch.serve import ServeConfig
+from ortbatch.serve.http import HTTPError
+from ortbatch.serve.repository import READY, UNAVAILABLE, ModelRepository, discover
+from ortbatch.serve.server import load_served
+
+pytestmark = pytest.mark.timeout(180)
+
+CONFIG = ServeConfig(port=0, access_log=False, log_level="warning", max_batch_size=8)
+
+
+def _failed_copy(source: Path, dest: Path) -> Path:
+    """``dest``: a copy of ``source`` whose manifest records failed checks, as the exporter
+    leaves an export in ``X.failed``."""
+    shutil.copytree(source, dest)
+    m = Manifest.load(dest)
+    m.validation["passed"] = False
+    m.save()
+    return dest
+
+
+# -- item 1: a failed export is refused however it is loaded ---------------------------------
+@pytest.fixture(scope="module")
+def failed_root(tmp_path_factory: pytest.TempPathFactory, encoder_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("failed-repo")
+    (root / "minilm").symlink_to(encoder_dir, target_is_directory=True)
+    _failed_copy(encoder_dir, root / "minilm-int8.failed")
+    _failed_copy(encoder_dir, root / "checked-bad")  # failed checks, but not named .failed
+    return root
+
+
+def test_a_failed_export_beside_a_good_one_is_refused_by_the_cli(failed_root, capsys, monkeypatch):
+    import ortbatch.serve.server
+
+    # had it been let through, it would serve (and this test would not return): say so instead
+    monkeypatch.setattr(ortbatch.serve.server, "serve", lambda *a, **k: 0)
+    code = main(["serve", str(failed_root / "minilm"), str(failed_root / "minilm-int8.failed"), "--port", "0"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "minilm-int8.failed FAILED its accuracy checks" in err and "--allow-unvalidated" in err
+
+
+def test_failed_folders_are_not_models_of_a_repository(failed_root, caplog):
+    with caplog.at_level(logging.WARNING, logger="ortbatch.serve"):
+        names = [n for n, _ in discover(failed_root)]
+    assert names == ["checked-bad", "minilm"]
+    assert any("minilm-int8.failed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_repository_refuses_a_failed_export_on_scan_and_on_load(failed_root):
+    repo = ModelRepository(root=failed_root, config=CONFIG)
+    try:
+        failed = repo.load_all()
+        states = {name: (state, reason) for name, _, state, reason in repo.states()}
+        assert [n for n, _ in failed] == ["checked-bad"], failed
+        assert states["minilm"][0] == READY
+        assert states["checked-bad"][0] == UNAVAILABLE and "FAILED its accuracy checks" in states["checked-bad"][1]
+        # the load API: a failed export is not loaded, a .failed folder is not a model
+        with pytest.raises(HTTPError) as info:
+            repo.load_now("checked-bad")
+        assert info.value.status == 400 and "FAILED its accuracy checks" in str(info.value)
+        with pytest.raises(HTTPError) as info:
+            repo.load_now("minilm-int8.failed")
+        assert info.value.status == 404
+    finally:
+        repo.close(drain=False)
+
+
+def test_load_served_refuses_unless_allowed(failed_root):
+    # front ends (frontends/engine.py) and Ray (ray.py) load through load_served too
+    with pytest.raises(ValidationError, match="FAILED its accuracy checks"):
+        load_served(failed_root / "checked-bad", "x", CONFIG)
+    allowed = ServeConfig(port=0, max_batch_size=8, warmup=False, allow_unvalidated=True)
+    with pytest.warns(UnvalidatedExportWarning):  # allowed, still said
+        served = load_served(failed_root / "checked-bad", "x", allowed)
+    served.close(drain=False)
