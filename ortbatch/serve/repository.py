@@ -278,7 +278,11 @@ class ModelRepository:
             if path is not None and name.endswith(FAILED_SUFFIX):
                 failed = f"a {FAILED_SUFFIX} folder is a failed export, not a model"
                 raise HTTPError(404, f"unknown model {name!r}: {failed}")
-            if path is None or not (path / MANIFEST_NAME).is_file():
+            try:
+                found = path is not None and (path / MANIFEST_NAME).is_file()
+            except OSError:  # a name the filesystem cannot hold (ENAMETOOLONG over 255 bytes): no such folder
+                found = False
+            if path is None or not found:
                 where = f" and {self.root} has no folder {name!r} with {MANIFEST_NAME}" if self.root else ""
                 raise HTTPError(404, f"unknown model {name!r}: not in the repository{where}")
             with self._mutex:

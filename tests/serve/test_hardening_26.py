@@ -86,3 +86,45 @@ def test_load_served_refuses_unless_allowed(failed_root):
     with pytest.warns(UnvalidatedExportWarning):  # allowed, still said
         served = load_served(failed_root / "checked-bad", "x", allowed)
     served.close(drain=False)
+
+
+# -- item 3: a model name the filesystem cannot hold is unknown, and no 5xx shows a repr -------
+def test_a_name_over_255_bytes_is_not_found_over_http_and_grpc(tmp_path, encoder_dir):
+    import httpx
+
+    grpc = pytest.importorskip("grpc")
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    from ortbatch.serve import BackgroundServer
+
+    (tmp_path / "minilm").symlink_to(encoder_dir, target_is_directory=True)
+    config = ServeConfig(port=0, grpc_port=0, access_log=False, log_level="warning", max_batch_size=8)
+    repo = ModelRepository(root=tmp_path, config=config)
+    assert repo.load_all() == []
+    name = "m" * 300
+    with BackgroundServer(repo, config) as srv:
+        r = httpx.post(f"{srv.url}/v2/repository/models/{name}/load", timeout=30)
+        assert r.status_code == 404, r.text
+        assert name in r.json()["error"]
+        assert srv.grpc is not None
+        client = grpcclient.InferenceServerClient(srv.grpc.address)
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model(name)
+        assert info.value.status() == str(grpc.StatusCode.NOT_FOUND), info.value
+        assert name in info.value.message()
+        client.close()
+
+
+def test_grpc_fallback_status_names_an_incident_never_the_exception(caplog):
+    pytest.importorskip("grpc")
+    import grpc
+
+    from ortbatch.serve.grpc import status_for
+
+    with caplog.at_level(logging.ERROR, logger="ortbatch.serve"):
+        code, details = status_for(OSError(36, "File name too long"))
+    assert code == grpc.StatusCode.INTERNAL
+    assert "OSError" not in details and "File name too long" not in details
+    incident = details.rsplit("incident ", 1)[-1].rstrip(")")
+    assert any(incident in r.getMessage() and r.exc_info for r in caplog.records), details

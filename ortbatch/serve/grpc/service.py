@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -90,7 +91,11 @@ def status_for(exc: BaseException) -> tuple[Any, str]:
         return code.INTERNAL, str(exc)
     if isinstance(exc, HTTPError):  # the repository's answers (unknown model, not loaded, load failed)
         return _HTTP_CODES.get(exc.status, code.INVALID_ARGUMENT if exc.status < 500 else code.INTERNAL), str(exc)
-    return code.INTERNAL, f"internal server error: {exc!r}"
+    # a fault of the server itself: as over HTTP (http.error_response), logged in full with an
+    # incident id and never echoed to the client
+    incident = secrets.token_hex(4)
+    log.error("internal error %s", incident, exc_info=exc)
+    return code.INTERNAL, f"internal server error (logged as incident {incident})"
 
 
 def _http_codes() -> dict[int, Any]:
