@@ -29,7 +29,7 @@ from .http import (
 from .model import ServedModel
 from .protocol import encode_infer_response, parse_infer_request
 
-__all__ = ["HEADER_LENGTH", "kserve_routes"]
+__all__ = ["HEADER_LENGTH", "generation_routes", "kserve_routes"]
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -105,3 +105,49 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
         route(base + "/ready", model_ready, "GET"),
         route(versioned + "/ready", model_ready, "GET"),
     ]
+
+
+def generation_routes(served: Any) -> list[Any]:
+    """The v2 model routes of a text-generation export (a
+    :class:`~ortbatch.serve.served_generator.ServedGenerator`): metadata, config and ready
+    describe its decoupled face, as gRPC serves it, so ``tritonclient``'s ``is_model_ready``
+    agrees with the repository index; infer is refused naming what serves it."""
+    from .grpc.generation import GenerationModel  # the generator's v2 face (no grpc import)
+
+    model = GenerationModel(served)
+
+    def find_model(request: Any) -> GenerationModel:
+        name, version = request.path_params["name"], request.path_params.get("version")
+        if name != model.name:
+            raise HTTPError(404, f"unknown model {name!r}; this server serves {model.name!r}")
+        if version is not None and version != model.version:
+            raise HTTPError(404, f"unknown version {version!r} of model {name!r}; served: {model.version!r}")
+        return model
+
+    async def model_metadata(request: Any) -> Any:
+        return json_response(find_model(request).metadata())
+
+    async def model_config(request: Any) -> Any:
+        return json_response(find_model(request).triton_config())
+
+    async def model_ready(request: Any) -> Any:
+        m = find_model(request)
+        if m.ready:
+            return json_response({"name": m.name, "ready": True})
+        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
+
+    async def infer(request: Any) -> Any:
+        m = find_model(request)
+        raise HTTPError(
+            400, f"model {m.name!r} is a text-generation export: it serves /v1/completions (gRPC: ModelStreamInfer)"
+        )
+
+    routes = []
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        routes += [
+            handled_route(base, model_metadata, "GET"),
+            handled_route(base + "/config", model_config, "GET"),
+            handled_route(base + "/ready", model_ready, "GET"),
+            handled_route(base + "/infer", infer, "POST"),
+        ]
+    return routes

@@ -27,6 +27,7 @@ from typing import Any
 from .. import __version__
 from .._extras import require
 from ..errors import InvalidInputError
+from .app import wrong_kind_message
 from .http import (
     AsgiEndpoint,
     BodyLimits,
@@ -141,10 +142,10 @@ def create_repository_app(
             reason = loaded.endpoints.get(endpoint, "no")
             if reason:
                 repository.release(loaded)
-                if reason == "no":
-                    reason = f"model {name!r} is a text-generation export: it serves /v1/completions"
-                    if endpoint == "completions":
-                        reason = f"model {name!r} is not a text-generation export"
+                if reason == "no":  # the other kind of export: what it answers alone (app.py)
+                    raise InvalidInputError(
+                        wrong_kind_message(path, name, endpoint != "completions"), input_name="model"
+                    )
                 raise InvalidInputError(f"{path}: {reason}", input_name="model")
             return loaded
         candidates = repository.serving(endpoint)

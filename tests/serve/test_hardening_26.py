@@ -128,3 +128,57 @@ def test_grpc_fallback_status_names_an_incident_never_the_exception(caplog):
     assert "OSError" not in details and "File name too long" not in details
     incident = details.rsplit("incident ", 1)[-1].rstrip(")")
     assert any(incident in r.getMessage() and r.exc_info for r in caplog.records), details
+
+
+# -- item 9: a generation model's v2 ready/metadata; the other kind's endpoint, one answer ----
+def _wrong_kind_errors(url: str, generator: bool) -> list[str]:
+    import httpx
+
+    if generator:
+        r = httpx.post(url + "/v1/embeddings", json={"model": "gen", "input": "a"}, timeout=30)
+    else:
+        r = httpx.post(url + "/v1/completions", json={"model": "minilm", "prompt": "a"}, timeout=30)
+    assert r.status_code == 400, r.text
+    return [r.json()["error"]["message"]]
+
+
+def test_generation_models_answer_v2_ready_and_the_wrong_kind_alike_alone_and_in_a_repository(tmp_path, encoder_dir):
+    httpclient = pytest.importorskip("tritonclient.http")
+    from fakegen import FakeGenerator
+
+    from ortbatch.serve import BackgroundServer, ServedModel
+    from ortbatch.serve.served_generator import ServedGenerator
+
+    config = ServeConfig(port=0, access_log=False, log_level="warning", max_batch_size=8)
+    alone: dict[bool, list[str]] = {}
+    with BackgroundServer(ServedGenerator(FakeGenerator(), "gen"), config) as srv:
+        client = httpclient.InferenceServerClient(srv.url.removeprefix("http://"))
+        assert client.is_model_ready("gen")
+        assert client.get_model_metadata("gen")["name"] == "gen"
+        assert not client.is_model_ready("other")
+        client.close()
+        alone[True] = _wrong_kind_errors(srv.url, generator=True)
+    model = ServedModel.load(encoder_dir, name="minilm", session_kwargs={"max_batch_size": 8})
+    with BackgroundServer(model, config) as srv:
+        alone[False] = _wrong_kind_errors(srv.url, generator=False)
+
+    (tmp_path / "minilm").symlink_to(encoder_dir, target_is_directory=True)
+    (tmp_path / "gen").mkdir()
+    (tmp_path / "gen" / "ortbatch.json").write_text("{}")
+
+    def loader(directory: Path, name: str) -> object:
+        return ServedGenerator(FakeGenerator(), name) if name == "gen" else load_served(directory, name, config)
+
+    repo = ModelRepository(root=tmp_path, config=config, loader=loader)
+    assert repo.load_all() == []
+    with BackgroundServer(repo, config) as srv:
+        client = httpclient.InferenceServerClient(srv.url.removeprefix("http://"))
+        index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
+        assert index["gen"] == "READY"
+        assert client.is_model_ready("gen")  # as the index says
+        assert client.get_model_metadata("gen")["name"] == "gen"
+        client.close()
+        for generator in (True, False):
+            assert _wrong_kind_errors(srv.url, generator) == alone[generator]
+    assert "is not a text-generation export" in alone[False][0]
+    assert "is a text-generation export" in alone[True][0]
