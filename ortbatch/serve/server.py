@@ -543,11 +543,12 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
 
         return serve_frontends(directory, config)
     warn_if_exposed(config)
-    served, app = _load_app(directory, config)
+    # bound before loading: a port in use is said at once, not after the model has loaded
+    sock = bind_socket(config.host, config.port, config.backlog)
     try:
-        sock = bind_socket(config.host, config.port, config.backlog)
+        served, app = _load_app(directory, config)
     except BaseException:
-        served.close(drain=False)
+        sock.close()
         raise
     try:
         server = uvicorn.Server(_uvicorn_config(app, config))

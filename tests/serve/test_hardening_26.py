@@ -182,3 +182,23 @@ def test_generation_models_answer_v2_ready_and_the_wrong_kind_alike_alone_and_in
             assert _wrong_kind_errors(srv.url, generator) == alone[generator]
     assert "is not a text-generation export" in alone[False][0]
     assert "is a text-generation export" in alone[True][0]
+
+
+# -- item 10: a port in use is said before the model loads ---------------------------------
+@pytest.mark.parametrize("frontends", ["1", "2"])
+def test_a_port_in_use_is_reported_before_loading(encoder_dir, capsys, monkeypatch, frontends):
+    import socket
+
+    import ortbatch.serve.server
+
+    def load_served_not_yet(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(ortbatch.serve.server, "load_served", load_served_not_yet)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code = main(["serve", str(encoder_dir), "--port", str(port), "--frontends", frontends, "--no-access-log"])
+    err = capsys.readouterr().err
+    assert code != 0 and f"cannot listen on 127.0.0.1:{port}" in err, err

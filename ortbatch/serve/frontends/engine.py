@@ -434,26 +434,27 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
     warn_if_exposed(config)
     repository: ModelRepository | None = None
     models: EngineModels | None = None
-    if isinstance(directory, ModelRepository):
-        repository = directory
-        repository.load_all()  # strict: raises, having closed what it loaded
-        models = EngineModels(repository)
-        closer: Any = repository
-        what = served_summary(repository)
-        label = "serving"
-        sessions: Any = models.sessions
-        face: Any = None
-        name = None
-    else:
-        served = closer = load_served(directory, config.name, config)
-        name = served.name
-        label = f"model {name!r}"
-        what = served_summary(served)
-        sessions, face = engine_side(served)
+    # bound before loading: a port in use is said at once, not after the model has loaded
+    sock = bind_socket(config.host, config.port, config.backlog)
     try:
-        sock = bind_socket(config.host, config.port, config.backlog)
+        if isinstance(directory, ModelRepository):
+            repository = directory
+            repository.load_all()  # strict: raises, having closed what it loaded
+            models = EngineModels(repository)
+            closer: Any = repository
+            what = served_summary(repository)
+            label = "serving"
+            sessions: Any = models.sessions
+            face: Any = None
+            name = None
+        else:
+            served = closer = load_served(directory, config.name, config)
+            name = served.name
+            label = f"model {name!r}"
+            what = served_summary(served)
+            sessions, face = engine_side(served)
     except BaseException:
-        closer.close(drain=False)
+        sock.close()
         raise
     try:
         grpc_hold = reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
