@@ -202,3 +202,69 @@ def test_a_port_in_use_is_reported_before_loading(encoder_dir, capsys, monkeypat
         code = main(["serve", str(encoder_dir), "--port", str(port), "--frontends", frontends, "--no-access-log"])
     err = capsys.readouterr().err
     assert code != 0 and f"cannot listen on 127.0.0.1:{port}" in err, err
+
+
+# -- item 4: an unparsable frame while an earlier answer is being written ---------------------
+def test_a_bad_frame_during_a_write_lets_the_write_finish_before_the_stream_is_refused(adder_path):
+    import asyncio
+
+    import numpy as np
+
+    pytest.importorskip("grpc")
+    from tritonclient.grpc import service_pb2
+
+    from ortbatch.errors import InvalidInputError
+    from ortbatch.serve import ServedModel
+    from ortbatch.serve.grpc import InferenceServicer
+    from ortbatch.serve.grpc.service import _parsed
+
+    good = service_pb2.ModelInferRequest(model_name="adder", id="0")
+    good.inputs.add(name="x", datatype="FP32", shape=[1, 3])
+    good.inputs.add(name="k", datatype="INT32", shape=[1, 1])
+    good.raw_input_contents.extend([np.zeros(3, "<f4").tobytes(), np.ones(1, "<i4").tobytes()])
+
+    class Context:
+        """A stream whose write of the first answer is held until the test lets it go."""
+
+        def __init__(self) -> None:
+            self.writing, self.release = asyncio.Event(), asyncio.Event()
+            self.written: list[object] = []
+            self.cut = False
+
+        async def write(self, response: object) -> None:
+            self.writing.set()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:  # grpcio's call is left mid-write: what hung the stream
+                self.cut = True
+                raise
+            self.written.append(response)
+
+    async def scenario() -> tuple[Context, BaseException | None]:
+        context = Context()
+        bad_sent = asyncio.Event()
+
+        async def frames():
+            yield good.SerializeToString()
+            await context.writing.wait()  # the first answer is being written now
+            bad_sent.set()
+            yield b"\xff\xff\xff\xff"
+
+        handler = asyncio.ensure_future(servicer.ModelStreamInfer(_parsed("ModelInferRequest", frames()), context))
+        await bad_sent.wait()
+        context.release.set()
+        try:
+            await handler
+        except BaseException as exc:
+            return context, exc
+        return context, None
+
+    model = ServedModel.load(adder_path, session_kwargs={"max_batch_size": 8})
+    try:
+        servicer = InferenceServicer(model)
+        context, raised = asyncio.run(scenario())
+    finally:
+        model.close(drain=False)
+    assert isinstance(raised, InvalidInputError), raised  # the stream is refused (the handler aborts it)
+    assert not context.cut, "the write in progress was cancelled midway"
+    assert len(context.written) == 1

@@ -284,6 +284,16 @@ class InferenceServicer:
                 await asyncio.gather(*tasks)
         except _StreamGone:
             pass  # the client closed the stream: its other requests are cancelled below
+        except Exception:
+            # refused as a whole (a frame that does not parse): the handler aborts the call
+            # next. A write of an earlier answer may be in progress: cancelling it midway, or
+            # aborting during it, left the call hung until the client's deadline. So let it
+            # finish (the lock), then stop the other requests before they write again.
+            async with write_lock:
+                for task in tasks:
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         finally:
             for task in tasks:
                 task.cancel()
