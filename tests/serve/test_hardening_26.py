@@ -268,3 +268,80 @@ def test_a_bad_frame_during_a_write_lets_the_write_finish_before_the_stream_is_r
     assert isinstance(raised, InvalidInputError), raised  # the stream is refused (the handler aborts it)
     assert not context.cut, "the write in progress was cancelled midway"
     assert len(context.written) == 1
+
+
+# -- item 5: a front end that comes back gets its share of the keep-alive clients -------------
+def test_the_dealer_tells_the_others_to_rebalance_when_a_front_end_joins():
+    import socket
+    import threading
+
+    from ortbatch.serve.frontends.dealer import REBALANCE, ConnectionDealer, channel_pair
+
+    (a_ours, a_theirs), (b_ours, b_theirs) = channel_pair(), channel_pair()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    serving = [a_ours]
+    looked = threading.Event()
+
+    def channels() -> list[socket.socket]:
+        now = list(serving)
+        looked.set()
+        return now
+
+    dealer = ConnectionDealer(listener, channels).start()
+    try:
+        assert looked.wait(10)  # it has seen front end a alone
+        serving.append(b_ours)  # b (re)joins
+        a_theirs.settimeout(10)  # a hang guard only
+        assert a_theirs.recv(16) == REBALANCE
+        b_theirs.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            b_theirs.recv(16)  # the one that joined keeps what it gets
+    finally:
+        dealer.stop()
+        for s in (listener, a_ours, a_theirs, b_ours, b_theirs):
+            s.close()
+
+
+def test_a_front_end_told_to_rebalance_closes_its_idle_keep_alive_connections():
+    import socket
+    import threading
+
+    import uvicorn
+
+    from ortbatch.serve.frontends.dealer import REBALANCE, adopting_server, channel_pair
+
+    async def app(scope, receive, send):
+        assert scope["type"] == "http"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    ours, theirs = channel_pair()
+    # keep-alive outlasts the hang guard below, so only the rebalance can close the connection
+    config = uvicorn.Config(
+        app, lifespan="off", log_level="warning", access_log=False, http="h11", timeout_keep_alive=120
+    )
+    server = adopting_server(config, theirs)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": []}, daemon=True)
+    thread.start()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname(), timeout=30)  # a hang guard only
+    try:
+        conn, _ = listener.accept()
+        socket.send_fds(ours, [b"c"], [conn.fileno()])
+        conn.close()
+        client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"ok"):
+            answer += client.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200")  # served; the connection stays open (keep-alive)
+        ours.send(REBALANCE)
+        assert client.recv(4096) == b""  # closed by the front end: the client reconnects via the dealer
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        for s in (client, listener, ours, theirs):
+            s.close()
