@@ -139,6 +139,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="HTTP/1.1 parser: httptools (C, less CPU per request), h11 (pure Python), auto: httptools if "
         "installed (default)",
     )
+    limits.add_argument(
+        "--first-byte-timeout-s",
+        type=float,
+        default=5.0,
+        help="seconds a new connection has to send its first byte (default 5)",
+    )
+    limits.add_argument(
+        "--max-idle-per-address",
+        type=_positive_int,
+        default=100,
+        help="connections one client address may hold without sending a byte; beyond it its oldest is closed. "
+        "They never count toward --limit-concurrency (default 100)",
+    )
     limits.add_argument("--body-timeout-s", type=float, default=60.0, help="seconds to send a body (default 60)")
     limits.add_argument(
         "--limit-concurrency", type=_positive_int, default=1000, help="connections at once; beyond: 503 (default 1000)"
@@ -259,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
         http_parser=args.http,
         body_timeout_s=args.body_timeout_s,
         limit_concurrency=args.limit_concurrency,
+        first_byte_timeout_s=args.first_byte_timeout_s,
+        max_idle_per_address=args.max_idle_per_address,
         max_text_chars=args.max_text_chars,
         truncate=args.truncate,
         frontends=args.frontends,

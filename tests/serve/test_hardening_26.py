@@ -345,3 +345,78 @@ def test_a_front_end_told_to_rebalance_closes_its_idle_keep_alive_connections():
         thread.join(30)
         for s in (client, listener, ours, theirs):
             s.close()
+
+
+# -- item 2: connections that send nothing deny no one ---------------------------------------
+@pytest.mark.parametrize("cap", [None, 100], ids=["no-cap", "cap-100"])
+def test_idle_connections_do_not_deny_health_or_requests(encoder_dir, cap):
+    import resource
+    import socket
+    import time
+
+    import httpx
+
+    from ortbatch.serve import BackgroundServer, ServedModel
+
+    idle_count = 2000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2 * idle_count + 512  # the client's ends and the server's, in this one process
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"needs {want} file descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    key = "k" * 32
+    # idle connections stay until the test closes them (long first-byte and header timeouts)
+    config = ServeConfig(
+        port=0,
+        access_log=False,
+        log_level="warning",
+        api_key=key,
+        limit_concurrency=1000,
+        header_timeout_s=300,
+        first_byte_timeout_s=300,
+        max_idle_per_address=cap,
+    )
+    model = ServedModel.load(encoder_dir, name="minilm", session_kwargs={"max_batch_size": 8})
+    idle: list[socket.socket] = []
+    try:
+        with BackgroundServer(model, config) as srv:
+            port = int(srv.url.rsplit(":", 1)[1])
+            for _ in range(idle_count):
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+            # connections are accepted in order: the requests below come after all the idle ones
+            with httpx.Client(timeout=30) as client:  # the timeout is a hang guard only
+                started = time.perf_counter()
+                live = client.get(srv.url + "/v2/health/live")
+                health_s = time.perf_counter() - started
+                started = time.perf_counter()
+                r = client.post(
+                    srv.url + "/v1/embeddings",
+                    json={"model": "minilm", "input": "hello"},
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+                embed_s = time.perf_counter() - started
+            print(
+                f"\nwith {idle_count} idle connections (cap {cap}): health {health_s:.3f} s, embedding {embed_s:.3f} s"
+            )
+            assert live.status_code == 200, live.text
+            assert r.status_code == 200, r.text
+            if cap is not None:  # the oldest beyond the cap were closed by the server
+                idle[0].settimeout(30)
+                assert idle[0].recv(1) == b""
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_first_byte_timeout(encoder_dir):
+    import socket
+
+    from ortbatch.serve import BackgroundServer, ServedModel
+
+    # the header timeout is far beyond the hang guard: only the first-byte timeout can close it
+    config = ServeConfig(port=0, access_log=False, log_level="warning", header_timeout_s=300, first_byte_timeout_s=0.5)
+    model = ServedModel.load(encoder_dir, name="minilm", session_kwargs={"max_batch_size": 8})
+    with BackgroundServer(model, config) as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as idle:  # a hang guard only
+            assert idle.recv(1) == b""
