@@ -12,6 +12,7 @@ come from :mod:`~ortbatch.serve.http`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import __version__
@@ -32,6 +33,8 @@ from .protocol import encode_infer_response, parse_infer_request
 __all__ = ["HEADER_LENGTH", "generation_routes", "kserve_routes"]
 
 HEADER_LENGTH = "inference-header-content-length"
+
+Handler = Callable[[Any], Awaitable[Any]]
 
 
 def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
@@ -60,17 +63,7 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     async def server_metadata(request: Request) -> Response:
         return json_response({"name": "ortbatch", "version": __version__, "extensions": ["binary_tensor_data"]})
 
-    async def model_metadata(request: Request) -> Response:
-        return json_response(find_model(request).metadata())
-
-    async def model_config(request: Request) -> Response:
-        return json_response(find_model(request).triton_config())
-
-    async def model_ready(request: Request) -> Response:
-        m = find_model(request)
-        if m.ready:
-            return json_response({"name": m.name, "ready": True})
-        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
+    model_metadata, model_config, model_ready = _info_handlers(find_model)
 
     async def infer(request: Incoming) -> Reply:
         m = find_model(request)
@@ -107,6 +100,25 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     ]
 
 
+def _info_handlers(find_model: Callable[[Any], Any]) -> tuple[Handler, Handler, Handler]:
+    """The metadata, config and ready handlers of the model ``find_model(request)`` finds
+    (a ServedModel, its text view, or a generator's v2 face)."""
+
+    async def model_metadata(request: Any) -> Any:
+        return json_response(find_model(request).metadata())
+
+    async def model_config(request: Any) -> Any:
+        return json_response(find_model(request).triton_config())
+
+    async def model_ready(request: Any) -> Any:
+        m = find_model(request)
+        if m.ready:
+            return json_response({"name": m.name, "ready": True})
+        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
+
+    return model_metadata, model_config, model_ready
+
+
 def generation_routes(served: Any) -> list[Any]:
     """The v2 model routes of a text-generation export (a
     :class:`~ortbatch.serve.served_generator.ServedGenerator`): metadata, config and ready
@@ -124,17 +136,7 @@ def generation_routes(served: Any) -> list[Any]:
             raise HTTPError(404, f"unknown version {version!r} of model {name!r}; served: {model.version!r}")
         return model
 
-    async def model_metadata(request: Any) -> Any:
-        return json_response(find_model(request).metadata())
-
-    async def model_config(request: Any) -> Any:
-        return json_response(find_model(request).triton_config())
-
-    async def model_ready(request: Any) -> Any:
-        m = find_model(request)
-        if m.ready:
-            return json_response({"name": m.name, "ready": True})
-        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
+    model_metadata, model_config, model_ready = _info_handlers(find_model)
 
     async def infer(request: Any) -> Any:
         m = find_model(request)
