@@ -66,6 +66,12 @@ class ServeConfig:
     #: most connections (and requests) at once; beyond it uvicorn answers 503. Keep it
     #: below the process's file-descriptor limit (``ulimit -n``).
     limit_concurrency: int | None = 1000
+    #: seconds a new connection has to send its first byte (then header_timeout_s runs)
+    first_byte_timeout_s: float = 5.0
+    #: most connections one client address may hold open without having sent a byte; a new
+    #: one beyond it closes that address's oldest (None: no cap). Such connections do not
+    #: count toward limit_concurrency, so they cannot deny service to those that send requests
+    max_idle_per_address: int | None = 100
     #: default of the text endpoints' ``truncate``: cut over-long inputs instead of a 400
     truncate: bool = False
     #: run the BatchedSession's warm-up grid before reporting ready (no engine build on a request)
@@ -73,6 +79,9 @@ class ServeConfig:
     #: front-end processes (HTTP, gRPC, tokenizing) over the one engine process that owns
     #: the session (1: all in this process; see :mod:`ortbatch.serve.frontends`)
     frontends: int = 1
+    #: serve an export whose recorded accuracy checks failed (``validation.passed`` false);
+    #: refused otherwise, however it is loaded (one export, a list, a repository, front ends, Ray)
+    allow_unvalidated: bool = False
 
     def generator_kwargs(self) -> dict[str, Any]:
         """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""

@@ -61,8 +61,14 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
 
         return serve_frontends(directory, config)
     warn_if_exposed(config)
-    served, app = load_app(directory, config)
-    server, sock, grpc_server = _start(served, app, config)
+    # bound before loading: a port in use is said at once, not after the model has loaded
+    sock = bind_socket(config.host, config.port, config.backlog)
+    try:
+        served, app = load_app(directory, config)
+    except BaseException:
+        sock.close()
+        raise
+    server, grpc_server = _start(served, app, sock, config)
     received: list[int] = []
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
@@ -96,15 +102,10 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
     return exit_report(totals, started=server.started, grace=config.graceful_timeout_s, grpc=grpc_server is not None)
 
 
-def _start(served: Served, app: Any, config: ServeConfig) -> tuple[Any, Any, GrpcServer | None]:
-    """The uvicorn server, its bound socket and the started gRPC server for ``app``; on
-    a failure what was made is closed, ``served`` too."""
+def _start(served: Served, app: Any, sock: Any, config: ServeConfig) -> tuple[Any, GrpcServer | None]:
+    """The uvicorn server for ``app`` and the started gRPC server; on a failure the socket
+    and ``served`` are closed."""
     uvicorn = require("uvicorn")
-    try:
-        sock = bind_socket(config.host, config.port, config.backlog)
-    except BaseException:
-        served.close(drain=False)
-        raise
     try:
         server = uvicorn.Server(uvicorn_config(app, config))
         grpc_server = grpc_server_for(served, config, app)
@@ -112,7 +113,7 @@ def _start(served: Served, app: Any, config: ServeConfig) -> tuple[Any, Any, Grp
         sock.close()
         served.close(drain=False)
         raise
-    return server, sock, grpc_server
+    return server, grpc_server
 
 
 class BackgroundServer:

@@ -486,6 +486,9 @@ def test_connections_beyond_the_limit_get_503(adder_path):
     model = ServedModel.load(adder_path)
     with BackgroundServer(model, quiet(limit_concurrency=2)) as srv:
         held = [_connect(srv.url) for _ in range(2)]
+        # each has begun a request: a connection that has sent nothing does not count (issue 26)
+        for s in held:
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
         time.sleep(0)  # the server registers connections as it accepts them
         r = httpx.get(srv.url + "/v2/health/live", timeout=30)
         for s in held:

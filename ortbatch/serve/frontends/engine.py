@@ -492,21 +492,15 @@ class _Engine:
         announce(self.closer, what, url, before=[processes])
 
 
-def _listen(config: ServeConfig, closer: Any) -> tuple[socket.socket, socket.socket | None]:
-    """The HTTP socket the dealer accepts on and the gRPC port the front ends share;
-    on a failure ``closer`` is closed."""
+def _reserve_grpc(config: ServeConfig, sock: socket.socket, closer: Any) -> socket.socket | None:
+    """The gRPC port the front ends share (None without gRPC); on a failure the HTTP
+    socket and ``closer`` are closed."""
     try:
-        sock = bind_socket(config.host, config.port, config.backlog)
-    except BaseException:
-        closer.close(drain=False)
-        raise
-    try:
-        grpc_hold = reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
+        return reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
     except BaseException:
         sock.close()
         closer.close(drain=False)
         raise
-    return sock, grpc_hold
 
 
 def serve_frontends(directory: str | Path | ModelRepository, config: ServeConfig) -> int:
@@ -514,8 +508,14 @@ def serve_frontends(directory: str | Path | ModelRepository, config: ServeConfig
     with ``config.frontends`` front-end processes; returns the exit code as
     :func:`~ortbatch.serve.server.serve` does."""
     warn_if_exposed(config)
-    engine = _Engine.load(directory, config)
-    sock, grpc_hold = _listen(config, engine.closer)
+    # bound before loading: a port in use is said at once, not after the model has loaded
+    sock = bind_socket(config.host, config.port, config.backlog)
+    try:
+        engine = _Engine.load(directory, config)
+    except BaseException:
+        sock.close()
+        raise
+    grpc_hold = _reserve_grpc(config, sock, engine.closer)
     engine.grpc_port = grpc_hold.getsockname()[1] if grpc_hold is not None else None
     stopping = threading.Event()
 

@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -93,7 +94,11 @@ def status_for(exc: BaseException) -> tuple[Any, str]:
         return code.UNIMPLEMENTED, str(exc)
     if isinstance(exc, InferenceError):
         return code.INTERNAL, str(exc)
-    return code.INTERNAL, f"internal server error: {exc!r}"
+    # a fault of the server itself: as over HTTP (http.plumbing.error_response), logged in
+    # full with an incident id and never echoed to the client
+    incident = secrets.token_hex(4)
+    log.error("internal error %s", incident, exc_info=exc)
+    return code.INTERNAL, f"internal server error (logged as incident {incident})"
 
 
 class InferenceServicer:
@@ -261,6 +266,16 @@ class InferenceServicer:
                 await asyncio.gather(*tasks)
         except _StreamGone:
             pass  # the client closed the stream: its other requests are cancelled below
+        except Exception:
+            # refused as a whole (a frame that does not parse): the handler aborts the call
+            # next. A write of an earlier answer may be in progress: cancelling it midway, or
+            # aborting during it, left the call hung until the client's deadline. So let it
+            # finish (the lock), then stop the other requests before they write again.
+            async with write_lock:
+                for task in tasks:
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         finally:
             for task in tasks:
                 task.cancel()

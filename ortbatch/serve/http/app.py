@@ -14,23 +14,67 @@ from __future__ import annotations
 from typing import Any
 
 from ..._extras import require
+from ...errors import InvalidInputError
 from ..metrics import ServerMetrics
 from ..served.generator import ServedGenerator
 from ..served.model import ServedModel
-from .kserve import kserve_routes
+from .kserve import generation_routes, kserve_routes
 from .openai_api import completion_routes, embedding_routes
-from .plumbing import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits, assemble_app
+from .plumbing import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits, assemble_app, handled_route
 from .task_routes import task_routes
 
-__all__ = ["build_app", "create_app", "create_completions_app", "metrics_for", "routes_for"]
+__all__ = [
+    "BODY_ROUTES",
+    "build_app",
+    "create_app",
+    "create_completions_app",
+    "metrics_for",
+    "routes_for",
+    "wrong_kind_message",
+]
+
+#: routes whose model is named in the JSON body -> the endpoint kind of
+#: :func:`~ortbatch.serve.served.text_tasks.served_endpoints` (a repository dispatches them
+#: by that name: :mod:`.repository_routes`)
+BODY_ROUTES = {
+    "/v1/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
+    "/rerank": "rerank",
+    "/v1/classify": "classify",
+    "/tokenize": "tokenize",
+    "/detokenize": "tokenize",
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "completions",
+}
+
+
+def wrong_kind_message(path: str, name: str, generator: bool) -> str:
+    """What a body-routed endpoint of the other kind of export answers (400), the same with
+    the model alone and in a repository (:mod:`.repository_routes`)."""
+    if generator:
+        return f"{path}: model {name!r} is a text-generation export: it serves /v1/completions"
+    return f"{path}: model {name!r} is not a text-generation export"
+
+
+def _wrong_kind_routes(served: ServedModel | ServedGenerator) -> list[Any]:
+    """The other kind's body-routed endpoints, each refused with :func:`wrong_kind_message`
+    (not "no route")."""
+    generator = isinstance(served, ServedGenerator)
+
+    async def refuse(request: Any) -> Any:
+        raise InvalidInputError(wrong_kind_message(request.url.path, served.name, generator), input_name="model")
+
+    paths = [p for p, kind in BODY_ROUTES.items() if (kind == "completions") != generator]
+    return [handled_route(p, refuse, "POST") for p in paths]
 
 
 def routes_for(served: ServedModel | ServedGenerator, body: BodyLimits) -> list[Any]:
     """The protocol routes serving ``served`` (without health, ``/v1/models`` and
     ``/metrics``, which :func:`~ortbatch.serve.http.plumbing.assemble_app` adds)."""
     if isinstance(served, ServedGenerator):
-        return completion_routes(served, body)
-    return [*kserve_routes(served, body), *embedding_routes(served, body), *task_routes(served, body)]
+        return [*completion_routes(served, body), *generation_routes(served), *_wrong_kind_routes(served)]
+    own = [*kserve_routes(served, body), *embedding_routes(served, body), *task_routes(served, body)]
+    return [*own, *_wrong_kind_routes(served)]
 
 
 def metrics_for(served: ServedModel | ServedGenerator) -> ServerMetrics:

@@ -26,19 +26,60 @@ def _httptools_available() -> bool:
     return True
 
 
-def header_timeout_protocol(timeout_s: float, parser: str = "auto") -> type[Any]:
+def header_timeout_protocol(
+    timeout_s: float, parser: str = "auto", first_byte_s: float | None = None, idle_per_address: int | None = None
+) -> type[Any]:
     """uvicorn's HTTP/1.1 protocol (httptools when installed, else h11; ``parser`` picks
     one), closing a connection whose request headers have not all arrived ``timeout_s``
     seconds after its first byte (or after it opened): uvicorn itself waits for headers
     forever, so a client sending a byte a second would hold its connection (and a file
     descriptor) as long as it likes. httptools (llhttp, in C) costs less CPU per request
     than h11 (pure Python). Headers still incomplete after :data:`MAX_HEADER_BYTES` are
-    a 400 and a closed connection with either parser (h11 caps them the same way)."""
+    a 400 and a closed connection with either parser (h11 caps them the same way).
+    A connection that has sent nothing yet is idle (:class:`_IdleConnections`): closed after
+    ``first_byte_s``, at most ``idle_per_address`` per client address, and not counted
+    toward uvicorn's ``limit_concurrency``."""
     if parser not in ("auto", "httptools", "h11"):
         raise OrtBatchError(f"the HTTP parser must be 'auto', 'httptools' or 'h11', got {parser!r}")
     if parser == "httptools" or (parser == "auto" and _httptools_available()):
-        return _httptools_protocol(timeout_s)
-    return _h11_protocol(timeout_s)
+        protocol = _httptools_protocol(timeout_s)
+    else:
+        protocol = _h11_protocol(timeout_s)
+    # one class per server: its idle bookkeeping is that server's
+    return type(
+        protocol.__name__,
+        (protocol,),
+        {"_first_byte_s": first_byte_s, "_idle": _IdleConnections(idle_per_address)},
+    )
+
+
+class _IdleConnections:
+    """One server's connections that have not sent a byte yet, by client address (oldest
+    first). They are left out of uvicorn's ``limit_concurrency`` count (see
+    ``_HeaderTimer.limit_concurrency``): otherwise a client opening connections that send
+    nothing fills the limit, and every request, health checks included, is a 503."""
+
+    def __init__(self, per_address: int | None) -> None:
+        self.per_address = per_address
+        self.by_address: dict[Any, dict[Any, None]] = {}
+        self.count = 0
+
+    def add(self, address: Any, protocol: Any) -> None:
+        idle = self.by_address.setdefault(address, {})
+        idle[protocol] = None
+        self.count += 1
+        if self.per_address is not None and len(idle) > self.per_address:
+            oldest = next(iter(idle))
+            self.discard(address, oldest)
+            oldest.transport.close()
+
+    def discard(self, address: Any, protocol: Any) -> None:
+        idle = self.by_address.get(address)
+        if idle is not None and protocol in idle:
+            del idle[protocol]
+            self.count -= 1
+            if not idle:
+                del self.by_address[address]
 
 
 class CoalescingTransport:
@@ -101,8 +142,27 @@ class _HeaderTimer:
 
     _timeout_s = 10.0
     _header_timer: Any = None
+    #: seconds to the first byte (None: the header timeout)
+    _first_byte_s: float | None = None
+    _idle: _IdleConnections | None = None
+    #: this connection's client address while it is idle (has sent nothing)
+    _idle_address: Any = None
+    _is_idle = False
+    _limit: int | None = None
     loop: Any
     transport: Any
+
+    # uvicorn answers 503 when len(connections) >= limit_concurrency: reading the limit
+    # raised by the idle connections is what leaves them out of that count
+    @property
+    def limit_concurrency(self) -> int | None:
+        if self._limit is None or self._idle is None:
+            return self._limit
+        return self._limit + self._idle.count
+
+    @limit_concurrency.setter
+    def limit_concurrency(self, value: int | None) -> None:
+        self._limit = value
 
     def _headers_incomplete(self) -> bool:
         raise NotImplementedError
@@ -111,9 +171,26 @@ class _HeaderTimer:
         super().connection_made(transport)  # type: ignore[misc]
         # after uvicorn's own setup: its flow control keeps the real transport
         self.transport = CoalescingTransport(transport, self.loop)
-        self._arm()
+        if self._idle is not None:
+            peer = transport.get_extra_info("peername")
+            self._idle_address = peer[0] if isinstance(peer, tuple) and peer else peer
+            self._is_idle = True
+            self._idle.add(self._idle_address, self)
+        self._arm(self._first_byte_s)
+
+    def data_received(self, data: bytes) -> None:
+        if self._is_idle:  # its first bytes: no longer idle; the header timeout runs from now
+            self._leave_idle()
+            self._disarm()
+        super().data_received(data)  # type: ignore[misc]
+
+    def _leave_idle(self) -> None:
+        if self._is_idle and self._idle is not None:
+            self._is_idle = False
+            self._idle.discard(self._idle_address, self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._leave_idle()
         self._disarm()
         super().connection_lost(exc)  # type: ignore[misc]
 
@@ -123,9 +200,9 @@ class _HeaderTimer:
         else:
             self._disarm()
 
-    def _arm(self) -> None:
+    def _arm(self, timeout_s: float | None = None) -> None:
         if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self._timeout_s, self._expire)
+            self._header_timer = self.loop.call_later(timeout_s or self._timeout_s, self._expire)
 
     def _disarm(self) -> None:
         if self._header_timer is not None:
@@ -219,7 +296,9 @@ def uvicorn_config(app: Any, config: ServeConfig) -> Any:
         server_header=False,
         ssl_certfile=config.ssl_certfile,
         ssl_keyfile=config.ssl_keyfile,
-        http=header_timeout_protocol(config.header_timeout_s, config.http_parser),
+        http=header_timeout_protocol(
+            config.header_timeout_s, config.http_parser, config.first_byte_timeout_s, config.max_idle_per_address
+        ),
         timeout_keep_alive=config.keep_alive_s,
         limit_concurrency=config.limit_concurrency,
     )

@@ -12,9 +12,11 @@ come from :mod:`~ortbatch.serve.http.plumbing`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ... import __version__
+from ..served.decoupled import GenerationModel
 from ..served.lookup import Entries
 from ..served.model import ServedModel
 from ..served.protocol import encode_infer_response, parse_infer_request
@@ -30,9 +32,11 @@ from .plumbing import (
     run_or_abandon,
 )
 
-__all__ = ["HEADER_LENGTH", "kserve_routes"]
+__all__ = ["HEADER_LENGTH", "generation_routes", "kserve_routes"]
 
 HEADER_LENGTH = "inference-header-content-length"
+
+Handler = Callable[[Any], Awaitable[Any]]
 
 
 def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
@@ -49,17 +53,7 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     async def server_metadata(request: Request) -> Response:
         return json_response({"name": "ortbatch", "version": __version__, "extensions": ["binary_tensor_data"]})
 
-    async def model_metadata(request: Request) -> Response:
-        return json_response(find_model(request).metadata())
-
-    async def model_config(request: Request) -> Response:
-        return json_response(find_model(request).triton_config())
-
-    async def model_ready(request: Request) -> Response:
-        m = find_model(request)
-        if m.ready:
-            return json_response({"name": m.name, "ready": True})
-        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
+    model_metadata, model_config, model_ready = _info_handlers(find_model)
 
     async def infer(request: Incoming) -> Reply:
         m = find_model(request)
@@ -94,3 +88,54 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
         route(base + "/ready", model_ready, "GET"),
         route(versioned + "/ready", model_ready, "GET"),
     ]
+
+
+def _info_handlers(find_model: Callable[[Any], Any]) -> tuple[Handler, Handler, Handler]:
+    """The metadata, config and ready handlers of the model ``find_model(request)`` finds
+    (a ServedModel, its text view, or a generator's decoupled v2 entry)."""
+
+    async def model_metadata(request: Any) -> Any:
+        return json_response(find_model(request).metadata())
+
+    async def model_config(request: Any) -> Any:
+        return json_response(find_model(request).triton_config())
+
+    async def model_ready(request: Any) -> Any:
+        m = find_model(request)
+        if m.ready:
+            return json_response({"name": m.name, "ready": True})
+        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
+
+    return model_metadata, model_config, model_ready
+
+
+def generation_routes(served: Any) -> list[Any]:
+    """The v2 model routes of a text-generation export (a
+    :class:`~ortbatch.serve.served.generator.ServedGenerator`): metadata, config and ready
+    describe its decoupled v2 model entry (:mod:`ortbatch.serve.served.decoupled`), as gRPC
+    serves it, so ``tritonclient``'s ``is_model_ready`` agrees with the repository index;
+    infer is refused naming what serves it."""
+    entries = Entries(served)
+    model = GenerationModel(served)
+
+    def find_model(request: Any) -> GenerationModel:
+        entries.find(request.path_params["name"], request.path_params.get("version"))
+        return model
+
+    model_metadata, model_config, model_ready = _info_handlers(find_model)
+
+    async def infer(request: Any) -> Any:
+        m = find_model(request)
+        raise HTTPError(
+            400, f"model {m.name!r} is a text-generation export: it serves /v1/completions (gRPC: ModelStreamInfer)"
+        )
+
+    routes = []
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        routes += [
+            handled_route(base, model_metadata, "GET"),
+            handled_route(base + "/config", model_config, "GET"),
+            handled_route(base + "/ready", model_ready, "GET"),
+            handled_route(base + "/infer", infer, "POST"),
+        ]
+    return routes

@@ -33,7 +33,7 @@ from ...errors import InvalidInputError, ModelNotFoundError, ModelUnavailableErr
 from ..metrics import GeneratorCollector, ServerMetrics, SessionCollector
 from ..served.protocol import loads_json
 from ..served.repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, Loaded, ModelRepository, check_parameters
-from .app import build_app
+from .app import BODY_ROUTES, build_app, wrong_kind_message
 from .plumbing import (
     AsgiEndpoint,
     BodyLimits,
@@ -46,19 +46,6 @@ from .plumbing import (
 )
 
 __all__ = ["BODY_ROUTES", "create_repository_app"]
-
-#: routes whose model is named in the JSON body -> the endpoint kind of
-#: :func:`~ortbatch.serve.served.text_tasks.served_endpoints`
-BODY_ROUTES = {
-    "/v1/embeddings": "embeddings",
-    "/v1/rerank": "rerank",
-    "/rerank": "rerank",
-    "/v1/classify": "classify",
-    "/tokenize": "tokenize",
-    "/detokenize": "tokenize",
-    "/v1/completions": "completions",
-    "/v1/chat/completions": "completions",
-}
 
 
 class _ModelsCollector:
@@ -144,10 +131,10 @@ class _Dispatch:
             reason = loaded.endpoints.get(endpoint, "no")
             if reason:
                 repository.release(loaded)
-                if reason == "no":
-                    reason = f"model {name!r} is a text-generation export: it serves /v1/completions"
-                    if endpoint == "completions":
-                        reason = f"model {name!r} is not a text-generation export"
+                if reason == "no":  # the other kind of export: what it answers alone (app.py)
+                    raise InvalidInputError(
+                        wrong_kind_message(path, name, endpoint != "completions"), input_name="model"
+                    )
                 raise InvalidInputError(f"{path}: {reason}", input_name="model")
             return loaded
         candidates = repository.serving(endpoint)

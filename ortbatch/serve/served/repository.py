@@ -79,6 +79,8 @@ log = logging.getLogger("ortbatch.serve")
 READY = "READY"
 LOADING = "LOADING"
 UNAVAILABLE = "UNAVAILABLE"
+#: the exporter's folder for an export whose checks failed (``X.failed``): never a repository model
+FAILED_SUFFIX = ".failed"
 
 #: parameters of Triton's load and unload requests this server takes (HTTP and gRPC): a
 #: model is always loaded from its export directory, so ``config`` and ``file:...``
@@ -99,11 +101,16 @@ def check_parameters(names: Iterable[str], allowed: frozenset[str]) -> None:
 
 def discover(root: str | Path) -> list[tuple[str, Path]]:
     """``(name, directory)`` for every subfolder of ``root`` holding an ``ortbatch.json``,
-    sorted by name."""
+    sorted by name. ``X.failed`` folders are skipped (logged): the exporter leaves an export
+    whose checks failed there for inspection, it is not a model to serve."""
     base = Path(root)
     if not base.is_dir():
         raise OrtBatchError(f"model repository {base} is not a directory")
-    return [(d.name, d) for d in sorted(base.iterdir()) if d.is_dir() and (d / MANIFEST_NAME).is_file()]
+    found = [d for d in sorted(base.iterdir()) if d.is_dir() and (d / MANIFEST_NAME).is_file()]
+    for d in found:
+        if d.name.endswith(FAILED_SUFFIX):
+            log.warning("skipping %s: a failed export (its accuracy checks failed), not a model to serve", d)
+    return [(d.name, d) for d in found if not d.name.endswith(FAILED_SUFFIX)]
 
 
 def parse_model_args(args: Sequence[str]) -> list[tuple[str, Path]]:
@@ -257,7 +264,14 @@ class ModelRepository:
             # only a direct child of the root: a name such as ".." must not reach outside it
             plain = name not in (".", "..") and not any(c in name for c in "/\\")
             path = self.root / name if self.root is not None and plain else None
-            if path is None or not (path / MANIFEST_NAME).is_file():
+            if path is not None and name.endswith(FAILED_SUFFIX):
+                failed = f"a {FAILED_SUFFIX} folder is a failed export, not a model"
+                raise ModelNotFoundError(f"unknown model {name!r}: {failed}")
+            try:
+                found = path is not None and (path / MANIFEST_NAME).is_file()
+            except OSError:  # a name the filesystem cannot hold (ENAMETOOLONG over 255 bytes): no such folder
+                found = False
+            if path is None or not found:
                 where = f" and {self.root} has no folder {name!r} with {MANIFEST_NAME}" if self.root else ""
                 raise ModelNotFoundError(f"unknown model {name!r}: not in the repository{where}")
             with self._mutex:
