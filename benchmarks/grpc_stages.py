@@ -59,7 +59,7 @@ def _serve(stage: str, port: int, loops: int, model_path: str) -> None:
 
     from ortbatch.serve.grpc.codec import decode_infer_request, encode_infer_response
     from ortbatch.serve.grpc.schema import message
-    from ortbatch.serve.model import ServedModel
+    from ortbatch.serve.served.model import ServedModel
 
     def same(b: bytes) -> bytes:
         return b

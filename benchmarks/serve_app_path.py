@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--binary", action="store_true", help="binary tensors (else JSON)")
     args = p.parse_args(argv)
 
-    from ortbatch.serve.app import build_app
-    from ortbatch.serve.model import ServedModel
+    from ortbatch.serve.http.app import build_app
+    from ortbatch.serve.served.model import ServedModel
 
     app = build_app(ServedModel(_Echo(), "m"))
     body, headers = _request(args.binary)

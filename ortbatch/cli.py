@@ -37,13 +37,31 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"ortbatch.commands.{name}")
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _parser=p)
     return parser
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
+    """argparse's "unrecognized arguments" message, with a "did you mean" for each unknown
+    flag close to one of ``parser``'s."""
+    import difflib
+
+    known = [o for action in parser._actions for o in action.option_strings]
+    hints = []
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("-"):
+            close = difflib.get_close_matches(flag, known, n=1)
+            if close:
+                hints.append(f"{flag}: did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(extra)}" + "".join(f"\n  {h}" for h in hints)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the subcommand's usage, not the top level's (exits 2)
+        getattr(args, "_parser", parser).error(_unrecognized(getattr(args, "_parser", parser), extra))
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

@@ -4,24 +4,33 @@ The tree is chosen by what the caller does next::
 
     OrtBatchError
     ├── InvalidInputError (ValueError)      fix the request; the session keeps serving
-    │                                       (at submit, or when ORT rejects its values at run
-    │                                       time, e.g. token ids outside the vocabulary)
+    │   │                                   (at submit, or when ORT rejects its values at run
+    │   │                                   time, e.g. token ids outside the vocabulary)
+    │   └── RequestTooLargeError            send less: the request can never be served as sent
     ├── QueueFullError                      back off and retry (carries queued, max_queue)
     ├── RequestTimeoutError (TimeoutError)  the deadline passed before the request ran
     ├── SessionClosedError                  the session is closed; make a new one
     ├── InferenceError                      ONNX Runtime failed on this request
+    │   └── NonFiniteOutputError            the model produced NaN/Inf from finite inputs
     ├── ProviderError                       a requested execution provider is not active
     ├── ModelLoadError                      model.onnx is missing, truncated or corrupt
     ├── ModelContractError (ValueError)     the model cannot be batched as described
     ├── ManifestError (ValueError)          ortbatch.json is missing, malformed or too new
     ├── ModelIntegrityError                 model.onnx's bytes differ from those exported (sha256)
     ├── ServeError                          the server cannot start (address in use, not bindable)
+    ├── ModelNotFoundError (LookupError)    the request names a model (or version) not served here
+    ├── ModelUnavailableError               the model is known but not serving now; retry later
+    ├── ModelLoadFailedError                a served repository could not (re)load a model
+    ├── UnsupportedError                    this server does not serve that call for this model
     ├── ExportError                         converting a model to ONNX failed
     │   └── UnsupportedModelError (ValueError)  architecture/task not supported
     └── ValidationError                     an accuracy check failed (carries the report)
 
 onnxruntime's own exceptions are mapped onto this tree at one boundary,
 :func:`map_ort_error`, so callers never need to import onnxruntime to catch them.
+The server's transports each map the tree once onto their statuses (HTTP:
+``serve.http.plumbing.error_response``; gRPC: ``serve.grpc.service.status_for``), so the
+serving core raises these and never names a status code.
 """
 
 from __future__ import annotations
@@ -36,12 +45,18 @@ __all__ = [
     "ModelIntegrityError",
     "ModelContractError",
     "ModelLoadError",
+    "ModelLoadFailedError",
+    "ModelNotFoundError",
+    "ModelUnavailableError",
+    "NonFiniteOutputError",
     "OrtBatchError",
     "ProviderError",
     "QueueFullError",
+    "RequestTooLargeError",
     "RequestTimeoutError",
     "ServeError",
     "SessionClosedError",
+    "UnsupportedError",
     "UnsupportedModelError",
     "ValidationError",
     "map_ort_error",
@@ -59,6 +74,11 @@ class InvalidInputError(OrtBatchError, ValueError):
     def __init__(self, message: str, *, input_name: str | None = None) -> None:
         super().__init__(message)
         self.input_name = input_name
+
+
+class RequestTooLargeError(InvalidInputError):
+    """The request can never be served as sent (a text over the character limit, more
+    texts than the queue holds): answered 413 (HTTP) with the limit."""
 
 
 class QueueFullError(OrtBatchError):
@@ -83,6 +103,11 @@ class InferenceError(OrtBatchError):
 
     When a batch fails it is split and retried, so this error reaches only the
     request(s) that fail on their own."""
+
+
+class NonFiniteOutputError(InferenceError):
+    """The model produced NaN or Inf for a request whose inputs were finite: a damaged
+    or numerically unstable export. Never answered as a success."""
 
 
 class ProviderError(OrtBatchError):
@@ -121,6 +146,26 @@ class ModelIntegrityError(OrtBatchError):
 class ServeError(OrtBatchError):
     """The server cannot start: the address does not resolve, the port is in use or
     not allowed, ..."""
+
+
+class ModelNotFoundError(OrtBatchError, LookupError):
+    """The request names a model (or version) this server does not serve (HTTP 404,
+    gRPC NOT_FOUND)."""
+
+
+class ModelUnavailableError(OrtBatchError):
+    """The model is known but does not serve now: unloaded, still loading, or the server
+    is shutting down (HTTP 503, gRPC UNAVAILABLE)."""
+
+
+class ModelLoadFailedError(OrtBatchError):
+    """A model repository could not load (or reload) a model; the message says why and
+    whether a loaded copy keeps serving (HTTP 400, gRPC INVALID_ARGUMENT, as Triton's)."""
+
+
+class UnsupportedError(OrtBatchError):
+    """The call is not served for this model or by this server (gRPC UNIMPLEMENTED, as
+    Triton answers its UNSUPPORTED errors; HTTP 501)."""
 
 
 class ExportError(OrtBatchError):

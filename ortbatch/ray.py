@@ -24,6 +24,7 @@ it (and ``/metrics`` through the proxy is that replica's own). The runtime and
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +32,9 @@ from typing import Any
 
 from ._extras import require
 from .errors import OrtBatchError
-from .serve.server import ServeConfig
+from .serve.assembly import app_for
+from .serve.config import ServeConfig
+from .serve.served.loading import load_served
 
 __all__ = [
     "REPLICA_HEADER",
@@ -108,7 +111,6 @@ class _ReplicaHeader:
 def load_replica_app(directory: str, config: ServeConfig, num_cpus: float, replica: str) -> tuple[Any, Any]:
     """Inside a replica: load the export (threads sized to ``num_cpus``) and build
     ``ortbatch serve``'s app for it. Returns ``(served, app)``."""
-    from .serve.server import _build_app, load_served
 
     def options(generation: bool) -> Any:
         # a generator runs one decode step at a time; a session has its workers in flight
@@ -116,7 +118,7 @@ def load_replica_app(directory: str, config: ServeConfig, num_cpus: float, repli
 
     served = load_served(directory, config.name, config, options)
     try:
-        app = _build_app(served, config)
+        app = app_for(served, config)
     except BaseException:
         served.close(drain=False)
         raise
@@ -286,39 +288,27 @@ def serve_on_ray(
     request, whatever became of its replica. Ray applies it only when it starts Serve;
     joining a cluster whose Serve runs already keeps that one's."""
     import signal
-    import sys
     import threading
 
-    def fail(message: str) -> int:
-        print(f"ortbatch serve: error: {message}", file=sys.stderr, flush=True)
-        return 2
-
-    if config.grpc_port is not None:
-        return fail("--grpc-port is not served through Ray's proxy; use HTTP (KServe v2 and OpenAI routes)")
-    if config.ssl_certfile is not None:
-        return fail("--ssl-certfile with --ray: terminate TLS in front of Ray's proxy (e.g. the Kubernetes ingress)")
-    if not 0 < config.port < 65536:
-        return fail(f"--ray needs a fixed --port (1-65535), got {config.port}")
-    if num_cpus <= 0 or num_gpus < 0:
-        return fail("--replica-cpus must be positive and --replica-gpus not negative")
-    if request_timeout_s is not None and not request_timeout_s > 0:
-        return fail(f"--ray-request-timeout-s must be positive, got {request_timeout_s}")
+    mistake = _ray_mistake(config, num_cpus, num_gpus, request_timeout_s)
+    if mistake is not None:
+        return _fail(mistake)
     try:
         ray = require("ray", "ray")
         serve = require("ray.serve", "ray")
     except ImportError as exc:
-        return fail(str(exc))
+        return _fail(str(exc))
     actor: dict[str, Any] = {"num_cpus": num_cpus}
     if num_gpus:
         actor["num_gpus"] = num_gpus
     try:
         apps = build_app(directories, config=config, replicas=replicas, ray_actor_options=actor)
     except OrtBatchError as exc:
-        return fail(str(exc))
+        return _fail(str(exc))
     try:
         ray.init(address=address, log_to_driver=False)
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        return fail(f"could not connect to the Ray cluster at {address!r}: {exc}")
+        return _fail(f"could not connect to the Ray cluster at {address!r}: {exc}")
     # after ray.init, which installs a SIGTERM handler of its own for the driver
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -347,6 +337,26 @@ def serve_on_ray(
         ray.shutdown()
     print("ortbatch serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _fail(message: str) -> int:
+    print(f"ortbatch serve: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _ray_mistake(config: ServeConfig, num_cpus: float, num_gpus: float, request_timeout_s: float | None) -> str | None:
+    """What in the request cannot be served through Ray's proxy (None: nothing)."""
+    if config.grpc_port is not None:
+        return "--grpc-port is not served through Ray's proxy; use HTTP (KServe v2 and OpenAI routes)"
+    if config.ssl_certfile is not None:
+        return "--ssl-certfile with --ray: terminate TLS in front of Ray's proxy (e.g. the Kubernetes ingress)"
+    if not 0 < config.port < 65536:
+        return f"--ray needs a fixed --port (1-65535), got {config.port}"
+    if num_cpus <= 0 or num_gpus < 0:
+        return "--replica-cpus must be positive and --replica-gpus not negative"
+    if request_timeout_s is not None and not request_timeout_s > 0:
+        return f"--ray-request-timeout-s must be positive, got {request_timeout_s}"
+    return None
 
 
 def app_builder(args: dict[str, Any]) -> Any:

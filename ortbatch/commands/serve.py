@@ -135,6 +135,19 @@ def _add_limits(limits: Any) -> None:
         help="HTTP/1.1 parser: httptools (C, less CPU per request), h11 (pure Python), auto: httptools if "
         "installed (default)",
     )
+    limits.add_argument(
+        "--first-byte-timeout-s",
+        type=float,
+        default=5.0,
+        help="seconds a new connection has to send its first byte (default 5)",
+    )
+    limits.add_argument(
+        "--max-idle-per-address",
+        type=positive_int,
+        default=100,
+        help="connections one client address may hold without sending a byte; beyond it its oldest is closed. "
+        "They never count toward --limit-concurrency (default 100)",
+    )
     limits.add_argument("--body-timeout-s", type=float, default=60.0, help="seconds to send a body (default 60)")
     limits.add_argument(
         "--limit-concurrency", type=positive_int, default=1000, help="connections at once; beyond: 503 (default 1000)"
@@ -192,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..errors import OrtBatchError
-    from ..serve.repository import ModelRepository, parse_model_args
+    from ..serve.served.repository import ModelRepository, parse_model_args
     from ..serve.server import serve
     from ._target import export_target
 
@@ -218,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
         missing = [str(path) for _, path in models if not path.exists()]
         if missing:
             raise OrtBatchError(f"{', '.join(missing)} does not exist")
+        for _, path in models:  # a failed export beside good ones is refused as one alone is
+            refuse_failed_checks(path, args.allow_unvalidated)
         root = Path(args.repository) if args.repository is not None else None
         repository = ModelRepository(models, root=root, config=config, strict=args.strict)
         return serve(repository, config)
@@ -249,7 +264,7 @@ def _flag_mistake(args: argparse.Namespace, many: bool) -> str | None:
 def _config(args: argparse.Namespace) -> Any:
     """The ServeConfig the flags ask for (the API key read from its file or the environment)."""
     from ..serve.auth import resolve_api_key
-    from ..serve.server import ServeConfig
+    from ..serve.config import ServeConfig
 
     return ServeConfig(
         host=args.host,
@@ -277,9 +292,12 @@ def _config(args: argparse.Namespace) -> Any:
         http_parser=args.http,
         body_timeout_s=args.body_timeout_s,
         limit_concurrency=args.limit_concurrency,
+        first_byte_timeout_s=args.first_byte_timeout_s,
+        max_idle_per_address=args.max_idle_per_address,
         max_text_chars=args.max_text_chars,
         truncate=args.truncate,
         frontends=args.frontends,
+        allow_unvalidated=args.allow_unvalidated,
     )
 
 
@@ -288,18 +306,13 @@ def refuse_failed_checks(target: Path, allow_unvalidated: bool) -> None:
     one that was never checked."""
     import sys
 
-    from ..errors import ValidationError
     from ..manifest import MANIFEST_NAME, Manifest
+    from ..serve.served.loading import refuse_unvalidated
 
     if not (target / MANIFEST_NAME).is_file():
         return
+    refuse_unvalidated(target, allow_unvalidated)
     passed = Manifest.load(target).validation.get("passed")
-    if passed is False and not allow_unvalidated:
-        raise ValidationError(
-            f"{target} FAILED its accuracy checks (validation.passed is false; see "
-            f"{target / 'validation.json'}), so it may answer wrong numbers. Re-export it, "
-            "or pass --allow-unvalidated to serve it anyway"
-        )
     if passed is None:
         print(
             f"ortbatch serve: warning: {target} was never checked (exported with --no-validate); "
@@ -314,7 +327,7 @@ def _serve_on_ray(args: argparse.Namespace, config: Any) -> int:
 
     from ..errors import OrtBatchError
     from ..ray import serve_on_ray
-    from ..serve.repository import parse_model_args
+    from ..serve.served.repository import parse_model_args
 
     if args.repository is not None:
         print("ortbatch serve: error: --repository is not served on Ray; give the export DIRs", file=sys.stderr)

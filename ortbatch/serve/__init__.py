@@ -3,13 +3,13 @@
 text-generation export, OpenAI-compatible ``/v1/completions`` and chat over one
 :class:`~ortbatch.BatchedGenerator`.
 
-The rooms: :mod:`~ortbatch.serve.http` (the plumbing every app shares: error mapping,
-route wrapper, body readers, disconnects, middleware, app assembly),
-:mod:`~ortbatch.serve.kserve` and :mod:`~ortbatch.serve.openai_api` (the protocols' routes),
-:mod:`~ortbatch.serve.app` (the app for what is served), :mod:`~ortbatch.serve.model` and
-:mod:`~ortbatch.serve.served_generator` (what is served), :mod:`~ortbatch.serve.protocol`
-(the v2 wire format), :mod:`~ortbatch.serve.metrics`, :mod:`~ortbatch.serve.server`
-(running it).
+The rooms (arrows point down; docs/architecture.md draws them): the runners
+(:mod:`~ortbatch.serve.server`, :mod:`~ortbatch.serve.frontends`) over
+:mod:`~ortbatch.serve.assembly` and :mod:`~ortbatch.serve.listen`; the transports
+:mod:`~ortbatch.serve.http` and :mod:`~ortbatch.serve.grpc`, which never import each other;
+the transport-neutral core :mod:`~ortbatch.serve.served` (what is served, the repository,
+the v2 wire format, the completion and task logic, the one model lookup); and serve's floor,
+:mod:`~ortbatch.serve.config`, :mod:`~ortbatch.serve.auth`, :mod:`~ortbatch.serve.metrics`.
 
 Needs the ``serve`` extra (starlette, uvicorn, prometheus-client, tokenizers)::
 
@@ -24,12 +24,15 @@ Importing this package is light; starlette/uvicorn are imported when an app is b
 
 from __future__ import annotations
 
-from .app import build_app, create_app, create_completions_app
-from .http import DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts, assemble_app, error_response
-from .model import EmbeddingResult, NonFiniteOutputError, RequestTooLargeError, ServedModel, TensorMetadata
-from .protocol import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
-from .served_generator import ServedGenerator, is_generation_export
-from .server import BackgroundServer, ServeConfig, bind_socket, serve
+from ..errors import NonFiniteOutputError, RequestTooLargeError
+from .config import ServeConfig
+from .http.app import build_app, create_app, create_completions_app
+from .http.plumbing import DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts, assemble_app, error_response
+from .listen import bind_socket
+from .served.generator import ServedGenerator, is_generation_export
+from .served.model import EmbeddingResult, ServedModel, TensorMetadata
+from .served.protocol import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
+from .server import BackgroundServer, serve
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",

@@ -3,7 +3,8 @@
 HTTP clients send ``Authorization: Bearer KEY`` (OpenAI's clients do it from their
 ``api_key``); gRPC clients send the same as the ``authorization`` metadata entry. A
 missing or wrong key is answered 401 (gRPC: UNAUTHENTICATED) before the request body
-is read, so it never reaches the model. Keys are compared with
+is read, so it never reaches the model (HTTP's door: :mod:`ortbatch.serve.http.auth`;
+gRPC's: :mod:`ortbatch.serve.grpc.service`). Keys are compared with
 :func:`hmac.compare_digest`, whose time does not depend on where the strings differ.
 """
 
@@ -12,12 +13,10 @@ from __future__ import annotations
 import hmac
 import os
 from pathlib import Path
-from typing import Any
 
 from ..errors import OrtBatchError
-from .http import send_json
 
-__all__ = ["API_KEY_ENV", "OPEN_PATHS", "ApiKey", "ApiKeyMiddleware", "resolve_api_key"]
+__all__ = ["API_KEY_ENV", "OPEN_PATHS", "ApiKey", "resolve_api_key"]
 
 #: Environment variable read when neither ``--api-key`` nor ``--api-key-file`` is given.
 API_KEY_ENV = "ORTBATCH_API_KEY"
@@ -68,33 +67,3 @@ def resolve_api_key(key: str | None = None, key_file: str | Path | None = None) 
     if key is not None:
         ApiKey(key)  # validate here, where the user can still be told which flag was wrong
     return key
-
-
-class ApiKeyMiddleware:
-    """ASGI middleware answering 401 to HTTP requests without the right bearer key
-    (all routes but :data:`OPEN_PATHS`). The error body has the shape of the route's
-    other errors: OpenAI's under ``/v1/``, ``{"error": ...}`` elsewhere. Attributes of
-    the wrapped app (``state``) are reachable through it."""
-
-    def __init__(self, app: Any, key: str) -> None:
-        self.app = app
-        self._key = ApiKey(key)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.app, name)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path", "") in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        value = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
-        if self._key.allows(value):
-            await self.app(scope, receive, send)
-            return
-        message = "missing API key" if value is None else "invalid API key"
-        message += ": send the header 'Authorization: Bearer <key>'"
-        if scope.get("path", "").startswith("/v1/"):
-            doc: Any = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 401}}
-        else:
-            doc = {"error": message}
-        await send_json(send, 401, doc, [(b"www-authenticate", b"Bearer")])

@@ -22,13 +22,13 @@ from typing import Any
 
 from .._extras import require
 
-__all__ = ["GrpcMetrics", "ServerMetrics"]
+__all__ = ["GeneratorCollector", "GrpcMetrics", "ServerMetrics", "SessionCollector"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-class _SessionCollector:
+class SessionCollector:
     """Exposes a BatchedSession's stats as Prometheus families at scrape time."""
 
     def __init__(self, stats: Callable[[], Any]) -> None:
@@ -69,7 +69,7 @@ class _SessionCollector:
         yield core.HistogramMetricFamily("ortbatch_batch_rows", "Rows per batch run", buckets=buckets, sum_value=s.rows)
 
 
-class _GeneratorCollector:
+class GeneratorCollector:
     """Exposes a BatchedGenerator's stats as Prometheus families at scrape time."""
 
     def __init__(self, stats: Callable[[], Any]) -> None:
@@ -215,9 +215,9 @@ class ServerMetrics:
         self._grpc: GrpcMetrics | None = None
         self._grpc_lock = threading.Lock()
         if stats is not None:
-            self.registry.register(_SessionCollector(stats))
+            self.registry.register(SessionCollector(stats))
         if generator_stats is not None:
-            self.registry.register(_GeneratorCollector(generator_stats))
+            self.registry.register(GeneratorCollector(generator_stats))
 
     def observe(self, endpoint: str, method: str, status: int, started: float) -> None:
         """Record one answered request (``started`` from :func:`time.perf_counter`)."""

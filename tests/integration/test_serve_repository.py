@@ -71,7 +71,7 @@ def test_one_server_many_models_every_client_concurrently(minilm_export, exporte
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from ortbatch.serve import BackgroundServer, ServeConfig
-    from ortbatch.serve.repository import ModelRepository
+    from ortbatch.serve.served.repository import ModelRepository
 
     rerank, cls, gpt = exported("bert-rerank"), exported("bert-cls"), exported("gpt2")
     for res in (rerank, cls, gpt):

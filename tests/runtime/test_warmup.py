@@ -51,7 +51,7 @@ def test_grid_includes_the_tensorrt_profile_opt_length(echo_path):
 
 
 def test_serve_warms_up_and_readiness_waits_for_it():
-    from ortbatch.serve.model import ServedModel
+    from ortbatch.serve.served.model import ServedModel
     from ortbatch.serve.server import ServeConfig
 
     assert ServeConfig().session_kwargs()["warmup"] is True

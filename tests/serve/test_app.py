@@ -488,10 +488,16 @@ def test_every_ortbatch_error_has_a_deliberate_status():
     import inspect
 
     from ortbatch import errors
-    from ortbatch.serve.http import ClientGone, HTTPError, error_response
+    from ortbatch.serve.http.plumbing import ClientGone, HTTPError, error_response
 
     expected = {
         "InvalidInputError": 400,
+        "RequestTooLargeError": 413,
+        "NonFiniteOutputError": 500,
+        "ModelNotFoundError": 404,
+        "ModelUnavailableError": 503,
+        "ModelLoadFailedError": 400,
+        "UnsupportedError": 501,
         "ModelContractError": 500,  # raised building the session, never per request
         "ModelLoadError": 500,  # likewise
         "ManifestError": 500,
@@ -535,8 +541,8 @@ def test_every_ortbatch_error_has_a_deliberate_status():
 def test_id_ranges_come_from_config_json(tmp_path):
     """An id the embedding tables cannot look up is the request's fault: 400, not an
     ONNX Runtime failure (type ids included, from the export's config.json)."""
-    from ortbatch.serve.model import _config_id_limits
-    from ortbatch.serve.protocol import parse_infer_request
+    from ortbatch.serve.served.model import _config_id_limits
+    from ortbatch.serve.served.protocol import parse_infer_request
 
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 50, "type_vocab_size": 2}))
     limits = _config_id_limits(tmp_path / "config.json")

@@ -161,7 +161,8 @@ import asyncio, sys
 from types import SimpleNamespace
 import numpy as np
 from ortbatch.serve import server
-from ortbatch.serve.model import ServedModel
+from ortbatch.serve.served import loading
+from ortbatch.serve.served.model import ServedModel
 
 class Slow:
     closed = False
@@ -180,7 +181,7 @@ class Slow:
     def close(self, drain=True):
         self.closed = True
 
-server.ServedModel.load = classmethod(lambda cls, d, **kw: ServedModel(Slow(), "slow"))
+loading.ServedModel.load = classmethod(lambda cls, d, **kw: ServedModel(Slow(), "slow"))
 cfg = server.ServeConfig(port=0, access_log=False, log_level="warning", graceful_timeout_s=float(sys.argv[2]))
 sys.exit(server.serve(".", cfg))
 """
@@ -236,7 +237,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path, work_s, grace_s, code):
 def test_loopback_unless_told_otherwise():
     from ortbatch.cli import build_parser
     from ortbatch.serve import ServeConfig
-    from ortbatch.serve.server import is_loopback
+    from ortbatch.serve.listen import is_loopback
 
     args = build_parser().parse_args(["serve", "exports/minilm"])
     assert args.host == "127.0.0.1" and ServeConfig().host == "127.0.0.1" and args.port == 8000
@@ -247,7 +248,7 @@ def test_loopback_unless_told_otherwise():
 def test_no_latency_session_reaches_the_batched_session(adder_path):
     from ortbatch.cli import build_parser
     from ortbatch.serve import ServeConfig
-    from ortbatch.serve.model import ServedModel
+    from ortbatch.serve.served.model import ServedModel
 
     args = build_parser().parse_args(["serve", "exports/minilm", "--no-latency-session"])
     assert args.no_latency_session

@@ -1,7 +1,7 @@
 """The KServe infer routes are answered ahead of Starlette (http.FastRoutes): every answer
 must be the one Starlette's own routing of the same route gives, and the requests that
 are not infer requests (or only partly match one) must still reach Starlette. The
-server's writes of one loop turn leave in one send (server.CoalescingTransport)."""
+server's writes of one loop turn leave in one send (http.connection.CoalescingTransport)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from ortbatch.serve import ServedModel, build_app
-from ortbatch.serve.http import FastRoutes, RequestObserver
-from ortbatch.serve.server import CoalescingTransport
+from ortbatch.serve.http.connection import CoalescingTransport
+from ortbatch.serve.http.plumbing import FastRoutes, RequestObserver
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ async def _answers(app: Any, cases: list[tuple[str, str, bytes, dict[str, str]]]
 
 
 def test_fast_routes_answer_what_starlette_answers(adder):
-    from ortbatch.serve.http import BodyLimits
+    from ortbatch.serve.http.plumbing import BodyLimits
 
     app = build_app(adder, BodyLimits(max_bytes=1024))
     assert isinstance(app, RequestObserver) and isinstance(app.app, FastRoutes)

@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_frontends_transport import FACE, Scripted
+from test_frontends_transport import INFO, Scripted
 
 from ortbatch.runtime.stats import Stats
 from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel
@@ -30,17 +30,17 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class OneProcess(Scripted):
-    """The scripted session with the face a ServedModel needs, served directly."""
+    """The scripted session with the methods a ServedModel needs, served directly."""
 
     closed = False
     max_batch_size = 4
     manifest = None
 
     def get_inputs(self) -> list[Any]:
-        return list(FACE.inputs)
+        return list(INFO.inputs)
 
     def get_outputs(self) -> list[Any]:
-        return list(FACE.outputs)
+        return list(INFO.outputs)
 
     async def run_async(self, names: Any, feed: Any, *, timeout_s: Any = None) -> Any:
         return await asyncio.wrap_future(self.submit(feed, names, timeout_s=timeout_s))
@@ -55,7 +55,7 @@ def _servers(grpc: bool) -> tuple[BackgroundServer, BackgroundServer, FrontEndLi
     ours, theirs = socket.socketpair()
     req, resp = Arena.create(1 << 20), Arena.create(1 << 20)
     link = FrontEndLink(Scripted(), ours, Arena(req.handle), Arena(resp.handle))
-    proxy = ProxySession(theirs, FACE, req, resp)
+    proxy = ProxySession(theirs, INFO, req, resp)
     front = BackgroundServer(ServedModel(proxy, "m"), ServeConfig(**cfg)).start()  # type: ignore[arg-type]
     return direct, front, link, proxy
 

@@ -17,13 +17,13 @@ import pytest
 from ortbatch.errors import InvalidInputError, QueueFullError, SessionClosedError
 from ortbatch.generation.requests import Completion, StreamToken
 from ortbatch.serve.frontends.engine import FrontEndLink
-from ortbatch.serve.frontends.generation import GeneratorFace, ProxyGenerator
+from ortbatch.serve.frontends.generation import GeneratorInfo, ProxyGenerator
 from ortbatch.serve.frontends.proxy import ProxySession
 from ortbatch.serve.frontends.transport import Arena
 
 pytestmark = pytest.mark.timeout(60)
 
-FACE = GeneratorFace(
+INFO = GeneratorInfo(
     layout=SimpleNamespace(vocab_size=50, max_context_length=16, tokenizer=None),
     max_batch_size=4,
     max_tokens_in_flight=64,
@@ -73,7 +73,7 @@ def pair(tmp_path: Path) -> Any:
     req, resp = Arena.create(1 << 20), Arena.create(1 << 20)
     link = FrontEndLink(engine_gen, ours, Arena(req.handle), Arena(resp.handle))
     proxy = ProxySession(theirs, None, req, resp)
-    gen = ProxyGenerator(proxy, FACE, 0, tmp_path)
+    gen = ProxyGenerator(proxy, INFO, 0, tmp_path)
     yield engine_gen, link, proxy, gen
     proxy.shutdown()
 
@@ -89,7 +89,7 @@ def test_tokens_come_in_order_then_the_completion(pair):
     ((prompt, params, _timeout),) = engine_gen.submitted
     assert prompt == [1, 2, 3] and params.max_new_tokens == 4 and params.greedy
     # not streamed: no token crosses; the default length is the engine's
-    assert gen.submit([7]).result(10).completion_tokens == FACE.default_max_new_tokens
+    assert gen.submit([7]).result(10).completion_tokens == INFO.default_max_new_tokens
     assert gen.stats().submitted == 2  # the engine's stats, asked over the link
 
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from ortbatch.errors import ModelNotFoundError
 from ortbatch.serve.frontends.models import EngineModels
 from ortbatch.serve.frontends.proxy import NodeSpec
 from ortbatch.serve.frontends.transport import decode_error
-from ortbatch.serve.http import HTTPError
-from ortbatch.serve.repository import READY, UNAVAILABLE, ModelRepository
+from ortbatch.serve.served.repository import READY, UNAVAILABLE, ModelRepository
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,8 +80,8 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[EngineModel
         made.append(_Served())
         return made[-1]
 
-    monkeypatch.setattr("ortbatch.serve.app.build_app", lambda served, *a, **k: object())
-    monkeypatch.setattr("ortbatch.serve.repository._warm_up", lambda served: None)
+    monkeypatch.setattr("ortbatch.serve.http.app.build_app", lambda served, *a, **k: object())
+    monkeypatch.setattr("ortbatch.serve.served.repository._warm_up", lambda served: None)
     repo = ModelRepository([("m", tmp_path / "m")], loader=loader)
     assert repo.load_all() == []
     return EngineModels(repo), made
@@ -139,7 +139,7 @@ def test_an_unload_tells_every_front_end_first_and_waits_for_their_release(engin
     models.on_control(one, ("unload", 9, "ghost"))
     _eventually(lambda: len(one.of("reply")) == 2)
     error = decode_error(*one.of("reply")[1][2])
-    assert isinstance(error, HTTPError) and error.status == 404
+    assert isinstance(error, ModelNotFoundError)  # HTTP 404
     assert len(one.of("model")) == 1
     # a later front end starts with the model unloaded, and a load gives it to everyone
     two = _Link()

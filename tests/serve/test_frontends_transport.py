@@ -21,10 +21,11 @@ from ortbatch.errors import (
     OrtBatchError,
     QueueFullError,
     RequestTimeoutError,
+    RequestTooLargeError,
     SessionClosedError,
 )
 from ortbatch.serve.frontends.engine import FrontEndLink
-from ortbatch.serve.frontends.proxy import NodeSpec, ProxySession, SessionFace
+from ortbatch.serve.frontends.proxy import NodeSpec, ProxySession, SessionInfo
 from ortbatch.serve.frontends.transport import (
     ALIGN,
     Arena,
@@ -36,8 +37,7 @@ from ortbatch.serve.frontends.transport import (
     unpack_tensors,
     write_frame,
 )
-from ortbatch.serve.http import HTTPError
-from ortbatch.serve.model import RequestTooLargeError
+from ortbatch.serve.http.plumbing import HTTPError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -230,16 +230,16 @@ class ScriptedEach(Scripted):
         return out
 
 
-FACE = SessionFace(
+INFO = SessionInfo(
     (NodeSpec("x", "tensor(float)", ("batch", 3)),), (NodeSpec("y", "tensor(float)", ("batch", 3)),), 4, 8, None
 )
 
 
-def _pair(session: Any, face: SessionFace = FACE, arena_bytes: int = 1 << 20, **kw: Any):
+def _pair(session: Any, info: SessionInfo = INFO, arena_bytes: int = 1 << 20, **kw: Any):
     ours, theirs = socket.socketpair()
     req, resp = Arena.create(arena_bytes), Arena.create(arena_bytes)
     link = FrontEndLink(session, ours, Arena(req.handle), Arena(resp.handle))
-    proxy = ProxySession(theirs, face, req, resp, **kw)
+    proxy = ProxySession(theirs, info, req, resp, **kw)
     return link, proxy
 
 
@@ -278,9 +278,9 @@ def test_concurrent_requests_each_get_their_own_answer(adder_path):
     from ortbatch import BatchedSession
 
     session = BatchedSession(adder_path, max_batch_size=8, max_delay_ms=1)
-    face = SessionFace.of(session)
+    info = SessionInfo.of(session)
     # an arena too small for every request at once: the rest go in the frame's payload
-    _link, proxy = _pair(session, face, arena_bytes=4096)
+    _link, proxy = _pair(session, info, arena_bytes=4096)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((int(rng.integers(1, 4)), 3)).astype(np.float32) for _ in range(300)]
 
@@ -361,7 +361,7 @@ def _wait(cond: Any, timeout: float = 10.0) -> None:
 
 
 def test_served_model_metadata_comes_from_the_face_without_a_session(tmp_path: Path):
-    from ortbatch.serve.model import ServedModel
+    from ortbatch.serve.served.model import ServedModel
 
     _link, proxy = _pair(Scripted())
     served = ServedModel.for_export(proxy, tmp_path, name="fake")

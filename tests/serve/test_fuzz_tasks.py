@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ortbatch.serve import BackgroundServer, ServeConfig
-from ortbatch.serve.repository import ModelRepository
+from ortbatch.serve.served.repository import ModelRepository
 
 pytestmark = pytest.mark.timeout(300)
 

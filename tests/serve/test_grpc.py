@@ -25,12 +25,16 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from ortbatch.errors import (  # noqa: E402
     InferenceError,
     InvalidInputError,
+    ModelLoadFailedError,
+    ModelNotFoundError,
+    ModelUnavailableError,
     QueueFullError,
     RequestTimeoutError,
     SessionClosedError,
+    UnsupportedError,
 )
 from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel  # noqa: E402
-from ortbatch.serve.grpc import GrpcServer, ModelNotFoundError, status_for  # noqa: E402
+from ortbatch.serve.grpc import GrpcServer, status_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -247,6 +251,10 @@ def test_every_error_has_a_deliberate_status():
     assert status_for(RequestTimeoutError("x"))[0] == code.DEADLINE_EXCEEDED
     assert status_for(SessionClosedError("x"))[0] == code.UNAVAILABLE
     assert status_for(InferenceError("x"))[0] == code.INTERNAL
+    # the repository's errors, mapped here as HTTP maps them (404, 503, 400)
+    assert status_for(ModelUnavailableError("x"))[0] == code.UNAVAILABLE
+    assert status_for(ModelLoadFailedError("x"))[0] == code.INVALID_ARGUMENT
+    assert status_for(UnsupportedError("x"))[0] == code.UNIMPLEMENTED
 
 
 def test_overload_deadline_and_closed_over_grpc(adder_path):

@@ -21,7 +21,7 @@ from fakegen import FakeGenerator  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from ortbatch.serve import BackgroundServer, ServeConfig  # noqa: E402
-from ortbatch.serve.served_generator import ServedGenerator  # noqa: E402
+from ortbatch.serve.served.generator import ServedGenerator  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

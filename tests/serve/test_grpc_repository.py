@@ -27,9 +27,9 @@ from tritonclient.grpc import service_pb2  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from ortbatch.serve import BackgroundServer, ServeConfig  # noqa: E402
-from ortbatch.serve.repository import LOADING, READY, UNAVAILABLE, ModelRepository  # noqa: E402
-from ortbatch.serve.served_generator import ServedGenerator  # noqa: E402
-from ortbatch.serve.server import load_served  # noqa: E402
+from ortbatch.serve.served.generator import ServedGenerator  # noqa: E402
+from ortbatch.serve.served.loading import load_served  # noqa: E402
+from ortbatch.serve.served.repository import LOADING, READY, UNAVAILABLE, ModelRepository  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 

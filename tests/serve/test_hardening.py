@@ -21,7 +21,7 @@ from scripted import ScriptedSession, ScriptedTokenSession, start_script_server
 
 from ortbatch.generation.chat import ChatTemplate
 from ortbatch.serve import BackgroundServer, ServeConfig, ServedGenerator, ServedModel
-from ortbatch.serve.openai_api import render_bounded
+from ortbatch.serve.served.completions import render_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
@@ -267,7 +267,7 @@ TEMPLATES = {
 
 @pytest.mark.parametrize("case", TEMPLATES, ids=list(TEMPLATES))
 def test_a_hostile_chat_template_is_bounded(monkeypatch, caplog, case):
-    from ortbatch.serve import openai_api
+    from ortbatch.serve.http import openai_api
 
     monkeypatch.setattr(openai_api, "CHAT_RENDER_TIMEOUT_S", 0.3)
     source, message = TEMPLATES[case]
@@ -359,9 +359,10 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from fakegen import FakeGenerator
 from ortbatch.serve import server
+from ortbatch.serve.served import loading
 
-server.is_generation_export = lambda d: True
-server.ServedGenerator.load = classmethod(lambda cls, d, **kw: cls(FakeGenerator(hold=True), "fake"))
+loading.is_generation_export = lambda d: True
+loading.ServedGenerator.load = classmethod(lambda cls, d, **kw: cls(FakeGenerator(hold=True), "fake"))
 cfg = server.ServeConfig(port=0, access_log=False, log_level="warning", graceful_timeout_s=20)
 sys.exit(server.serve(".", cfg))
 """
@@ -457,11 +458,11 @@ def test_httptools_is_the_default_parser():
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from ortbatch.errors import OrtBatchError
-    from ortbatch.serve.server import _header_timeout_protocol
+    from ortbatch.serve.http.connection import header_timeout_protocol
 
-    assert issubclass(_header_timeout_protocol(1.0), HttpToolsProtocol)
+    assert issubclass(header_timeout_protocol(1.0), HttpToolsProtocol)
     with pytest.raises(OrtBatchError, match="'auto', 'httptools' or 'h11'"):
-        _header_timeout_protocol(1.0, "picohttp")
+        header_timeout_protocol(1.0, "picohttp")
 
 
 def test_a_slow_body_is_408(adder_path):
@@ -485,6 +486,9 @@ def test_connections_beyond_the_limit_get_503(adder_path):
     model = ServedModel.load(adder_path)
     with BackgroundServer(model, quiet(limit_concurrency=2)) as srv:
         held = [_connect(srv.url) for _ in range(2)]
+        # each has begun a request: a connection that has sent nothing does not count (issue 26)
+        for s in held:
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
         time.sleep(0)  # the server registers connections as it accepts them
         r = httpx.get(srv.url + "/v2/health/live", timeout=30)
         for s in held:

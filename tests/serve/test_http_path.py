@@ -1,4 +1,4 @@
-"""The per-request helpers of the HTTP path (ortbatch.serve.http): a client that leaves
+"""The per-request helpers of the HTTP path (ortbatch.serve.http.plumbing): a client that leaves
 cancels its work, a cancelled request cancels its work, a body has one deadline and one
 size limit, and a client that leaves mid-body is gone."""
 
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from ortbatch.serve.http import ClientGone, HTTPError, receive_body, run_or_abandon
+from ortbatch.serve.http.plumbing import ClientGone, HTTPError, receive_body, run_or_abandon
 
 
 def _receive(gone: asyncio.Event):

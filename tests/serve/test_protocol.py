@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ortbatch.errors import InvalidInputError
-from ortbatch.serve.protocol import (
+from ortbatch.serve.served.protocol import (
     DATATYPES,
     decode_bytes_tensor,
     encode_bytes_tensor,
@@ -24,7 +24,7 @@ from ortbatch.serve.protocol import (
 
 def binary_request(tensors: dict[str, np.ndarray], **extra: object) -> tuple[bytes, int]:
     """Build a request the way tritonclient does: JSON header + raw blobs."""
-    from ortbatch.serve.protocol import datatype_of
+    from ortbatch.serve.served.protocol import datatype_of
 
     inputs, blobs = [], []
     for name, arr in tensors.items():

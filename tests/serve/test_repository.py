@@ -13,10 +13,9 @@ import httpx
 import pytest
 from reloads import Clients, changing_repository, swap_in
 
-from ortbatch.errors import OrtBatchError
+from ortbatch.errors import ModelNotFoundError, ModelUnavailableError, OrtBatchError
 from ortbatch.serve import BackgroundServer, ServeConfig
-from ortbatch.serve.http import HTTPError
-from ortbatch.serve.repository import LOADING, READY, UNAVAILABLE, ModelRepository, discover, parse_model_args
+from ortbatch.serve.served.repository import LOADING, READY, UNAVAILABLE, ModelRepository, discover, parse_model_args
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -175,8 +174,8 @@ def test_unload_waits_for_in_flight_requests(tmp_path, monkeypatch):
         made.append(_FakeServed())
         return made[-1]
 
-    monkeypatch.setattr("ortbatch.serve.app.build_app", lambda served, *a, **k: object())
-    monkeypatch.setattr("ortbatch.serve.tasks.served_endpoints", lambda served: {})
+    monkeypatch.setattr("ortbatch.serve.http.app.build_app", lambda served, *a, **k: object())
+    monkeypatch.setattr("ortbatch.serve.served.text_tasks.served_endpoints", lambda served: {})
     repo = ModelRepository([("m", tmp_path / "m")], loader=loader)
 
     async def scenario() -> None:
@@ -185,9 +184,8 @@ def test_unload_waits_for_in_flight_requests(tmp_path, monkeypatch):
         unload = asyncio.ensure_future(repo.unload("m"))
         await asyncio.sleep(0.05)
         assert not unload.done() and not made[0].closed  # the request on it is still running
-        with pytest.raises(HTTPError) as info:
-            repo.acquire("m")  # new requests are refused at once
-        assert info.value.status == 503
+        with pytest.raises(ModelUnavailableError):
+            repo.acquire("m")  # new requests are refused at once (HTTP 503)
         repo.release(held)
         await asyncio.wait_for(unload, 10)
         assert made[0].closed
@@ -240,9 +238,8 @@ def test_a_folder_added_later_loads_by_name(tmp_path, task_dirs):
     # nothing outside the root is reachable by name
     (tmp_path / "ortbatch.json").write_text("{}")
     for name in ("..", "."):
-        with pytest.raises(HTTPError) as info:
-            asyncio.run(repo.load(name))
-        assert info.value.status == 404
+        with pytest.raises(ModelNotFoundError):
+            asyncio.run(repo.load(name))  # HTTP 404
 
 
 def test_strict_refuses_to_start_naming_the_model(repo_root):
@@ -253,8 +250,8 @@ def test_strict_refuses_to_start_naming_the_model(repo_root):
 
 
 def test_ready_after_the_startup_load_and_while_others_serve(tmp_path, monkeypatch):
-    monkeypatch.setattr("ortbatch.serve.app.build_app", lambda served, *a, **k: object())
-    monkeypatch.setattr("ortbatch.serve.tasks.served_endpoints", lambda served: {})
+    monkeypatch.setattr("ortbatch.serve.http.app.build_app", lambda served, *a, **k: object())
+    monkeypatch.setattr("ortbatch.serve.served.text_tasks.served_endpoints", lambda served: {})
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
     repo = ModelRepository([("a", tmp_path / "a"), ("b", tmp_path / "b")], loader=lambda d, n: _FakeServed())

@@ -21,6 +21,12 @@ dies with connections dealt but not yet taken (still in its channel) would other
 them down with it, unread: a client that reconnected at once after its front end was
 killed lost its second request too. On the channel's end (EOF) such connections are dealt
 again, to the next front end; nobody has read a byte of them.
+
+A front end that comes back (restarted after it died) gets new connections in turn, but
+the keep-alive clients that reconnected while it was down all sit on the others. So when
+a front end starts serving, the dealer sends each of the others :data:`REBALANCE` (a
+message without a descriptor): they close their idle keep-alive connections (a busy one
+closes after its response), and the clients' reconnects are dealt in turn again.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["ConnectionDealer", "adopting_server", "channel_pair"]
+__all__ = ["REBALANCE", "ConnectionDealer", "adopting_server", "channel_pair"]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -48,6 +54,8 @@ _ACCEPT_POLL_S = 0.25
 #: how long a connection waits for a front end when none is serving (all of them
 #: restarting): as long as it would have waited in the backlog for one to accept it
 WAIT_FOR_FRONT_END_S = 10.0
+#: the dealer's message "a front end (re)joined: close your idle keep-alive connections"
+REBALANCE = b"r"
 
 
 def channel_pair() -> tuple[socket.socket, socket.socket]:
@@ -80,6 +88,8 @@ class ConnectionDealer:
         self.refused = 0
         #: per channel, the connections dealt over it that its front end has not acknowledged
         self._unacked: dict[socket.socket, deque[socket.socket]] = {}
+        #: the channels serving when the dealer last looked (a new one: rebalance)
+        self._seen: set[socket.socket] = set()
         self._thread = threading.Thread(target=self._run, name="ortbatch-dealer", daemon=True)
 
     def start(self) -> ConnectionDealer:
@@ -92,9 +102,24 @@ class ConnectionDealer:
         if self._thread.is_alive():
             self._thread.join(5)
 
+    def _rebalance(self) -> None:
+        """When a front end has joined since the last look, tell the others to let their
+        idle keep-alive connections go, so that their clients reconnect through the dealer."""
+        channels = list(self._channels())
+        joined = set(channels) - self._seen
+        if self._seen and joined:
+            for channel in channels:
+                if channel not in joined:
+                    try:
+                        channel.send(REBALANCE)
+                    except OSError:  # gone or stalled: it is not the overloaded one then
+                        continue
+        self._seen = set(channels)
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                self._rebalance()  # at least every _ACCEPT_POLL_S
                 self._collect()
                 try:
                     conn, _ = self._listener.accept()
@@ -191,6 +216,9 @@ def adopting_server(config: Any, channel: socket.socket) -> Any:
                 if not data and not fds:  # the engine's end closed
                     self._stop_reading()
                     return
+                if data == REBALANCE and not fds:
+                    self._let_idle_go()
+                    continue
                 if fds:  # taken: the dealer may drop its copies (see the module's docstring)
                     try:
                         channel.send(b"a" * len(fds))
@@ -212,6 +240,12 @@ def adopting_server(config: Any, channel: socket.socket) -> Any:
             except Exception as exc:  # a TLS handshake that failed, a client that left
                 log.debug("front end: a dealt connection could not be served: %s", exc)
                 conn.close()
+
+        def _let_idle_go(self) -> None:
+            # uvicorn's protocol.shutdown() closes a connection between requests at once and
+            # lets one mid-request finish its response first (keep-alive off): what SIGTERM does
+            for protocol in list(self.server_state.connections):
+                protocol.shutdown()
 
         def _stop_reading(self) -> None:
             if self._reading:

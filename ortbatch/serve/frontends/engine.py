@@ -26,25 +26,29 @@ import logging
 import multiprocessing
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ...errors import ServeError, SessionClosedError
+from ...errors import SessionClosedError
 from ...runtime.scheduler import Slot
 from ...runtime.session import BatchedSession
-from ..repository import ModelRepository
+from ..assembly import ExitCounts, announce, exit_report, say, served_summary, with_grpc
+from ..config import ServeConfig
+from ..listen import bind_socket, reserve_port, url_of, warn_if_exposed
+from ..served.loading import load_served
+from ..served.repository import ModelRepository
 from .dealer import ConnectionDealer, channel_pair
 from .frontend import FrontEndSpec, run_frontend
 from .models import EngineModels, engine_side
 from .transport import Arena, BlockAllocator, FrameReader, encode_error, pack_tensors, unpack_tensors, write_frame
 
-__all__ = ["FrontEndLink", "reserve_port", "serve_frontends"]
+__all__ = ["FrontEndLink", "serve_frontends"]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -53,10 +57,6 @@ ARENA_BYTES = 256 * 1024 * 1024
 _START_TIMEOUT_S = 120.0
 _BACKOFF_S = (0.5, 10.0)
 _HEALTHY_AFTER_S = 30.0
-
-
-def _say(text: str) -> None:
-    print(f"ortbatch serve: {text}", file=sys.stderr, flush=True)
 
 
 class FrontEndLink:
@@ -350,7 +350,7 @@ class FrontEndLink:
 class _Answer(Slot):
     """One request's outcome in the engine in place of a ``Future``: the BatchedSession
     (a worker, the deadline reaper, ``close``) settles it, and it posts itself to its
-    link's sender, with the face of a done Future that the sender reads."""
+    link's sender, with the methods of a done Future that the sender reads."""
 
     __slots__ = ("_link", "rid")
 
@@ -408,87 +408,65 @@ class _FrontEnd:
             self.channel = None
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
-    """A bound, never listening, SO_REUSEPORT socket holding ``host:port`` (0: a free
-    one) for the front ends' gRPC servers, which bind it with SO_REUSEPORT too."""
-    try:
-        family, _, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    except OSError as exc:
-        raise ServeError(f"cannot listen on {host!r}: the address does not resolve ({exc})") from None
-    sock = socket.socket(family, socket.SOCK_STREAM, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(addr)
-    except OSError as exc:
-        sock.close()
-        raise ServeError(f"gRPC cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
+@dataclass(eq=False)
+class _Engine:
+    """What the engine serves (one export, or a repository through :class:`EngineModels`),
+    and how it starts a front-end process over it."""
 
-
-def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int:
-    """``ortbatch serve DIR`` (or a model repository: several models, ``--repository``)
-    with ``config.frontends`` front-end processes; returns the exit code as
-    :func:`~ortbatch.serve.server.serve` does."""
-    from ..server import _url, bind_socket, load_served, served_summary, warn_if_exposed
-
-    warn_if_exposed(config)
-    repository: ModelRepository | None = None
+    directory: str | Path | ModelRepository
+    config: ServeConfig
+    #: what is closed at the end: the served model, or the repository
+    closer: Any
+    #: what the startup line says is served
+    what: str
+    #: the sessions (or generators) the links look keys up in
+    sessions: Any
+    #: one export's session (or generator) info (None for a repository: each model's goes in its record)
+    info: Any = None
+    name: str | None = None
     models: EngineModels | None = None
-    if isinstance(directory, ModelRepository):
-        repository = directory
-        repository.load_all()  # strict: raises, having closed what it loaded
-        models = EngineModels(repository)
-        closer: Any = repository
-        what = served_summary(repository)
-        label = "serving"
-        sessions: Any = models.sessions
-        face: Any = None
-        name = None
-    else:
-        served = closer = load_served(directory, config.name, config)
-        name = served.name
-        label = f"model {name!r}"
-        what = served_summary(served)
-        sessions, face = engine_side(served)
-    try:
-        sock = bind_socket(config.host, config.port, config.backlog)
-    except BaseException:
-        closer.close(drain=False)
-        raise
-    try:
-        grpc_hold = reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
-    except BaseException:
-        sock.close()
-        closer.close(drain=False)
-        raise
-    grpc_port = grpc_hold.getsockname()[1] if grpc_hold is not None else None
-    ctx = multiprocessing.get_context("spawn")
+    grpc_port: int | None = None
 
-    def start(index: int) -> tuple[Any, FrontEndLink, socket.socket]:
+    @classmethod
+    def load(cls, directory: str | Path | ModelRepository, config: ServeConfig) -> _Engine:
+        if isinstance(directory, ModelRepository):
+            directory.load_all()  # strict: raises, having closed what it loaded
+            models = EngineModels(directory)
+            return cls(directory, config, directory, served_summary(directory), models.sessions, models=models)
+        served = load_served(directory, config.name, config)
+        sessions, info = engine_side(served)
+        return cls(directory, config, served, served_summary(served), sessions, info, served.name)
+
+    def start(self, index: int) -> tuple[Any, FrontEndLink, socket.socket]:
+        """Start front end ``index``: its process, its link, and the channel its
+        connections are dealt through."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         deal_ours, deal_theirs = channel_pair()
         for s in (ours, theirs):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         requests = Arena.create(ARENA_BYTES, f"ortbatch-fe{index}-requests")
         responses = Arena.create(ARENA_BYTES, f"ortbatch-fe{index}-responses")
+        models = self.models
         hooks: dict[str, Any] = {}
         if models is not None:
             hooks = {"on_control": models.on_control, "on_drop": models.detach}
-        link = FrontEndLink(sessions, ours, requests, responses, **hooks)
+        link = FrontEndLink(self.sessions, ours, requests, responses, **hooks)
         spec = FrontEndSpec(
             index=index,
-            directory=str(directory) if repository is None else "",
-            name=name or "",
-            config=config,
-            face=face,
+            directory=str(self.directory) if models is None else "",
+            name=self.name or "",
+            config=self.config,
+            info=self.info,
             connections=deal_theirs,
             control=theirs,
             requests=requests.handle,
             responses=responses.handle,
-            grpc_port=grpc_port,
+            grpc_port=self.grpc_port,
             models=models.attach(link) if models is not None else None,
         )
-        proc = ctx.Process(target=run_frontend, args=(spec,), name=f"ortbatch-frontend-{index}", daemon=False)
+        proc = multiprocessing.get_context("spawn").Process(
+            target=run_frontend, args=(spec,), name=f"ortbatch-frontend-{index}", daemon=False
+        )
         # the child starts with SIGINT ignored (it installs its own handler), so a Ctrl-C
         # while it is still importing is no KeyboardInterrupt traceback
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -500,13 +478,52 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
         deal_theirs.close()
         return proc, link, deal_ours
 
+    def announce(self, slots: list[_FrontEnd], url: str) -> None:
+        config = self.config
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        address = f"{host}:{self.grpc_port}" if self.grpc_port is not None else None
+        pids = ", ".join(str(s.process.pid) for s in slots)
+        if self.models is not None:
+            over = "one engine (one session per model)"
+        else:
+            over = f"one {type(self.sessions).__name__}"
+        processes = f"{len(slots)} front-end processes (pids {pids}) over {over}"
+        what = with_grpc(self.what, address, config.ssl_certfile is not None)
+        announce(self.closer, what, url, before=[processes])
+
+
+def _reserve_grpc(config: ServeConfig, sock: socket.socket, closer: Any) -> socket.socket | None:
+    """The gRPC port the front ends share (None without gRPC); on a failure the HTTP
+    socket and ``closer`` are closed."""
+    try:
+        return reserve_port(config.host, config.grpc_port) if config.grpc_port is not None else None
+    except BaseException:
+        sock.close()
+        closer.close(drain=False)
+        raise
+
+
+def serve_frontends(directory: str | Path | ModelRepository, config: ServeConfig) -> int:
+    """``ortbatch serve DIR`` (or a model repository: several models, ``--repository``)
+    with ``config.frontends`` front-end processes; returns the exit code as
+    :func:`~ortbatch.serve.server.serve` does."""
+    warn_if_exposed(config)
+    # bound before loading: a port in use is said at once, not after the model has loaded
+    sock = bind_socket(config.host, config.port, config.backlog)
+    try:
+        engine = _Engine.load(directory, config)
+    except BaseException:
+        sock.close()
+        raise
+    grpc_hold = _reserve_grpc(config, sock, engine.closer)
+    engine.grpc_port = grpc_hold.getsockname()[1] if grpc_hold is not None else None
     stopping = threading.Event()
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
         stopping.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    slots = [_FrontEnd(i + 1, start) for i in range(config.frontends)]
+    slots = [_FrontEnd(i + 1, engine.start) for i in range(config.frontends)]
     dealer = ConnectionDealer(sock, lambda: [s.channel for s in slots if s.serving and s.channel is not None])
     code = 0
     try:
@@ -516,17 +533,7 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
         if not _wait_ready(slots, stopping):
             code = 1
         else:
-            if repository is not None:
-                for line in repository.status_lines():
-                    _say(line)
-            if grpc_port is not None:
-                tls = " (TLS)" if config.ssl_certfile is not None else ""
-                host = f"[{config.host}]" if ":" in config.host else config.host
-                what += f"; gRPC{tls} on {host}:{grpc_port}"
-            pids = ", ".join(str(s.process.pid) for s in slots)
-            over = "one engine (one session per model)" if repository is not None else f"one {type(sessions).__name__}"
-            _say(f"{len(slots)} front-end processes (pids {pids}) over {over}")
-            _say(f"{label} ({what}); listening on {_url(sock, config.ssl_certfile is not None)}")
+            engine.announce(slots, url_of(sock, config.ssl_certfile is not None))
             _supervise(slots, stopping)
     finally:
         dealer.stop()
@@ -536,8 +543,8 @@ def serve_frontends(directory: str | Path | ModelRepository, config: Any) -> int
             signal.signal(s, h)
         if grpc_hold is not None:
             grpc_hold.close()
-        closer.close(drain=True)
-    return _report(slots) if code == 0 else code
+        engine.closer.close(drain=True)
+    return _report(slots, config.graceful_timeout_s) if code == 0 else code
 
 
 def _wait_ready(slots: list[_FrontEnd], stopping: threading.Event) -> bool:
@@ -545,12 +552,12 @@ def _wait_ready(slots: list[_FrontEnd], stopping: threading.Event) -> bool:
     while not all(s.link is not None and s.link.ready.is_set() for s in slots):
         for s in slots:
             if s.process.exitcode is not None:
-                _say(f"error: front end {s.index} exited while starting (exit code {s.process.exitcode})")
+                say(f"error: front end {s.index} exited while starting (exit code {s.process.exitcode})")
                 return False
         if stopping.is_set():
             return False
         if time.monotonic() > deadline:
-            _say(f"error: the front ends did not start within {_START_TIMEOUT_S:g} s")
+            say(f"error: the front ends did not start within {_START_TIMEOUT_S:g} s")
             return False
         time.sleep(0.02)
     return True
@@ -580,7 +587,7 @@ def _supervise(slots: list[_FrontEnd], stopping: threading.Event) -> None:
                 if s.link is not None:
                     s.link.drop()
                 dropped = s.link.dropped if s.link is not None else 0
-                _say(
+                say(
                     f"front end {s.index} (pid {s.process.pid}) died ({how}); {dropped} request(s) it held "
                     f"were dropped; restarting it in {delay:g} s"
                 )
@@ -592,7 +599,7 @@ def _supervise(slots: list[_FrontEnd], stopping: threading.Event) -> None:
             elif s.announce and s.link is not None and s.link.ready.is_set():
                 # said once it serves (the loop keeps watching the others meanwhile)
                 s.announce = False
-                _say(f"front end {s.index} restarted (pid {s.process.pid})")
+                say(f"front end {s.index} restarted (pid {s.process.pid})")
 
 
 def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
@@ -606,7 +613,7 @@ def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
             continue
         s.process.join(max(limit - time.monotonic(), 0.1))
         if s.process.exitcode is None:
-            _say(f"front end {s.index} (pid {s.process.pid}) did not stop; killing it")
+            say(f"front end {s.index} (pid {s.process.pid}) did not stop; killing it")
             s.process.kill()
             s.process.join(5)
         if s.link is not None:
@@ -617,29 +624,18 @@ def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
         s.close_channel()
 
 
-def _report(slots: list[_FrontEnd]) -> int:
-    total = {k: 0 for k in ("accepted", "answered", "abandoned", "grpc_accepted", "grpc_answered")}
+def _report(slots: list[_FrontEnd], grace: float | None) -> int:
+    """The exit report (:func:`~ortbatch.serve.assembly.exit_report`) over every front
+    end's counts, each one's share named."""
+    totals = ExitCounts()
     per = []
     started = True
     for s in slots:
-        last = s.counts[-1] if s.counts else None
-        if last is None:
+        if not s.counts:
             started = False
         for c in s.counts:
-            for k in total:
-                total[k] += int(c.get(k, 0))
+            for k in vars(totals):
+                setattr(totals, k, getattr(totals, k) + int(c.get(k, 0)))
         mine = sum(int(c.get("accepted", 0)) + int(c.get("grpc_accepted", 0)) for c in s.counts)
         per.append(f"{s.index}: {mine}")
-    rpc = f"; gRPC accepted={total['grpc_accepted']} answered={total['grpc_answered']}"
-    _say(
-        f"stopped; requests accepted={total['accepted']} answered={total['answered']} "
-        f"abandoned by their clients={total['abandoned']}{rpc}; by front end: {', '.join(per)}"
-    )
-    if not started:
-        return 1
-    unanswered = total["accepted"] - total["answered"] - total["abandoned"]
-    unanswered += total["grpc_accepted"] - total["grpc_answered"]
-    if unanswered > 0:
-        _say(f"{unanswered} request(s) were cancelled unanswered (--graceful-timeout-s exceeded)")
-        return 1
-    return 0
+    return exit_report(totals, started=started, grace=grace, grpc=True, by_front_end=", ".join(per))

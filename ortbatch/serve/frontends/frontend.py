@@ -23,13 +23,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from ...errors import OrtBatchError
+from ..assembly import app_for, grpc_server_for
+from ..config import ServeConfig
+from ..http.connection import uvicorn_config
 from .dealer import adopting_server
-from .generation import GeneratorFace
+from .generation import GeneratorInfo
 from .models import FrontEndRepository, Record, front_end_view
-from .proxy import ProxySession, SessionFace
+from .proxy import ProxySession, SessionInfo
 from .transport import Arena, ArenaHandle
 
 __all__ = ["FrontEndSpec", "run_frontend"]
@@ -48,8 +51,8 @@ class FrontEndSpec:
     index: int
     directory: str
     name: str
-    config: Any  # ServeConfig
-    face: SessionFace | GeneratorFace | None
+    config: ServeConfig
+    info: SessionInfo | GeneratorInfo | None
     #: where the engine deals this front end its HTTP connections (``dealer``)
     connections: socket.socket
     control: socket.socket
@@ -57,7 +60,7 @@ class FrontEndSpec:
     responses: ArenaHandle
     grpc_port: int | None
     #: several models (a repository): each one's record; None: the one export
-    #: ``directory`` (named ``name``, with ``face``)
+    #: ``directory`` (named ``name``, with ``info``)
     models: list[Record] | None = None
 
 
@@ -91,103 +94,99 @@ def run_frontend(spec: FrontEndSpec) -> None:
     os._exit(code)
 
 
-def _run(spec: FrontEndSpec) -> int:
-    stop = threading.Event()
-    state: dict[str, Any] = {}
+class _Stop:
+    """How this front end stops: on SIGTERM/SIGINT, on the engine's ``("stop",)``, or
+    when the engine is gone (then it exits on its own after :data:`_ORPHAN_EXIT_S`)."""
 
-    def request_stop(*_: Any) -> None:
-        stop.set()
-        server = state.get("server")
-        if server is not None:
-            server.should_exit = True
-        grpc = state.get("grpc")
-        if grpc is not None:
-            grpc.stop_soon(spec.config.graceful_timeout_s)
+    def __init__(self, spec: FrontEndSpec) -> None:
+        self.spec = spec
+        self.event = threading.Event()
+        self.server: Any = None
+        self.grpc: Any = None
+        self.repository: FrontEndRepository | None = None
 
-    def on_signal(sig: int, frame: FrameType | None) -> None:
-        request_stop()
+    def __call__(self, *_: Any) -> None:
+        self.event.set()
+        if self.server is not None:
+            self.server.should_exit = True
+        if self.grpc is not None:
+            self.grpc.stop_soon(self.spec.config.graceful_timeout_s)
 
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, on_signal)
-
-    from ...errors import OrtBatchError
-    from ..server import _build_app, _grpc_server, _uvicorn_config
-
-    config = spec.config
-
-    def engine_lost() -> None:
-        if stop.is_set():
+    def engine_lost(self) -> None:
+        if self.event.is_set():
             return
         print(
-            f"ortbatch serve: front end {spec.index} (pid {os.getpid()}): the engine process is gone; exiting",
+            f"ortbatch serve: front end {self.spec.index} (pid {os.getpid()}): the engine process is gone; exiting",
             file=sys.stderr,
             flush=True,
         )
-        request_stop()
-        repository = state.get("repository")
-        if repository is not None:
-            repository.engine_lost()
+        self()
+        if self.repository is not None:
+            self.repository.engine_lost()
         threading.Timer(_ORPHAN_EXIT_S, os._exit, (1,)).start()
 
+
+def _run(spec: FrontEndSpec) -> int:
+    stop = _Stop(spec)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, stop)
     # a repository's model updates, kept from the first frame on (one export gets none)
     updates: queue.SimpleQueue[Any] = queue.SimpleQueue()
     proxy = ProxySession(
         spec.control,
-        None,  # the models' faces come through for_model
+        None,  # each model's info comes through for_model
         Arena(spec.requests),
         Arena(spec.responses),
-        on_engine_lost=engine_lost,
+        on_engine_lost=stop.engine_lost,
         on_message=updates.put if spec.models is not None else None,
     )
-    proxy.on_stop = request_stop
+    proxy.on_stop = stop
     try:
-        served: Any
-        if spec.models is None:
-            assert spec.face is not None
-            served = front_end_view(proxy, 0, spec.face, Path(spec.directory), spec.name, config)
-        else:
-            served = state["repository"] = FrontEndRepository(
-                link=proxy, records=spec.models, updates=updates, config=config
-            )
-        app = _build_app(served, config)
-        app.state.metrics.registry.register(_FrontEndCollector(spec.index))
-        server = adopting_server(_uvicorn_config(app, config), spec.connections)
-        state["server"] = server
-        grpc_server = _grpc_server(served, dataclasses.replace(config, grpc_port=spec.grpc_port), app, reuse_port=True)
-        if grpc_server is not None:
-            state["grpc"] = grpc_server
+        app = _assemble(spec, proxy, updates, stop)
     except OrtBatchError as exc:
         print(f"ortbatch serve: front end {spec.index}: error: {exc}", file=sys.stderr, flush=True)
         proxy.shutdown()
         return 2
-    if stop.is_set():
-        request_stop()
+    if stop.event.is_set():
+        stop()
+    server, grpc_server = stop.server, stop.grpc
 
-    def announce() -> None:
-        while not server.started and not stop.is_set():
+    def say_ready() -> None:
+        while not server.started and not stop.event.is_set():
             time.sleep(0.01)
         if server.started:
             proxy.notify([("ready", os.getpid())])
 
-    threading.Thread(target=announce, name="ortbatch-frontend-ready", daemon=True).start()
+    threading.Thread(target=say_ready, name="ortbatch-frontend-ready", daemon=True).start()
     server.run(sockets=[])
     if grpc_server is not None:
-        grpc_server.stop(config.graceful_timeout_s)
+        grpc_server.stop(spec.config.graceful_timeout_s)
     counts = app.state.counts
     rpc = grpc_server.counts if grpc_server is not None else None
-    proxy.shutdown(
-        [
-            (
-                "bye",
-                {
-                    "started": bool(server.started),
-                    "accepted": counts.accepted,
-                    "answered": counts.answered,
-                    "abandoned": counts.abandoned,
-                    "grpc_accepted": rpc.accepted if rpc else 0,
-                    "grpc_answered": rpc.answered if rpc else 0,
-                },
-            )
-        ]
-    )
+    bye = {
+        "started": bool(server.started),
+        "accepted": counts.accepted,
+        "answered": counts.answered,
+        "abandoned": counts.abandoned,
+        "grpc_accepted": rpc.accepted if rpc else 0,
+        "grpc_answered": rpc.answered if rpc else 0,
+    }
+    proxy.shutdown([("bye", bye)])
     return 0
+
+
+def _assemble(spec: FrontEndSpec, proxy: ProxySession, updates: queue.SimpleQueue[Any], stop: _Stop) -> Any:
+    """What this front end serves (a view of the engine's model, or a repository of such
+    views), its app, uvicorn server and gRPC server (kept on ``stop``); returns the app."""
+    config = spec.config
+    served: Any
+    if spec.models is None:
+        assert spec.info is not None
+        served = front_end_view(proxy, 0, spec.info, Path(spec.directory), spec.name, config)
+    else:
+        served = stop.repository = FrontEndRepository(link=proxy, records=spec.models, updates=updates, config=config)
+    app = app_for(served, config)
+    app.state.metrics.registry.register(_FrontEndCollector(spec.index))
+    stop.server = adopting_server(uvicorn_config(app, config), spec.connections)
+    stop.grpc = grpc_server_for(served, dataclasses.replace(config, grpc_port=spec.grpc_port), app, reuse_port=True)
+    return app

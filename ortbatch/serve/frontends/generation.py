@@ -23,7 +23,7 @@ from typing import Any
 from ...errors import SessionClosedError
 from ...generation.requests import ExportTokenizer, RequestFactory, StreamToken, sampling_params
 
-__all__ = ["GenerationFuture", "GeneratorFace", "ProxyGenerator"]
+__all__ = ["GenerationFuture", "GeneratorInfo", "ProxyGenerator"]
 
 
 class GenerationFuture(concurrent.futures.Future[Any]):
@@ -37,7 +37,7 @@ class GenerationFuture(concurrent.futures.Future[Any]):
 
 
 @dataclass(frozen=True)
-class GeneratorFace:
+class GeneratorInfo:
     """What a front end knows of the engine's generator without loading the model."""
 
     layout: Any  # GenerationLayout
@@ -48,7 +48,7 @@ class GeneratorFace:
     default_max_new_tokens: int
 
     @classmethod
-    def of(cls, generator: Any) -> GeneratorFace:
+    def of(cls, generator: Any) -> GeneratorInfo:
         return cls(
             generator.layout,
             generator.max_batch_size,
@@ -61,26 +61,26 @@ class GeneratorFace:
 
 class ProxyGenerator:
     """The engine's generator ``key``, over a front end's link (a
-    :class:`~ortbatch.serve.frontends.proxy.ProxySession`), with the face
-    :class:`~ortbatch.serve.served_generator.ServedGenerator` and the completion routes use."""
+    :class:`~ortbatch.serve.frontends.proxy.ProxySession`), with the methods
+    :class:`~ortbatch.serve.served.generator.ServedGenerator` and the completion routes use."""
 
-    def __init__(self, link: Any, face: GeneratorFace, key: int, directory: str | Path) -> None:
+    def __init__(self, link: Any, info: GeneratorInfo, key: int, directory: str | Path) -> None:
         self._link, self._key = link, key
         self._dir = Path(directory)
-        self.layout = face.layout
-        self.max_batch_size = face.max_batch_size
-        self.max_tokens_in_flight = face.max_tokens_in_flight
-        self.max_queue = face.max_queue
-        self.timeout_s = face.timeout_s
-        self.default_max_new_tokens = face.default_max_new_tokens
-        self._tokenizer = ExportTokenizer(self._dir, face.layout.tokenizer)
+        self.layout = info.layout
+        self.max_batch_size = info.max_batch_size
+        self.max_tokens_in_flight = info.max_tokens_in_flight
+        self.max_queue = info.max_queue
+        self.timeout_s = info.timeout_s
+        self.default_max_new_tokens = info.default_max_new_tokens
+        self._tokenizer = ExportTokenizer(self._dir, info.layout.tokenizer)
         self._requests = RequestFactory(
             self._tokenizer,
-            face.layout.vocab_size,
-            face.layout.max_context_length,
-            face.max_tokens_in_flight,
-            face.default_max_new_tokens,
-            face.timeout_s,
+            info.layout.vocab_size,
+            info.layout.max_context_length,
+            info.max_tokens_in_flight,
+            info.default_max_new_tokens,
+            info.timeout_s,
         )
         self._closed = False
 

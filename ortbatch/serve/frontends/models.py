@@ -1,17 +1,17 @@
 """Several models over front-end processes: ``ortbatch serve DIR DIR ... --frontends N`` and
 ``ortbatch serve --repository ROOT --frontends N``.
 
-The engine owns the :class:`~ortbatch.serve.repository.ModelRepository` (every model's
+The engine owns the :class:`~ortbatch.serve.served.repository.ModelRepository` (every model's
 BatchedSession; loads, reloads and unloads), through :class:`EngineModels`. Each front
 end serves a :class:`FrontEndRepository`: the same repository class, whose models are
 views of the engine's (:meth:`~ortbatch.serve.frontends.proxy.ProxySession.for_model`),
 so its HTTP and gRPC routes, errors and index are the one-process repository's.
 
 * Each model the engine loads gets a **key**; a front end's request names it. A model is
-  a BatchedSession (its face: :class:`~ortbatch.serve.frontends.proxy.SessionFace`) or a
-  BatchedGenerator (:class:`~ortbatch.serve.frontends.generation.GeneratorFace`).
+  a BatchedSession (what a front end knows of it: :class:`~ortbatch.serve.frontends.proxy.SessionInfo`) or a
+  BatchedGenerator (:class:`~ortbatch.serve.frontends.generation.GeneratorInfo`).
 * The engine tells every front end of each change, as a :data:`Record` ``(name,
-  directory, state, reason, key, face)``: at start, in the front end's spec; later, in a
+  directory, state, reason, key, info)``: at start, in the front end's spec; later, in a
   ``("model", *record)`` message after each load, reload or unload.
 * A front end **holds** each model it was given: the engine counts the hold as one
   request in flight on that model, so a reload or an unload waits for it, until the front
@@ -36,13 +36,15 @@ import threading
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from ...errors import SessionClosedError
-from ..http import HTTPError
-from ..repository import READY, UNAVAILABLE, Loaded, ModelRepository
-from .generation import GeneratorFace, ProxyGenerator
-from .proxy import SessionFace
+from ...errors import ModelNotFoundError, ModelUnavailableError, SessionClosedError
+from ..config import ServeConfig
+from ..served.generator import ServedGenerator
+from ..served.model import ServedModel
+from ..served.repository import READY, UNAVAILABLE, Loaded, ModelRepository
+from .generation import GeneratorInfo, ProxyGenerator
+from .proxy import SessionInfo
 from .transport import decode_error, encode_error
 
 __all__ = ["EngineModels", "FrontEndRepository", "Record", "engine_side", "front_end_view"]
@@ -52,34 +54,39 @@ log = logging.getLogger("ortbatch.serve")
 #: the longest a load or unload waits for the front ends to apply it before answering
 _SYNC_TIMEOUT_S = 60.0
 
-#: one model as the engine tells a front end: (name, export directory, state, reason,
-#: key, face); key and face are None when it is not loaded
-Record = tuple[str, str, str, str, int | None, SessionFace | GeneratorFace | None]
+
+class Record(NamedTuple):
+    """One model as the engine tells a front end (it crosses the link as a plain tuple)."""
+
+    name: str
+    #: its export directory
+    directory: str
+    state: str
+    reason: str
+    #: the engine's key for it, None when it is not loaded
+    key: int | None
+    #: what the front end knows of its session or generator, None when it is not loaded
+    info: SessionInfo | GeneratorInfo | None
 
 
-def engine_side(served: Any) -> tuple[Any, SessionFace | GeneratorFace]:
-    """What front ends reach of a served model in the engine, and its face: a ServedModel's
+def engine_side(served: Any) -> tuple[Any, SessionInfo | GeneratorInfo]:
+    """What front ends reach of a served model in the engine, and what a front end must know of it: a ServedModel's
     BatchedSession, or a ServedGenerator's BatchedGenerator."""
-    from ..served_generator import ServedGenerator
-
     if isinstance(served, ServedGenerator):
-        return served.generator, GeneratorFace.of(served.generator)
-    return served.session, SessionFace.of(served.session)
+        return served.generator, GeneratorInfo.of(served.generator)
+    return served.session, SessionInfo.of(served.session)
 
 
 def front_end_view(
-    link: Any, key: int, face: SessionFace | GeneratorFace, directory: Path, name: str, config: Any
-) -> Any:
+    link: Any, key: int, info: SessionInfo | GeneratorInfo, directory: Path, name: str, config: ServeConfig
+) -> ServedModel | ServedGenerator:
     """The front end's served model for the engine's model ``key``: a ServedModel over a
     :class:`~ortbatch.serve.frontends.proxy.ModelProxy`, or a ServedGenerator over a
     :class:`~ortbatch.serve.frontends.generation.ProxyGenerator`."""
-    from ..model import ServedModel
-    from ..served_generator import ServedGenerator
-
-    if isinstance(face, GeneratorFace):
-        return ServedGenerator(ProxyGenerator(link, face, key, directory), name)
+    if isinstance(info, GeneratorInfo):
+        return ServedGenerator(ProxyGenerator(link, info, key, directory), name)
     return ServedModel.for_export(
-        link.for_model(key, face),
+        link.for_model(key, info),
         directory,
         name=name,
         normalize_embeddings=config.normalize_embeddings,
@@ -222,15 +229,15 @@ class EngineModels:
         directory, state, reason = states[name]
         try:
             loaded: Loaded | None = self.repository.acquire(name)
-        except HTTPError:
+        except (ModelNotFoundError, ModelUnavailableError):
             loaded = None
         given = self._given[link]
         if loaded is None:
             if given.get(name) == (None, state, reason):
                 return None
             given[name] = (None, state, reason)
-            return (name, directory, state, reason, None, None)
-        backend, face = engine_side(loaded.served)
+            return Record(name, directory, state, reason, None, None)
+        backend, info = engine_side(loaded.served)
         key = self._keys.get(loaded)
         if key is None:
             key = self._keys[loaded] = next(self._ids)
@@ -240,7 +247,7 @@ class EngineModels:
             return None
         given[name] = (key, READY, "")
         self._held[link][key] = loaded
-        return (name, directory, READY, "", key, face)
+        return Record(name, directory, READY, "", key, info)
 
     def _sweep(self) -> None:
         """Forget the keys of models retired with nothing left on them."""
@@ -300,13 +307,13 @@ class FrontEndRepository(ModelRepository):
 
     def apply(self, record: Record | tuple[Any, ...]) -> None:
         """Serve ``record``'s model (a view of the engine's), or take it out of service."""
-        name, directory, state, reason, key, face = record
+        name, directory, state, reason, key, info = Record(*record)
         if key is not None and self._views.get(name) == key:
             return
         loaded = None
-        if key is not None and face is not None:
+        if key is not None and info is not None:
             try:
-                loaded = self._view(name, Path(directory), key, face)
+                loaded = self._view(name, Path(directory), key, info)
             except Exception as exc:  # the engine loaded it, this process cannot serve it
                 log.warning("front end: model %r cannot be served here: %s", name, exc)
                 state, reason = UNAVAILABLE, f"failed to load in a front end: {exc}"
@@ -315,8 +322,9 @@ class FrontEndRepository(ModelRepository):
         self._views[name] = key
         self.install(name, Path(directory), loaded, state, reason)
 
-    def _view(self, name: str, directory: Path, key: int, face: SessionFace | GeneratorFace) -> Loaded:
-        loaded = self._wrap(front_end_view(self.link, key, face, directory, name, self.config))
+    def _view(self, name: str, directory: Path, key: int, info: SessionInfo | GeneratorInfo) -> Loaded:
+        assert self.config is not None  # set by ModelRepository.__post_init__
+        loaded = self._wrap(front_end_view(self.link, key, info, directory, name, self.config))
         loaded.on_retired = partial(self._release, key)
         return loaded
 

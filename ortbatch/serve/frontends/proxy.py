@@ -1,6 +1,6 @@
 """The front end's stand-in for the engine's BatchedSession.
 
-:class:`ProxySession` has the face :class:`~ortbatch.serve.model.ServedModel` uses
+:class:`ProxySession` has the methods :class:`~ortbatch.serve.served.model.ServedModel` uses
 (``get_inputs``/``get_outputs``, ``run_async``, ``submit_many``, ``stats``,
 ``closed``/``ready``/``close``, ``manifest``, ``max_batch_size``, ``max_queue``); a request
 is written into the request arena and announced to the engine, and its answer arrives the
@@ -30,7 +30,7 @@ from ...errors import InvalidInputError, SessionClosedError
 from .generation import GenerationFuture
 from .transport import Arena, BlockAllocator, FrameReader, decode_error, pack_tensors, unpack_tensors, write_frame
 
-__all__ = ["ModelProxy", "NodeSpec", "ProxySession", "SessionFace"]
+__all__ = ["ModelProxy", "NodeSpec", "ProxySession", "SessionInfo"]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -50,7 +50,7 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
-class SessionFace:
+class SessionInfo:
     """What a front end knows of the engine's session without loading the model."""
 
     inputs: tuple[NodeSpec, ...]
@@ -60,7 +60,7 @@ class SessionFace:
     manifest: Any
 
     @classmethod
-    def of(cls, session: Any) -> SessionFace:
+    def of(cls, session: Any) -> SessionInfo:
         def spec(n: Any) -> NodeSpec:
             return NodeSpec(n.name, n.type, tuple(n.shape or ()))
 
@@ -73,8 +73,8 @@ class SessionFace:
         )
 
 
-#: the face of a link that serves no model of its own (a repository's front end)
-_NO_MODEL = SessionFace((), (), 1, 1, None)
+#: the info of a link that serves no model of its own (a repository's front end)
+_NO_MODEL = SessionInfo((), (), 1, 1, None)
 
 
 class _Pending:
@@ -97,28 +97,28 @@ class _Pending:
         self.on_token = on_token
 
 
-class _ModelFace:
-    """The BatchedSession face of one model of the engine, over a :class:`ProxySession`'s
+class _RemoteModel:
+    """A stand-in for the BatchedSession of one model of the engine, over a :class:`ProxySession`'s
     link (``_link``; ``_key`` names the model there)."""
 
     _link: ProxySession
     _key: int
-    _face: SessionFace
+    _info: SessionInfo
     _view_closed: bool
 
-    def _init_face(self, link: ProxySession, face: SessionFace | None, key: int) -> None:
-        face = face if face is not None else _NO_MODEL
-        self._link, self._face, self._key = link, face, key
+    def _init_remote(self, link: ProxySession, info: SessionInfo | None, key: int) -> None:
+        info = info if info is not None else _NO_MODEL
+        self._link, self._info, self._key = link, info, key
         self._view_closed = False
-        self.manifest = face.manifest
-        self.max_batch_size = face.max_batch_size
-        self.max_queue = face.max_queue
+        self.manifest = info.manifest
+        self.max_batch_size = info.max_batch_size
+        self.max_queue = info.max_queue
 
     def get_inputs(self) -> list[NodeSpec]:
-        return list(self._face.inputs)
+        return list(self._info.inputs)
 
     def get_outputs(self) -> list[NodeSpec]:
-        return list(self._face.outputs)
+        return list(self._info.outputs)
 
     @property
     def closed(self) -> bool:
@@ -164,23 +164,23 @@ class _ModelFace:
             raise SessionClosedError("the server is shutting down; no new requests are accepted")
 
 
-class ModelProxy(_ModelFace):
+class ModelProxy(_RemoteModel):
     """Another model of the same engine, over a :class:`ProxySession`'s link
     (:meth:`ProxySession.for_model`): a repository served by front ends."""
 
-    def __init__(self, link: ProxySession, face: SessionFace, key: int) -> None:
-        self._init_face(link, face, key)
+    def __init__(self, link: ProxySession, info: SessionInfo, key: int) -> None:
+        self._init_remote(link, info, key)
 
 
-class ProxySession(_ModelFace):
+class ProxySession(_RemoteModel):
     """A BatchedSession in another process (the engine), reached over ``sock`` with the
-    tensor bytes in the two arenas. It is the link to the engine and the face of the
+    tensor bytes in the two arenas. It is the link to the engine and the stand-in for the
     engine's model 0 (the one export of ``ortbatch serve DIR``); :meth:`for_model` gives
-    the face of any model over the same link.
+    the stand-in for any model over the same link.
 
     ``on_engine_lost`` is called (from the reader thread) when the engine's end closes
     without this side having closed first: every request still waiting has then failed
-    with :class:`SessionClosedError`. ``face=None``: the link of a repository's front end,
+    with :class:`SessionClosedError`. ``info=None``: the link of a repository's front end,
     whose models all come through :meth:`for_model`. ``on_message`` gets the engine's
     messages that are not answers (a repository's model updates and replies), on the
     reader thread.
@@ -189,7 +189,7 @@ class ProxySession(_ModelFace):
     def __init__(
         self,
         sock: socket.socket,
-        face: SessionFace | None,
+        info: SessionInfo | None,
         requests: Arena,
         responses: Arena,
         *,
@@ -213,14 +213,14 @@ class ProxySession(_ModelFace):
         self._last_stats: dict[int, Any] = {}
         self._on_engine_lost = on_engine_lost
         self.on_message = on_message
-        self._init_face(self, face, 0)
+        self._init_remote(self, info, 0)
         self._reader = FrameReader(sock)
         self._thread = threading.Thread(target=self._read_loop, name="ortbatch-frontend-reader", daemon=True)
         self._thread.start()
 
-    def for_model(self, key: int, face: SessionFace) -> ModelProxy:
-        """The face of the engine's model ``key`` over this link."""
-        return ModelProxy(self, face, key)
+    def for_model(self, key: int, info: SessionInfo) -> ModelProxy:
+        """A stand-in for the engine's model ``key`` over this link."""
+        return ModelProxy(self, info, key)
 
     @property
     def engine_gone(self) -> bool:

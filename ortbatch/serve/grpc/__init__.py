@@ -10,7 +10,7 @@ Needs the ``serve`` extra (grpcio, protobuf)::
         ...  # tritonclient.grpc.InferenceServerClient(srv.address)
 
 ``GrpcServer(repository)`` serves every model of a
-:class:`~ortbatch.serve.repository.ModelRepository` (after its ``load_all()``), with the
+:class:`~ortbatch.serve.served.repository.ModelRepository` (after its ``load_all()``), with the
 repository RPCs (index, load, unload).
 """
 
@@ -26,8 +26,6 @@ from .service import (  # noqa: E402
     GrpcCounts,
     GrpcServer,
     InferenceServicer,
-    ModelNotFoundError,
-    UnsupportedError,
     status_for,
 )
 
@@ -35,8 +33,6 @@ __all__ = [
     "GrpcCounts",
     "GrpcServer",
     "InferenceServicer",
-    "ModelNotFoundError",
-    "UnsupportedError",
     "decode_infer_request",
     "encode_infer_response",
     "status_for",

@@ -1,5 +1,5 @@
-"""ModelInferRequest -> :class:`~ortbatch.serve.protocol.InferRequest` and outputs ->
-ModelInferResponse. The tensor checks are :mod:`ortbatch.serve.protocol`'s, so a
+"""ModelInferRequest -> :class:`~ortbatch.serve.served.protocol.InferRequest` and outputs ->
+ModelInferResponse. The tensor checks are :mod:`ortbatch.serve.served.protocol`'s, so a
 request refused over HTTP is refused over gRPC with the same message.
 
 Tensor data comes either in ``raw_input_contents`` (one entry per input, in input
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidInputError
-from ..protocol import (
+from ..served.protocol import (
     InferRequest,
     RequestedOutput,
     check_tensor_spec,

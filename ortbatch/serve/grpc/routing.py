@@ -1,5 +1,5 @@
 """Which model a gRPC request reaches: the one model of ``ortbatch serve DIR``, or a model
-of a :class:`~ortbatch.serve.repository.ModelRepository` (``ortbatch serve --repository
+of a :class:`~ortbatch.serve.served.repository.ModelRepository` (``ortbatch serve --repository
 ROOT`` or several DIRs), by the request's model name and version.
 
 Both routers answer the same questions for :class:`~.service.InferenceServicer`, with the
@@ -17,42 +17,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ...errors import OrtBatchError
-from ..model import ServedModel
-from ..repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, ModelRepository, check_parameters
-from ..served_generator import ServedGenerator
+from ...errors import ModelNotFoundError, OrtBatchError, UnsupportedError
+from ..served.decoupled import GenerationModel
+from ..served.generator import ServedGenerator
+from ..served.lookup import Entries
+from ..served.model import ServedModel
+from ..served.repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, ModelRepository, check_parameters
 
-__all__ = ["ModelNotFoundError", "OneModel", "RepositoryModels", "Router", "UnsupportedError", "router_for"]
-
-
-class ModelNotFoundError(OrtBatchError, LookupError):
-    """The request names a model (or version) this server does not serve."""
+__all__ = ["OneModel", "RepositoryModels", "Router", "router_for"]
 
 
-class UnsupportedError(OrtBatchError):
-    """The RPC is not served for this model or by this server (gRPC UNIMPLEMENTED, as
-    Triton answers its UNSUPPORTED errors)."""
-
-
-def _tensor_face(served: Any, name: str, version: str) -> Any:
-    """What answers the RPCs for entry ``name`` of ``served``: the model itself, its text-in
-    view ``{name}_text``, or a generation export's decoupled face."""
-    if not isinstance(served, ServedModel):  # a generation export: a decoupled model
-        from .generation import GenerationModel
-
-        found: Any = GenerationModel(served)
-        if name != found.name:
-            raise ModelNotFoundError(f"unknown model {name!r}; this server serves {found.name!r}")
-    elif name == served.text_model_name:  # the text-in entry, as over HTTP (serve/textview.py)
-        from ..textview import TextModelView
-
-        found = TextModelView(served)
-    elif name == served.name:
-        found = served
-    else:
-        raise ModelNotFoundError(f"unknown model {name!r}; this server serves {served.name!r}")
-    if version and version != found.version:
-        raise ModelNotFoundError(f"unknown version {version!r} of model {name!r}; served: {found.version!r}")
+def _answering(entries: Entries, name: str, version: str) -> Any:
+    """What answers the RPCs for entry ``name``: the model, its text-in view
+    ``{name}_text``, or a generation export as a decoupled model."""
+    found = entries.find(name, version)
+    if isinstance(found, ServedGenerator):
+        return GenerationModel(found)
     return found
 
 
@@ -100,6 +80,7 @@ class OneModel(Router):
 
     def __init__(self, model: ServedModel | ServedGenerator) -> None:
         self.model = model
+        self.entries = Entries(model)
 
     @property
     def ready(self) -> bool:
@@ -107,7 +88,7 @@ class OneModel(Router):
 
     @contextmanager
     def hold(self, name: str, version: str) -> Iterator[Any]:
-        yield _tensor_face(self.model, name, version)
+        yield _answering(self.entries, name, version)
 
 
 class RepositoryModels(Router):
@@ -127,9 +108,9 @@ class RepositoryModels(Router):
         repo = self.repository
         if not name:
             raise ModelNotFoundError("the request names no model")
-        loaded = repo.acquire(repo.base_name(name))  # HTTPError 404 / 503: NOT_FOUND / UNAVAILABLE
+        loaded = repo.acquire(repo.base_name(name))  # ModelNotFoundError / ModelUnavailableError
         try:
-            yield _tensor_face(loaded.served, name, version)
+            yield _answering(Entries(loaded.served), name, version)
         finally:
             repo.release(loaded)
 
@@ -140,12 +121,11 @@ class RepositoryModels(Router):
         except Exception:  # unknown, loading or unloaded
             return False
         try:
-            served = loaded.served
-            if name not in (served.name, getattr(served, "text_model_name", None)):
-                return False
-            if version and version != getattr(served, "version", "1"):
-                return False
-            return bool(served.ready)  # a generation export is ready too: it serves HTTP
+            Entries(loaded.served).find(name, version)
+        except ModelNotFoundError:
+            return False
+        else:
+            return bool(loaded.served.ready)  # a generation export is ready too: it serves HTTP
         finally:
             repo.release(loaded)
 

@@ -1,6 +1,6 @@
 """The KServe v2 ``inference.GRPCInferenceService`` over one
-:class:`~ortbatch.serve.model.ServedModel` or every model of a
-:class:`~ortbatch.serve.repository.ModelRepository`: ServerLive/Ready, ModelReady,
+:class:`~ortbatch.serve.served.model.ServedModel` or every model of a
+:class:`~ortbatch.serve.served.repository.ModelRepository`: ServerLive/Ready, ModelReady,
 ServerMetadata, ModelMetadata, ModelConfig (as Triton answers it), ModelInfer, the
 bidirectional ModelStreamInfer and, for a repository, RepositoryIndex,
 RepositoryModelLoad and RepositoryModelUnload, on a grpcio asyncio server.
@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -36,23 +37,26 @@ from ..._extras import require
 from ...errors import (
     InferenceError,
     InvalidInputError,
+    ModelLoadFailedError,
+    ModelNotFoundError,
+    ModelUnavailableError,
     OrtBatchError,
     QueueFullError,
     RequestTimeoutError,
     SessionClosedError,
+    UnsupportedError,
 )
 from ..auth import ApiKey
-from ..http import HTTPError
 from ..metrics import GrpcMetrics, ServerMetrics
-from ..model import ServedModel
-from ..repository import ModelRepository
-from ..served_generator import ServedGenerator
+from ..served.decoupled import FINAL_RESPONSE, GenerationModel
+from ..served.generator import ServedGenerator
+from ..served.model import ServedModel
+from ..served.repository import ModelRepository
 from .codec import decode_infer_request, encode_infer_response, parameters
-from .generation import FINAL_RESPONSE, GenerationModel
-from .routing import ModelNotFoundError, UnsupportedError, router_for
+from .routing import router_for
 from .schema import PACKAGE, SERVICE, message
 
-__all__ = ["GrpcCounts", "GrpcServer", "InferenceServicer", "ModelNotFoundError", "UnsupportedError", "status_for"]
+__all__ = ["GrpcCounts", "GrpcServer", "InferenceServicer", "status_for"]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -74,10 +78,12 @@ def status_for(exc: BaseException) -> tuple[Any, str]:
     become gRPC statuses."""
     grpc = require("grpc", "serve")
     code = grpc.StatusCode
-    if isinstance(exc, InvalidInputError):
+    if isinstance(exc, (InvalidInputError, ModelLoadFailedError)):
         return code.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, ModelNotFoundError):
         return code.NOT_FOUND, str(exc)
+    if isinstance(exc, ModelUnavailableError):
+        return code.UNAVAILABLE, str(exc)
     if isinstance(exc, QueueFullError):
         return code.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, RequestTimeoutError):
@@ -88,30 +94,11 @@ def status_for(exc: BaseException) -> tuple[Any, str]:
         return code.UNIMPLEMENTED, str(exc)
     if isinstance(exc, InferenceError):
         return code.INTERNAL, str(exc)
-    if isinstance(exc, HTTPError):  # the repository's answers (unknown model, not loaded, load failed)
-        return _HTTP_CODES.get(exc.status, code.INVALID_ARGUMENT if exc.status < 500 else code.INTERNAL), str(exc)
-    return code.INTERNAL, f"internal server error: {exc!r}"
-
-
-def _http_codes() -> dict[int, Any]:
-    grpc = require("grpc", "serve")
-    code = grpc.StatusCode
-    return {
-        400: code.INVALID_ARGUMENT,
-        401: code.UNAUTHENTICATED,
-        404: code.NOT_FOUND,
-        408: code.DEADLINE_EXCEEDED,
-        413: code.RESOURCE_EXHAUSTED,
-        429: code.RESOURCE_EXHAUSTED,
-        501: code.UNIMPLEMENTED,
-        503: code.UNAVAILABLE,
-        504: code.DEADLINE_EXCEEDED,
-    }
-
-
-# The gRPC status of each HTTP status the repository answers with (as Triton's HTTP and
-# gRPC front ends map the same server errors).
-_HTTP_CODES = _http_codes()
+    # a fault of the server itself: as over HTTP (http.plumbing.error_response), logged in
+    # full with an incident id and never echoed to the client
+    incident = secrets.token_hex(4)
+    log.error("internal error %s", incident, exc_info=exc)
+    return code.INTERNAL, f"internal server error (logged as incident {incident})"
 
 
 class InferenceServicer:
@@ -279,6 +266,16 @@ class InferenceServicer:
                 await asyncio.gather(*tasks)
         except _StreamGone:
             pass  # the client closed the stream: its other requests are cancelled below
+        except Exception:
+            # refused as a whole (a frame that does not parse): the handler aborts the call
+            # next. A write of an earlier answer may be in progress: cancelling it midway, or
+            # aborting during it, left the call hung until the client's deadline. So let it
+            # finish (the lock), then stop the other requests before they write again.
+            async with write_lock:
+                for task in tasks:
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         finally:
             for task in tasks:
                 task.cancel()
@@ -295,7 +292,7 @@ def _model_name(request: Any) -> str:
 
 
 def _log_internal(exc: BaseException) -> None:
-    if not isinstance(exc, (OrtBatchError, HTTPError, asyncio.CancelledError)):
+    if not isinstance(exc, (OrtBatchError, asyncio.CancelledError)):
         log.exception("internal error", exc_info=exc)
 
 

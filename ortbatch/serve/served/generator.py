@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..generation.chat import ChatTemplate
-from ..manifest import MANIFEST_NAME, Manifest
+from ...generation.chat import ChatTemplate
+from ...manifest import MANIFEST_NAME, Manifest
 
 __all__ = ["ServedGenerator", "is_generation_export"]
 
@@ -27,7 +27,7 @@ def is_generation_export(directory: str | Path) -> bool:
         return any(name.startswith("past_key_values") for name in manifest.inputs)
     if not (path / "model.onnx").is_file():
         return False
-    from ..generation.layout import read_io
+    from ...generation.layout import read_io
 
     inputs, _ = read_io(path / "model.onnx")
     return any(name.startswith("past_key_values") for name, _, _ in inputs)
@@ -57,7 +57,7 @@ class ServedGenerator:
     def load(
         cls, directory: str | Path, *, name: str | None = None, generator_kwargs: dict[str, Any] | None = None
     ) -> ServedGenerator:
-        from ..generation import BatchedGenerator
+        from ...generation import BatchedGenerator
 
         path = Path(directory)
         return cls(BatchedGenerator(path, **(generator_kwargs or {})), name or path.resolve().name)

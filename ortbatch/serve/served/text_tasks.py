@@ -1,7 +1,9 @@
 """Task endpoints over one :class:`~ortbatch.serve.ServedModel`: what embedding, reranking
 and classification users call, in the request shapes their clients already speak.
 
-Routes (added to every model's app by :func:`~ortbatch.serve.app.create_app`)::
+The logic, transport-free: each ``*_answer`` takes the request's JSON document and
+returns the answer's (the HTTP routes, :mod:`ortbatch.serve.http.task_routes`, only read
+the body and send the answer). Routes::
 
     POST /v1/rerank     Cohere / Jina / vLLM: query + documents -> results sorted by relevance
     POST /rerank        text-embeddings-inference: query + texts -> [{index, score}]
@@ -36,15 +38,20 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError
-from .http import BodyLimits, handled_route, json_response, run_or_abandon
+from ...errors import InvalidInputError
 from .model import ServedModel
 
 __all__ = [
     "CLASSIFY_TASKS",
     "RERANK_TASKS",
+    "classify",
+    "classify_answer",
+    "detokenize_answer",
+    "rerank_answer",
+    "rerank_scores",
+    "rerank_tei_answer",
     "served_endpoints",
-    "task_routes",
+    "tokenize_answer",
 ]
 
 #: export tasks whose single-logit exports answer /v1/rerank
@@ -304,109 +311,99 @@ def _decode(model: ServedModel, ids: list[int], skip_special: bool, key: str) ->
     return text
 
 
-def task_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
-    """The task routes for ``model`` (for :func:`~ortbatch.serve.http.assemble_app`)."""
-    from .openai_api import read_openai_body
+def _usage(tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": tokens, "total_tokens": tokens}
 
-    async def read_body(request: Any) -> dict[str, Any]:
-        return await read_openai_body(request, body, model.name)
 
-    def usage(tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": tokens, "total_tokens": tokens}
+async def _reranked(
+    model: ServedModel, doc: dict[str, Any], texts_key: str, return_key: str, return_default: bool
+) -> tuple[list[str], np.ndarray, list[int], bool, int]:
+    """The texts of a rerank request, their scores (sigmoid unless ``raw_scores``), the
+    order to answer them in, whether to return the texts, and the tokens it took."""
+    query, texts, top_n = _parse_rerank(doc, texts_key)
+    return_texts = _flag(doc, return_key, return_default)
+    raw = _flag(doc, "raw_scores", False)
+    logits, tokens = await rerank_scores(model, query, texts, _truncate(doc, model))
+    scores = logits if raw else _sigmoid(logits)
+    return texts, scores, _ranked(scores, top_n), return_texts, tokens
 
-    async def rerank(request: Any) -> Any:
-        doc = await read_body(request)
-        query, documents, top_n = _parse_rerank(doc, "documents")
-        return_documents = _flag(doc, "return_documents", True)
-        raw = _flag(doc, "raw_scores", False)
-        logits, tokens = await run_or_abandon(
-            request.receive, rerank_scores(model, query, documents, _truncate(doc, model))
+
+async def rerank_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, Any]:
+    """``/v1/rerank`` (Cohere / Jina / vLLM shape): the documents by relevance."""
+    documents, scores, order, return_documents, tokens = await _reranked(
+        model, doc, "documents", "return_documents", True
+    )
+    results = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+        if return_documents:
+            item["document"] = {"text": documents[i]}
+        results.append(item)
+    return {"id": "rerank-" + secrets.token_hex(12), "model": model.name, "results": results, "usage": _usage(tokens)}
+
+
+async def rerank_tei_answer(model: ServedModel, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """``/rerank`` (text-embeddings-inference shape): ``[{index, score}]`` by relevance."""
+    texts, scores, order, return_text, _ = await _reranked(model, doc, "texts", "return_text", False)
+    out = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "score": float(scores[i])}
+        if return_text:
+            item["text"] = texts[i]
+        out.append(item)
+    return out
+
+
+async def classify_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, Any]:
+    """``/v1/classify`` (vLLM shape): a label distribution, or entity spans, per input."""
+    if "input" not in doc:
+        raise InvalidInputError("'input' is required: a string or a list of strings", input_name="input")
+    texts = _text_list(doc.get("input"), "input")
+    data, tokens = await classify(model, texts, _truncate(doc, model))
+    return {
+        "id": "classify-" + secrets.token_hex(12),
+        "object": "list",
+        "created": int(time.time()),
+        "model": model.name,
+        "data": data,
+        "usage": _usage(tokens),
+    }
+
+
+def tokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
+    """``/tokenize``: vLLM's shape (``prompt`` -> its ids) or TEI's (``inputs`` -> tokens)."""
+    _require(model, "tokenize")
+    special = _flag(doc, "add_special_tokens", True)
+    tok = model.tokenizer
+    assert tok is not None
+    if "prompt" in doc:  # vLLM's shape: one prompt -> its ids
+        prompt = doc["prompt"]
+        if not isinstance(prompt, str):
+            raise InvalidInputError("'prompt' must be a string", input_name="prompt")
+        ids = tok.encode(prompt, add_special_tokens=special).ids
+        limit = model.manifest.max_sequence_length if model.manifest is not None else None
+        return {"count": len(ids), "max_model_len": limit, "tokens": ids}
+    if "inputs" not in doc:
+        raise InvalidInputError(
+            "send 'inputs' (a string or a list of strings, TEI's shape) or 'prompt' (a string, vLLM's)",
+            input_name="inputs",
         )
-        scores = logits if raw else _sigmoid(logits)
-        results = []
-        for i in _ranked(scores, top_n):
-            item: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
-            if return_documents:
-                item["document"] = {"text": documents[i]}
-            results.append(item)
-        return json_response(
-            {"id": "rerank-" + secrets.token_hex(12), "model": model.name, "results": results, "usage": usage(tokens)}
+    texts = _text_list(doc["inputs"], "inputs")
+    encodings = tok.encode_batch(texts, add_special_tokens=special)
+    return [_tokens_tei(model, t, e) for t, e in zip(texts, encodings, strict=True)]
+
+
+def detokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
+    """``/detokenize``: vLLM's shape (``tokens``) or TEI's (``ids``, one list or several)."""
+    _require(model, "tokenize")
+    if "tokens" in doc:  # vLLM's shape
+        ids = _ids(doc["tokens"], "tokens")
+        return {"prompt": _decode(model, ids, False, "tokens")}
+    if "ids" not in doc:
+        raise InvalidInputError(
+            "send 'ids' (token ids or a list of such lists, TEI's shape) or 'tokens' (vLLM's)", input_name="ids"
         )
-
-    async def rerank_tei(request: Any) -> Any:
-        doc = await read_body(request)
-        query, texts, top_n = _parse_rerank(doc, "texts")
-        return_text = _flag(doc, "return_text", False)
-        raw = _flag(doc, "raw_scores", False)
-        logits, _ = await run_or_abandon(request.receive, rerank_scores(model, query, texts, _truncate(doc, model)))
-        scores = logits if raw else _sigmoid(logits)
-        out = []
-        for i in _ranked(scores, top_n):
-            item: dict[str, Any] = {"index": i, "score": float(scores[i])}
-            if return_text:
-                item["text"] = texts[i]
-            out.append(item)
-        return json_response(out)
-
-    async def classify_route(request: Any) -> Any:
-        doc = await read_body(request)
-        if "input" not in doc:
-            raise InvalidInputError("'input' is required: a string or a list of strings", input_name="input")
-        texts = _text_list(doc.get("input"), "input")
-        data, tokens = await run_or_abandon(request.receive, classify(model, texts, _truncate(doc, model)))
-        return json_response(
-            {
-                "id": "classify-" + secrets.token_hex(12),
-                "object": "list",
-                "created": int(time.time()),
-                "model": model.name,
-                "data": data,
-                "usage": usage(tokens),
-            }
-        )
-
-    async def tokenize(request: Any) -> Any:
-        doc = await read_body(request)
-        _require(model, "tokenize")
-        special = _flag(doc, "add_special_tokens", True)
-        tok = model.tokenizer
-        assert tok is not None
-        if "prompt" in doc:  # vLLM's shape: one prompt -> its ids
-            prompt = doc["prompt"]
-            if not isinstance(prompt, str):
-                raise InvalidInputError("'prompt' must be a string", input_name="prompt")
-            ids = tok.encode(prompt, add_special_tokens=special).ids
-            limit = model.manifest.max_sequence_length if model.manifest is not None else None
-            return json_response({"count": len(ids), "max_model_len": limit, "tokens": ids})
-        if "inputs" not in doc:
-            raise InvalidInputError(
-                "send 'inputs' (a string or a list of strings, TEI's shape) or 'prompt' (a string, vLLM's)",
-                input_name="inputs",
-            )
-        texts = _text_list(doc["inputs"], "inputs")
-        encodings = tok.encode_batch(texts, add_special_tokens=special)
-        return json_response([_tokens_tei(model, t, e) for t, e in zip(texts, encodings, strict=True)])
-
-    async def detokenize(request: Any) -> Any:
-        doc = await read_body(request)
-        _require(model, "tokenize")
-        if "tokens" in doc:  # vLLM's shape
-            ids = _ids(doc["tokens"], "tokens")
-            return json_response({"prompt": _decode(model, ids, False, "tokens")})
-        if "ids" not in doc:
-            raise InvalidInputError(
-                "send 'ids' (token ids or a list of such lists, TEI's shape) or 'tokens' (vLLM's)", input_name="ids"
-            )
-        skip = _flag(doc, "skip_special_tokens", True)
-        value = doc["ids"]
-        rows = value if isinstance(value, list) and value and all(isinstance(r, list) for r in value) else [value]
-        return json_response([_decode(model, _ids(r, "ids"), skip, "ids") for r in rows])
-
-    route = handled_route
-    return [
-        route("/v1/rerank", rerank, "POST"),
-        route("/rerank", rerank_tei, "POST"),
-        route("/v1/classify", classify_route, "POST"),
-        route("/tokenize", tokenize, "POST"),
-        route("/detokenize", detokenize, "POST"),
-    ]
+    skip = _flag(doc, "skip_special_tokens", True)
+    value = doc["ids"]
+    rows = value if isinstance(value, list) and value and all(isinstance(r, list) for r in value) else [value]
+    return [_decode(model, _ids(r, "ids"), skip, "ids") for r in rows]

@@ -17,16 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from .._extras import require
-from ..errors import InferenceError, InvalidInputError, RequestTimeoutError
-from ..manifest import MANIFEST_NAME, Manifest
+from ..._extras import require
+from ...errors import InvalidInputError, NonFiniteOutputError, RequestTimeoutError, RequestTooLargeError
+from ...manifest import MANIFEST_NAME, Manifest
+from ..config import DEFAULT_MAX_TEXT_CHARS
 from .protocol import DATATYPES, InferRequest, ort_type_to_datatype
 
 __all__ = [
     "DEFAULT_MAX_TEXT_CHARS",
     "EmbeddingResult",
-    "NonFiniteOutputError",
-    "RequestTooLargeError",
     "ServedModel",
     "TensorMetadata",
     "check_texts",
@@ -44,9 +43,6 @@ EMBEDDING_TASKS = frozenset({"feature-extraction", "sentence-similarity", "sente
 # Already-pooled outputs, preferred over pooling token embeddings ourselves.
 _POOLED_OUTPUTS = ("sentence_embedding", "sentence_embeddings", "embeddings")
 _TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
-#: Longest text (in characters) taken when the export has no sequence-length limit to
-#: truncate at: a longer one is refused (413) before any of it is tokenized.
-DEFAULT_MAX_TEXT_CHARS = 100_000
 # With a token limit, a text is cut to this many characters per token it may keep before
 # tokenizing (a token rarely spans more than a few), so a 60 MB text costs what its kept
 # head costs; never cut below _MIN_CUT_CHARS.
@@ -55,16 +51,6 @@ _MIN_CUT_CHARS = 8192
 # Texts with fewer characters in all are tokenized on the event loop (a thread hop costs
 # more than that); larger batches go to a thread (the tokenizers library releases the GIL).
 _INLINE_TOKENIZE_CHARS = 4096
-
-
-class RequestTooLargeError(InvalidInputError):
-    """The request can never be served as sent (a text over the character limit, more
-    texts than the queue holds): answered 413 with the limit."""
-
-
-class NonFiniteOutputError(InferenceError):
-    """The model produced NaN or Inf for a request whose inputs were finite: a damaged
-    or numerically unstable export. Never answered as a 200."""
 
 
 def check_texts(texts: Sequence[str], field: str, cut_at: int | None, max_chars: int) -> list[str]:
@@ -207,7 +193,7 @@ class ServedModel:
     ) -> ServedModel:
         """Build the BatchedSession for an export directory (or a bare ``.onnx`` file)
         and load its tokenizer when ``tokenizer.json`` sits next to the model."""
-        from ..runtime.session import BatchedSession
+        from ...runtime.session import BatchedSession
 
         path = Path(directory)
         session = BatchedSession(path, **(session_kwargs or {}))

@@ -1,4 +1,4 @@
-"""The HTTP face of a :class:`~ortbatch.serve.repository.ModelRepository`: one server, many
+"""The HTTP routes of a :class:`~ortbatch.serve.served.repository.ModelRepository`: one server, many
 models, each answered by its own model's app (the very app ``ortbatch serve DIR`` runs for
 it alone), so every endpoint behaves the same with one model or many.
 
@@ -21,16 +21,22 @@ of the whole server plus each model's batching series, labelled ``model``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from .. import __version__
-from .._extras import require
-from ..errors import InvalidInputError
-from .http import (
+from ... import __version__
+from ..._extras import require
+from ...errors import InvalidInputError, ModelNotFoundError, ModelUnavailableError
+
+# the one-model collectors, reused per model (their families relabelled with the model)
+from ..metrics import GeneratorCollector, ServerMetrics, SessionCollector
+from ..served.protocol import loads_json
+from ..served.repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, Loaded, ModelRepository, check_parameters
+from .app import BODY_ROUTES, build_app, wrong_kind_message
+from .plumbing import (
     AsgiEndpoint,
     BodyLimits,
-    HTTPError,
     Incoming,
     assemble_app,
     error_reply,
@@ -39,25 +45,7 @@ from .http import (
     send_reply,
 )
 
-# the one-model collectors, reused per model (their families relabelled with the model)
-from .metrics import ServerMetrics, _GeneratorCollector, _SessionCollector
-from .protocol import loads_json
-from .repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, Loaded, ModelRepository, check_parameters
-
 __all__ = ["BODY_ROUTES", "create_repository_app"]
-
-#: routes whose model is named in the JSON body -> the endpoint kind of
-#: :func:`~ortbatch.serve.tasks.served_endpoints`
-BODY_ROUTES = {
-    "/v1/embeddings": "embeddings",
-    "/v1/rerank": "rerank",
-    "/rerank": "rerank",
-    "/v1/classify": "classify",
-    "/tokenize": "tokenize",
-    "/detokenize": "tokenize",
-    "/v1/completions": "completions",
-    "/v1/chat/completions": "completions",
-}
 
 
 class _ModelsCollector:
@@ -75,9 +63,9 @@ class _ModelsCollector:
         for name, loaded in self.repository.loaded():
             served = loaded.served
             if loaded.kind() == "generator":
-                source: Any = _GeneratorCollector(served.generator.stats)
+                source: Any = GeneratorCollector(served.generator.stats)
             else:
-                source = _SessionCollector(served.session.stats)
+                source = SessionCollector(served.session.stats)
             for fam in source.collect():
                 merged = families.get(fam.name)
                 if merged is None:
@@ -99,52 +87,54 @@ def _model_field(body: bytes) -> str | None:
     return name
 
 
-def create_repository_app(
-    repository: ModelRepository,
-    *,
-    body: BodyLimits | None = None,
-    close_model_on_shutdown: bool = True,
-) -> Any:
-    """Build the Starlette app serving every model of ``repository`` (routes in the module
-    docs); on lifespan shutdown every model is closed with ``drain=True`` (unless
-    ``close_model_on_shutdown=False``)."""
-    require("starlette")
-    from starlette.requests import Request
-    from starlette.routing import Route
+class _Dispatch:
+    """The routes that reach one model: by path (``/v2/models/{name}/...``) or by the
+    body's ``model`` (:data:`BODY_ROUTES`), each forwarded to that model's own app (the
+    one ``ortbatch serve DIR`` runs for it alone, made on its first request and gone
+    with it; no API-key door: the repository's app has it) while the model is held."""
 
-    metrics = ServerMetrics()
-    metrics.registry.register(_ModelsCollector(repository))
-    limits = body or BodyLimits()
+    def __init__(self, repository: ModelRepository, limits: BodyLimits) -> None:
+        self.repository = repository
+        self.limits = limits
+        self.apps: weakref.WeakKeyDictionary[Loaded, Any] = weakref.WeakKeyDictionary()
+        config = repository.config
+        self.per_model = BodyLimits(config.max_body_bytes, config.body_timeout_s) if config is not None else limits
 
-    async def forward(loaded: Loaded, scope: Any, receive: Any, send: Any) -> None:
+    async def forward(self, loaded: Loaded, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await loaded.app(scope, receive, send)
+            app = self.apps.get(loaded)
+            if app is None:
+                app = self.apps[loaded] = build_app(loaded.served, self.per_model, close_on_shutdown=False)
+            await app(scope, receive, send)
         finally:
-            repository.release(loaded)
+            self.repository.release(loaded)
 
-    async def answer_error(exc: Exception, scope: Any, receive: Any, send: Any) -> None:
+    @staticmethod
+    async def answer_error(exc: Exception, scope: Any, send: Any) -> None:
         await send_reply(send, error_reply(exc, openai=scope["path"].startswith("/v1/")))
 
-    async def by_path(scope: Any, receive: Any, send: Any) -> None:
+    async def by_path(self, scope: Any, receive: Any, send: Any) -> None:
         name = scope["path_params"]["name"]
         scope["ortbatch.endpoint"] = "/v2/models/{name}"  # the model's own route refines it
         try:
-            loaded = repository.acquire(repository.base_name(name))
-        except HTTPError as exc:
-            await answer_error(exc, scope, receive, send)
+            loaded = self.repository.acquire(self.repository.base_name(name))
+        except (ModelNotFoundError, ModelUnavailableError) as exc:
+            await self.answer_error(exc, scope, send)
             return
-        await forward(loaded, scope, receive, send)
+        await self.forward(loaded, scope, receive, send)
 
-    def pick(endpoint: str, path: str, name: str | None) -> Loaded:
+    def pick(self, endpoint: str, path: str, name: str | None) -> Loaded:
+        """The model a body route reaches: the one ``name``d, else the only one serving it."""
+        repository = self.repository
         if name is not None:
             loaded = repository.acquire(name)
             reason = loaded.endpoints.get(endpoint, "no")
             if reason:
                 repository.release(loaded)
-                if reason == "no":
-                    reason = f"model {name!r} is a text-generation export: it serves /v1/completions"
-                    if endpoint == "completions":
-                        reason = f"model {name!r} is not a text-generation export"
+                if reason == "no":  # the other kind of export: what it answers alone (app.py)
+                    raise InvalidInputError(
+                        wrong_kind_message(path, name, endpoint != "completions"), input_name="model"
+                    )
                 raise InvalidInputError(f"{path}: {reason}", input_name="model")
             return loaded
         candidates = repository.serving(endpoint)
@@ -154,15 +144,15 @@ def create_repository_app(
             raise InvalidInputError(f"no model on this server serves {path}")
         raise InvalidInputError(f"'model' is required: {path} is served by {candidates}", input_name="model")
 
-    async def by_body(scope: Any, receive: Any, send: Any) -> None:
+    async def by_body(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope["path"]
         scope["ortbatch.endpoint"] = path
         try:
-            body = await limits.read(Incoming(scope, receive))
+            body = await self.limits.read(Incoming(scope, receive))
             name = _model_field(body)
-            loaded = pick(BODY_ROUTES[path], path, name)
+            loaded = self.pick(BODY_ROUTES[path], path, name)
         except Exception as exc:
-            await answer_error(exc, scope, receive, send)
+            await self.answer_error(exc, scope, send)
             return
         # The model's app reads the body again: hand it the (decompressed) bytes read here.
         headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"content-encoding")]
@@ -176,9 +166,14 @@ def create_repository_app(
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # then: the client's disconnect, if it leaves
 
-        await forward(loaded, scope, replay, send)
+        await self.forward(loaded, scope, replay, send)
 
-    # -- repository extension ----------------------------------------------------------
+
+def _extension_routes(repository: ModelRepository, limits: BodyLimits) -> list[Any]:
+    """The repository extension (index, load, unload), the server metadata and
+    ``/v1/models``."""
+    from starlette.requests import Request
+
     async def read_json(request: Request) -> dict[str, Any]:
         data = await limits.read(request)
         if not data.strip():
@@ -223,13 +218,34 @@ def create_repository_app(
         return json_response({"object": "list", "data": data})
 
     route = handled_route
-    routes = [
+    return [
         route("/v2", server_metadata, "GET"),
         route("/v2/repository/index", index, "POST"),
         route("/v2/repository/models/{name}/load", load, "POST"),
         route("/v2/repository/models/{name}/unload", unload, "POST"),
         route("/v1/models", list_models, "GET"),
-        Route("/v2/models/{name}{rest:path}", AsgiEndpoint(by_path), methods=["GET", "POST"]),
-        *(Route(path, AsgiEndpoint(by_body), methods=["POST"]) for path in BODY_ROUTES),
+    ]
+
+
+def create_repository_app(
+    repository: ModelRepository,
+    *,
+    body: BodyLimits | None = None,
+    close_model_on_shutdown: bool = True,
+) -> Any:
+    """Build the Starlette app serving every model of ``repository`` (routes in the module
+    docs); on lifespan shutdown every model is closed with ``drain=True`` (unless
+    ``close_model_on_shutdown=False``)."""
+    require("starlette")
+    from starlette.routing import Route
+
+    metrics = ServerMetrics()
+    metrics.registry.register(_ModelsCollector(repository))
+    limits = body or BodyLimits()
+    dispatch = _Dispatch(repository, limits)
+    routes = [
+        *_extension_routes(repository, limits),
+        Route("/v2/models/{name}{rest:path}", AsgiEndpoint(dispatch.by_path), methods=["GET", "POST"]),
+        *(Route(path, AsgiEndpoint(dispatch.by_body), methods=["POST"]) for path in BODY_ROUTES),
     ]
     return assemble_app(routes, repository, metrics, close_on_shutdown=close_model_on_shutdown)

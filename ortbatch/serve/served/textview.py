@@ -1,4 +1,4 @@
-"""The text-in face of a served model, as its own KServe v2 model entry.
+"""The text-in view of a served model, as its own KServe v2 model entry.
 
 Generic v2 clients (Triton's perf_analyzer and tritonclient-based tools among them) read
 ``GET /v2/models/{name}`` and send one tensor for every input listed there. So the tensor
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ...errors import InvalidInputError
 from .model import ServedModel
 from .protocol import InferRequest
 

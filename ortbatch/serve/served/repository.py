@@ -48,16 +48,19 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError, OrtBatchError
-from ..manifest import MANIFEST_NAME
-from .http import HTTPError
-
-if TYPE_CHECKING:
-    from .server import ServeConfig
+from ...errors import InvalidInputError, ModelLoadFailedError, ModelNotFoundError, ModelUnavailableError, OrtBatchError
+from ...manifest import MANIFEST_NAME
+from ..config import ServeConfig
+from .generator import ServedGenerator
+from .loading import load_served
+from .model import TEXT_MODEL_SUFFIX, ServedModel
+from .protocol import DATATYPES
+from .servable import Servable
+from .text_tasks import served_endpoints
 
 __all__ = [
     "LOADING",
@@ -76,6 +79,8 @@ log = logging.getLogger("ortbatch.serve")
 READY = "READY"
 LOADING = "LOADING"
 UNAVAILABLE = "UNAVAILABLE"
+#: the exporter's folder for an export whose checks failed (``X.failed``): never a repository model
+FAILED_SUFFIX = ".failed"
 
 #: parameters of Triton's load and unload requests this server takes (HTTP and gRPC): a
 #: model is always loaded from its export directory, so ``config`` and ``file:...``
@@ -96,11 +101,16 @@ def check_parameters(names: Iterable[str], allowed: frozenset[str]) -> None:
 
 def discover(root: str | Path) -> list[tuple[str, Path]]:
     """``(name, directory)`` for every subfolder of ``root`` holding an ``ortbatch.json``,
-    sorted by name."""
+    sorted by name. ``X.failed`` folders are skipped (logged): the exporter leaves an export
+    whose checks failed there for inspection, it is not a model to serve."""
     base = Path(root)
     if not base.is_dir():
         raise OrtBatchError(f"model repository {base} is not a directory")
-    return [(d.name, d) for d in sorted(base.iterdir()) if d.is_dir() and (d / MANIFEST_NAME).is_file()]
+    found = [d for d in sorted(base.iterdir()) if d.is_dir() and (d / MANIFEST_NAME).is_file()]
+    for d in found:
+        if d.name.endswith(FAILED_SUFFIX):
+            log.warning("skipping %s: a failed export (its accuracy checks failed), not a model to serve", d)
+    return [(d.name, d) for d in found if not d.name.endswith(FAILED_SUFFIX)]
 
 
 def parse_model_args(args: Sequence[str]) -> list[tuple[str, Path]]:
@@ -128,10 +138,10 @@ def _unique(models: Iterable[tuple[str, Path]]) -> list[tuple[str, Path]]:
 
 @dataclass(eq=False)
 class Loaded:
-    """One loaded model: what serves it, its app, and the requests on it now."""
+    """One loaded model: what serves it, the endpoints it serves (a kind of
+    :func:`~.text_tasks.served_endpoints` -> ``""`` or why not), and the requests on it now."""
 
     served: Any
-    app: Any
     endpoints: dict[str, str]
     in_flight: int = 0
     retired: bool = False
@@ -141,8 +151,6 @@ class Loaded:
     on_retired: Callable[[], None] | None = None
 
     def kind(self) -> str:
-        from .served_generator import ServedGenerator
-
         return "generator" if isinstance(self.served, ServedGenerator) else "model"
 
 
@@ -178,7 +186,7 @@ class ModelRepository:
     root: Path | None = None
     config: ServeConfig | None = None
     strict: bool = False
-    loader: Callable[[Path, str], Any] | None = None
+    loader: Callable[[Path, str], Servable] | None = None
     name: str = "repository"
     _entries: dict[str, _Entry] = field(default_factory=dict, init=False)
     _retiring: set[Loaded] = field(default_factory=set, init=False)
@@ -189,8 +197,6 @@ class ModelRepository:
 
     def __post_init__(self) -> None:
         if self.config is None:
-            from .server import ServeConfig
-
             self.config = ServeConfig()
         found = discover(self.root) if self.root is not None else []
         for name, path in _unique([*self.models, *found]):
@@ -202,8 +208,6 @@ class ModelRepository:
     # -- loading -----------------------------------------------------------------------
     def _build(self, directory: Path, name: str) -> Loaded:
         """Load, warm up and wrap one export (blocking)."""
-        from .server import load_served
-
         assert self.config is not None
         if not directory.exists():
             raise OrtBatchError(f"{directory} does not exist")
@@ -216,18 +220,9 @@ class ModelRepository:
             raise
 
     def _wrap(self, served: Any) -> Loaded:
-        """A loaded model's app and endpoints around ``served``."""
-        from .app import build_app
-        from .http import BodyLimits
-        from .model import ServedModel
-        from .tasks import served_endpoints
-
-        assert self.config is not None
-        # no API-key door here: the repository's own app has it, in front of every model
-        body = BodyLimits(self.config.max_body_bytes, self.config.body_timeout_s)
-        app = build_app(served, body, close_on_shutdown=False)
+        """``served`` as a loaded model, with the endpoints it serves."""
         endpoints = served_endpoints(served) if isinstance(served, ServedModel) else {"completions": ""}
-        return Loaded(served, app, endpoints)
+        return Loaded(served, endpoints)
 
     def load_all(self) -> list[tuple[str, str]]:
         """Load every model (blocking, at startup); returns ``(name, reason)`` for each that
@@ -251,8 +246,9 @@ class ModelRepository:
 
     async def load(self, name: str) -> None:
         """Load ``name``, or reload it from its directory if loaded (the old one serves
-        until the new one is ready, then drains). Raises :class:`HTTPError` 400 when it
-        cannot be loaded (a loaded model keeps serving), 404 when there is no such model."""
+        until the new one is ready, then drains). Raises :class:`~ortbatch.errors.ModelLoadFailedError`
+        when it cannot be loaded (a loaded model keeps serving),
+        :class:`~ortbatch.errors.ModelNotFoundError` when there is no such model."""
         await _in_thread(self.load_now, name)
 
     async def unload(self, name: str) -> None:
@@ -268,9 +264,16 @@ class ModelRepository:
             # only a direct child of the root: a name such as ".." must not reach outside it
             plain = name not in (".", "..") and not any(c in name for c in "/\\")
             path = self.root / name if self.root is not None and plain else None
-            if path is None or not (path / MANIFEST_NAME).is_file():
+            if path is not None and name.endswith(FAILED_SUFFIX):
+                failed = f"a {FAILED_SUFFIX} folder is a failed export, not a model"
+                raise ModelNotFoundError(f"unknown model {name!r}: {failed}")
+            try:
+                found = path is not None and (path / MANIFEST_NAME).is_file()
+            except OSError:  # a name the filesystem cannot hold (ENAMETOOLONG over 255 bytes): no such folder
+                found = False
+            if path is None or not found:
                 where = f" and {self.root} has no folder {name!r} with {MANIFEST_NAME}" if self.root else ""
-                raise HTTPError(404, f"unknown model {name!r}: not in the repository{where}")
+                raise ModelNotFoundError(f"unknown model {name!r}: not in the repository{where}")
             with self._mutex:
                 entry = self._entries.setdefault(name, _Entry(name, path))
         with entry.lock:
@@ -285,14 +288,14 @@ class ModelRepository:
                     self._set_state(entry, UNAVAILABLE, reason)
                 log.warning("model %r failed to load: %s", name, exc)
                 kept = "; the loaded model keeps serving" if old is not None else ""
-                raise HTTPError(400, f"model {name!r} {reason}{kept}") from None
+                raise ModelLoadFailedError(f"model {name!r} {reason}{kept}") from None
             with self._mutex:
                 closed = self._closed
                 if not closed:
                     entry.loaded, entry.state, entry.reason = new, READY, ""
             if closed:
                 new.served.close(False)
-                raise HTTPError(503, "the server is shutting down")
+                raise ModelUnavailableError("the server is shutting down")
             if old is not None:
                 self._retire_soon(old)
 
@@ -305,7 +308,7 @@ class ModelRepository:
         with self._mutex:
             entry = self._entries.get(name)
         if entry is None:
-            raise HTTPError(404, f"unknown model {name!r}")
+            raise ModelNotFoundError(f"unknown model {name!r}")
         with entry.lock:
             with self._mutex:
                 old = entry.loaded
@@ -351,15 +354,16 @@ class ModelRepository:
 
     # -- requests ----------------------------------------------------------------------
     def acquire(self, name: str) -> Loaded:
-        """The loaded model ``name``, counted as in use until :meth:`release` (404 unknown,
-        503 not loaded now)."""
+        """The loaded model ``name``, counted as in use until :meth:`release`
+        (:class:`~ortbatch.errors.ModelNotFoundError` unknown,
+        :class:`~ortbatch.errors.ModelUnavailableError` not loaded now)."""
         with self._mutex:
             entry = self._entries.get(name)
             if entry is None:
-                raise HTTPError(404, f"unknown model {name!r}; this server serves {sorted(self._entries)}")
+                raise ModelNotFoundError(f"unknown model {name!r}; this server serves {sorted(self._entries)}")
             loaded = entry.loaded
             if loaded is None or self._closed:
-                raise HTTPError(503, f"model {name!r} is not available: {entry.reason}")
+                raise ModelUnavailableError(f"model {name!r} is not available: {entry.reason}")
             loaded.in_flight += 1
             return loaded
 
@@ -375,7 +379,7 @@ class ModelRepository:
 
     def serving(self, endpoint: str) -> list[str]:
         """Names of the loaded models that serve ``endpoint`` (a key of
-        :func:`~ortbatch.serve.tasks.served_endpoints`, or ``"completions"``)."""
+        :func:`~ortbatch.serve.served.text_tasks.served_endpoints`, or ``"completions"``)."""
         return [
             e.name for e in self._snapshot() if e.loaded is not None and e.loaded.endpoints.get(endpoint, "no") == ""
         ]
@@ -404,8 +408,6 @@ class ModelRepository:
 
     def base_name(self, name: str) -> str:
         """The model that serves entry ``name`` (``minilm_text`` -> ``minilm``)."""
-        from .model import TEXT_MODEL_SUFFIX
-
         if name not in self._entries and name.endswith(TEXT_MODEL_SUFFIX):
             base = name[: -len(TEXT_MODEL_SUFFIX)]
             if base in self._entries:
@@ -477,9 +479,6 @@ async def _in_thread(fn: Callable[[str], None], name: str) -> None:
 def _warm_up(served: Any) -> None:
     """Run one smallest request, so the model reports ready only after ONNX Runtime has
     run it once (and a broken export fails here, at load, not on a user's request)."""
-    from .protocol import DATATYPES
-    from .served_generator import ServedGenerator
-
     if isinstance(served, ServedGenerator):
         served.generator.generate([0], max_new_tokens=1)
         return

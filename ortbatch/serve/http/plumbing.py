@@ -2,8 +2,8 @@
 the one place where exceptions become statuses), the route wrapper, body readers with
 their size and time limits, disconnect handling, the middleware that counts and measures
 requests, and :func:`assemble_app`, which builds a Starlette app from the routes of
-what is served. The protocol apps (:mod:`~ortbatch.serve.kserve`,
-:mod:`~ortbatch.serve.openai_api`) only contribute routes.
+what is served. The protocol apps (:mod:`~ortbatch.serve.http.kserve`,
+:mod:`~ortbatch.serve.http.openai_api`) only contribute routes.
 
 Errors: bad input 400 with the InvalidInputError text, unknown model 404, body too large
 413, queue full 429 with Retry-After, deadline 504, closed 503. Routes under ``/v2`` answer
@@ -23,16 +23,21 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..errors import (
+from ...errors import (
     InferenceError,
     InvalidInputError,
+    ModelLoadFailedError,
+    ModelNotFoundError,
+    ModelUnavailableError,
     QueueFullError,
     RequestTimeoutError,
+    RequestTooLargeError,
     SessionClosedError,
+    UnsupportedError,
 )
-from .metrics import ServerMetrics
-from .model import RequestTooLargeError
-from .protocol import dumps_json
+from ..config import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
+from ..metrics import ServerMetrics
+from ..served.protocol import dumps_json
 
 __all__ = [
     "DEFAULT_BODY_TIMEOUT_S",
@@ -64,9 +69,6 @@ __all__ = [
 
 log = logging.getLogger("ortbatch.serve")
 
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-#: seconds a client has to send a whole request body (a slow sender is answered 408)
-DEFAULT_BODY_TIMEOUT_S = 60.0
 # Bodies bigger than this are parsed/encoded off the event loop so one large request
 # does not stall every other connection.
 _OFFLOAD_BYTES = 1 << 20
@@ -167,6 +169,10 @@ _OPENAI_ERROR_TYPES = {
 }
 
 
+# errors of 500 and over whose message is the server's own answer, shown to the client
+_ANSWERED_AS_IS = (InferenceError, SessionClosedError, RequestTimeoutError, ModelUnavailableError, UnsupportedError)
+
+
 def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[str, Any], dict[str, str]]:
     """Map an exception to ``(status, body, headers)``: the one place where errors
     become HTTP answers."""
@@ -177,8 +183,14 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
         status, headers = exc.status, dict(exc.headers)
     elif isinstance(exc, RequestTooLargeError):
         status = 413
-    elif isinstance(exc, InvalidInputError):
+    elif isinstance(exc, (InvalidInputError, ModelLoadFailedError)):
         status = 400
+    elif isinstance(exc, ModelNotFoundError):
+        status = 404
+    elif isinstance(exc, ModelUnavailableError):
+        status = 503
+    elif isinstance(exc, UnsupportedError):
+        status = 501
     elif isinstance(exc, QueueFullError):
         status, headers = 429, {"Retry-After": _RETRY_AFTER_S}
     elif isinstance(exc, RequestTimeoutError):
@@ -191,8 +203,8 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
         status = 500
     if status == 499:
         return status, {"error": "client disconnected"}, headers
-    # an HTTPError's message is the server's own answer (e.g. a 503 naming an unloaded model)
-    if status < 500 or isinstance(exc, (InferenceError, SessionClosedError, RequestTimeoutError, HTTPError)):
+    # an HTTPError's message is the server's own answer, as is a 503 naming an unloaded model
+    if status < 500 or isinstance(exc, (*_ANSWERED_AS_IS, HTTPError)):
         message = str(exc)
     else:  # a fault of the server itself: logged in full, never echoed to the client
         incident = secrets.token_hex(4)

@@ -1,4 +1,4 @@
-"""A text-generation export over gRPC, as a *decoupled* model: each request of a
+"""A text-generation export as a *decoupled* KServe v2 model (served over gRPC): each request of a
 ``ModelStreamInfer`` stream is answered by several responses, one per piece of text, the
 way Triton serves LLMs (its vLLM backend's tensor names, so clients written for it work).
 
@@ -13,7 +13,7 @@ Outputs: ``text_output`` (BYTES [1]: the new text, the prompt not repeated) in e
 response, and ``finish_reason`` (``"stop"`` or ``"length"``) in the last one. Every
 response carries the parameter ``triton_final_response`` (true on the last), as Triton's
 decoupled responses do. The fields are checked by the same code as ``/v1/completions``
-(:func:`~ortbatch.serve.openai_api.parse_completion_request`), so a request refused there
+(:func:`~ortbatch.serve.http.openai_api.parse_completion_request`), so a request refused there
 is refused here with the same message. Unary ``ModelInfer`` is refused (UNIMPLEMENTED), as
 Triton refuses it for a decoupled model.
 """
@@ -27,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InvalidInputError
-from ..openai_api import _submit_all, parse_completion_request, prompt_char_limit
-from ..protocol import InferRequest, loads_json
-from ..served_generator import ServedGenerator
-from .routing import UnsupportedError
+from ...errors import InvalidInputError, UnsupportedError
+from .completions import parse_completion_request, prompt_char_limit, submit_all
+from .generator import ServedGenerator
+from .protocol import InferRequest, loads_json
 
 __all__ = ["FINAL_RESPONSE", "GenerationModel"]
 
@@ -45,7 +44,8 @@ _OUTPUTS = (_TEXT_OUTPUT, _FINISH)
 
 
 class GenerationModel:
-    """The gRPC face of a :class:`~ortbatch.serve.served_generator.ServedGenerator`."""
+    """The decoupled v2 model entry of a :class:`~ortbatch.serve.served.generator.ServedGenerator`
+    (transport-free: gRPC's servicer streams what :meth:`stream` yields)."""
 
     def __init__(self, served: ServedGenerator) -> None:
         self.served = served
@@ -145,7 +145,7 @@ class GenerationModel:
                 pass
 
         on_token = (lambda i: put) if creq.stream else None
-        (future,) = _submit_all(self.generator, creq, on_token)
+        (future,) = submit_all(self.generator, creq, on_token)
         # tokens are put before the future settles, on the same thread: None comes last
         future.add_done_callback(lambda _f: put(None))
         sent = ""

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ...errors import InvalidInputError
 
 __all__ = [
     "DATATYPES",
@@ -394,18 +394,36 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
     binary_output = params.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise InvalidInputError("parameter 'binary_data_output' must be a boolean")
-    timeout_s = None
-    if "timeout" in params:
-        # Triton's request timeout parameter is in microseconds.
-        timeout = params["timeout"]
-        if not _is_int(timeout) or not 0 <= timeout <= _MAX_TIMEOUT_US:
-            raise InvalidInputError(
-                f"parameter 'timeout' must be an integer number of microseconds in [0, {_MAX_TIMEOUT_US}], "
-                f"got {_short(timeout)}"
-            )
-        timeout_s = timeout / 1e6 if timeout else None
+    timeout_s = _timeout_s(params)
+    inputs, datatypes = _parse_inputs(doc.get("inputs"), binary)
+    return InferRequest(
+        inputs=inputs,
+        datatypes=datatypes,
+        id=req_id,
+        outputs=_parse_outputs(doc["outputs"]) if doc.get("outputs") is not None else None,
+        binary_output=binary_output,
+        timeout_s=timeout_s,
+        parameters=params,
+    )
 
-    raw_inputs = doc.get("inputs")
+
+def _timeout_s(params: dict[str, Any]) -> float | None:
+    """The request's ``timeout`` parameter in seconds (None: none, or 0)."""
+    if "timeout" not in params:
+        return None
+    # Triton's request timeout parameter is in microseconds.
+    timeout = params["timeout"]
+    if not _is_int(timeout) or not 0 <= timeout <= _MAX_TIMEOUT_US:
+        raise InvalidInputError(
+            f"parameter 'timeout' must be an integer number of microseconds in [0, {_MAX_TIMEOUT_US}], "
+            f"got {_short(timeout)}"
+        )
+    return timeout / 1e6 if timeout else None
+
+
+def _parse_inputs(raw_inputs: Any, binary: memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The request's input tensors and their datatypes, by name: each from its JSON
+    ``data`` or its ``binary_data_size`` bytes of ``binary``, which they must use up."""
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInputError("'inputs' must be a non-empty list of input tensors")
     inputs: dict[str, np.ndarray] = {}
@@ -446,39 +464,32 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
         raise InvalidInputError(
             f"the body has {len(binary) - cursor} bytes of binary data that no input's binary_data_size accounts for"
         )
+    return inputs, datatypes
 
-    outputs: list[RequestedOutput] | None = None
-    if doc.get("outputs") is not None:
-        raw_outputs = doc["outputs"]
-        if not isinstance(raw_outputs, list):
-            raise InvalidInputError("'outputs' must be a list")
-        outputs = []
-        seen: set[str] = set()
-        for i, raw in enumerate(raw_outputs):
-            if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-                raise InvalidInputError(f"outputs[{i}] must be an object with a 'name' string")
-            name = raw["name"]
-            if name in seen:
-                raise InvalidInputError(f"output {name!r} is requested twice")
-            seen.add(name)
-            p = _parameters(raw, f"output {name!r}")
-            if p.get("classification"):
-                raise InvalidInputError(f"output {name!r}: the classification extension is not supported")
-            if "shared_memory_region" in p:
-                raise InvalidInputError(f"output {name!r}: shared memory is not supported by this server")
-            wants = p.get("binary_data")
-            if wants is not None and not isinstance(wants, bool):
-                raise InvalidInputError(f"output {name!r}: parameter 'binary_data' must be a boolean")
-            outputs.append(RequestedOutput(name, wants))
-    return InferRequest(
-        inputs=inputs,
-        datatypes=datatypes,
-        id=req_id,
-        outputs=outputs,
-        binary_output=binary_output,
-        timeout_s=timeout_s,
-        parameters=params,
-    )
+
+def _parse_outputs(raw_outputs: Any) -> list[RequestedOutput]:
+    """The outputs the request asks for, each once, and whether each is wanted binary."""
+    if not isinstance(raw_outputs, list):
+        raise InvalidInputError("'outputs' must be a list")
+    outputs = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_outputs):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise InvalidInputError(f"outputs[{i}] must be an object with a 'name' string")
+        name = raw["name"]
+        if name in seen:
+            raise InvalidInputError(f"output {name!r} is requested twice")
+        seen.add(name)
+        p = _parameters(raw, f"output {name!r}")
+        if p.get("classification"):
+            raise InvalidInputError(f"output {name!r}: the classification extension is not supported")
+        if "shared_memory_region" in p:
+            raise InvalidInputError(f"output {name!r}: shared memory is not supported by this server")
+        wants = p.get("binary_data")
+        if wants is not None and not isinstance(wants, bool):
+            raise InvalidInputError(f"output {name!r}: parameter 'binary_data' must be a boolean")
+        outputs.append(RequestedOutput(name, wants))
+    return outputs
 
 
 # -- responses -----------------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""Putting a server together for a :class:`ServeConfig`, the same way for ``serve()``,
+:class:`~ortbatch.serve.server.BackgroundServer`, each front-end process and Ray Serve:
+the app for what is served (:func:`app_for`, behind the API-key door), the gRPC server
+(:func:`grpc_server_for`), and what the server says: the startup lines
+(:func:`announce`) and the exit report (:func:`exit_report`, whose return is the exit
+code).
+
+It sits above both transports (:mod:`ortbatch.serve.http`, :mod:`ortbatch.serve.grpc`)
+and the core (:mod:`ortbatch.serve.served`), below the runners (:mod:`.server`,
+:mod:`.frontends`, :mod:`ortbatch.ray`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config import ServeConfig
+from .http.app import build_app
+from .http.auth import ApiKeyMiddleware
+from .http.plumbing import BodyLimits
+from .http.repository_routes import create_repository_app
+from .served.generator import ServedGenerator
+from .served.loading import load_served
+from .served.model import ServedModel
+from .served.repository import ModelRepository
+
+if TYPE_CHECKING:
+    from .grpc import GrpcServer
+
+__all__ = [
+    "ExitCounts",
+    "Served",
+    "announce",
+    "app_for",
+    "exit_report",
+    "grpc_server_for",
+    "load_app",
+    "say",
+    "served_label",
+    "served_summary",
+]
+
+#: what a server serves: one model, one generation export, or a repository of them
+Served = ServedModel | ServedGenerator | ModelRepository
+
+
+def say(text: str) -> None:
+    """One line of the server's own log (stderr), as every runner writes it."""
+    print(f"ortbatch serve: {text}", file=sys.stderr, flush=True)
+
+
+def app_for(served: Served, config: ServeConfig, close_model_on_shutdown: bool = True) -> Any:
+    """The app for what is served (:func:`~ortbatch.serve.http.app.build_app`; every model's for
+    a repository), behind the API-key door when a key is set."""
+    body = BodyLimits(config.max_body_bytes, config.body_timeout_s)
+    app: Any
+    if isinstance(served, ModelRepository):
+        app = create_repository_app(served, body=body, close_model_on_shutdown=close_model_on_shutdown)
+    else:
+        app = build_app(served, body, close_on_shutdown=close_model_on_shutdown)
+    return ApiKeyMiddleware(app, config.api_key) if config.api_key is not None else app
+
+
+def grpc_server_for(
+    served: Served, config: ServeConfig, app: Any = None, reuse_port: bool = False
+) -> GrpcServer | None:
+    """The started gRPC service when ``config.grpc_port`` is set (None otherwise); its
+    requests are counted in ``app``'s ``/metrics``. ``reuse_port``: share the port with the
+    other front ends (``--frontends``)."""
+    if config.grpc_port is None:
+        return None
+    from .grpc import GrpcServer  # grpcio is the serve extra's: imported only when asked for
+
+    return GrpcServer(
+        served,
+        host=config.host,
+        port=config.grpc_port,
+        api_key=config.api_key,
+        ssl_certfile=config.ssl_certfile,
+        ssl_keyfile=config.ssl_keyfile,
+        max_message_bytes=config.max_body_bytes,
+        metrics=app.state.metrics if app is not None else None,
+        reuse_port=reuse_port,
+    ).start()
+
+
+def load_app(directory: str | Path | ModelRepository, config: ServeConfig) -> tuple[Served, Any]:
+    """Load what ``directory`` holds (a generator for a decoder-with-past export, else a
+    model; every model of a repository) and build its app."""
+    served: Served
+    if isinstance(directory, ModelRepository):
+        served = directory
+        served.load_all()
+    else:
+        served = load_served(directory, config.name, config)
+    try:
+        return served, app_for(served, config)
+    except BaseException:
+        served.close(drain=False)
+        raise
+
+
+def served_summary(served: Served) -> str:
+    """What the startup line says is served (before the gRPC address and the URL)."""
+    if isinstance(served, ModelRepository):
+        return "a model repository: POST /v2/repository/index"
+    if isinstance(served, ServedModel):
+        text = "text input on" if served.text_input else "no text input"
+        emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
+        return f"{text}, {emb}"
+    return "text generation: /v1/completions"
+
+
+def served_label(served: Served) -> str:
+    """The startup line's subject: ``model 'name'``, or ``serving`` for a repository."""
+    return "serving" if isinstance(served, ModelRepository) else f"model {served.name!r}"
+
+
+def with_grpc(what: str, address: str | None, tls: bool) -> str:
+    """``what`` followed by where gRPC listens (when it does)."""
+    if address is None:
+        return what
+    return what + f"; gRPC{' (TLS)' if tls else ''} on {address}"
+
+
+def announce(served: Served, what: str, url: str, before: Sequence[str] = ()) -> None:
+    """The startup lines: each repository model's state, then ``before`` (a runner's own
+    lines), then ``{label} ({what}); listening on {url}`` (tests and scripts wait for it)."""
+    if isinstance(served, ModelRepository):
+        for line in served.status_lines():
+            say(line)
+    for line in before:
+        say(line)
+    say(f"{served_label(served)} ({what}); listening on {url}")
+
+
+@dataclass
+class ExitCounts:
+    """The requests a server took and settled, over HTTP and gRPC, for :func:`exit_report`."""
+
+    accepted: int = 0
+    answered: int = 0
+    #: HTTP requests whose client left before the response was complete
+    abandoned: int = 0
+    grpc_accepted: int = 0
+    grpc_answered: int = 0
+
+
+def exit_report(counts: ExitCounts, *, started: bool, grace: float | None, grpc: bool, by_front_end: str = "") -> int:
+    """Say what the server answered and return the exit code: 1 when it never started or
+    a graceful-shutdown timeout cancelled requests unanswered, else 0. ``grpc``: report
+    the gRPC counts; ``by_front_end``: the requests each front end took."""
+    rpc = f"; gRPC accepted={counts.grpc_accepted} answered={counts.grpc_answered}" if grpc else ""
+    per = f"; by front end: {by_front_end}" if by_front_end else ""
+    say(
+        f"stopped; requests accepted={counts.accepted} answered={counts.answered} "
+        f"abandoned by their clients={counts.abandoned}{rpc}{per}"
+    )
+    if not started:
+        return 1
+    if counts.grpc_answered < counts.grpc_accepted:
+        say(
+            f"{counts.grpc_accepted - counts.grpc_answered} gRPC request(s) were cancelled unanswered "
+            f"(--graceful-timeout-s {grace} exceeded)"
+        )
+        return 1
+    if counts.answered + counts.abandoned < counts.accepted:
+        # only a graceful-shutdown timeout cancels requests: say so in the exit code
+        say(
+            f"{counts.accepted - counts.answered - counts.abandoned} request(s) were cancelled unanswered "
+            f"(--graceful-timeout-s {grace} exceeded)"
+        )
+        return 1
+    return 0

@@ -1,0 +1,41 @@
+"""HTTP's door: the API key (:class:`~ortbatch.serve.auth.ApiKey`) checked before a
+request reaches an app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..auth import OPEN_PATHS, ApiKey
+from .plumbing import send_json
+
+__all__ = ["ApiKeyMiddleware"]
+
+
+class ApiKeyMiddleware:
+    """ASGI middleware answering 401 to HTTP requests without the right bearer key
+    (all routes but :data:`OPEN_PATHS`). The error body has the shape of the route's
+    other errors: OpenAI's under ``/v1/``, ``{"error": ...}`` elsewhere. Attributes of
+    the wrapped app (``state``) are reachable through it."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app = app
+        self._key = ApiKey(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path", "") in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        value = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+        if self._key.allows(value):
+            await self.app(scope, receive, send)
+            return
+        message = "missing API key" if value is None else "invalid API key"
+        message += ": send the header 'Authorization: Bearer <key>'"
+        if scope.get("path", "").startswith("/v1/"):
+            doc: Any = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 401}}
+        else:
+            doc = {"error": message}
+        await send_json(send, 401, doc, [(b"www-authenticate", b"Bearer")])

@@ -1,0 +1,141 @@
+"""The Open Inference Protocol (KServe v2) routes over one :class:`ServedModel`::
+
+    GET  /v2                                               server metadata
+    GET  /v2/models/{name}[/versions/{version}]            model metadata
+    GET  /v2/models/{name}[/versions/{version}]/ready
+    GET  /v2/models/{name}[/versions/{version}]/config     Triton-style config
+    POST /v2/models/{name}[/versions/{version}]/infer      JSON or binary tensors
+
+The wire format is :mod:`~ortbatch.serve.served.protocol`; errors, bodies and the app itself
+come from :mod:`~ortbatch.serve.http.plumbing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ... import __version__
+from ..served.decoupled import GenerationModel
+from ..served.lookup import Entries
+from ..served.model import ServedModel
+from ..served.protocol import encode_infer_response, parse_infer_request
+from .plumbing import (
+    BodyLimits,
+    HTTPError,
+    Incoming,
+    Reply,
+    asgi_route,
+    handled_route,
+    json_response,
+    offload,
+    run_or_abandon,
+)
+
+__all__ = ["HEADER_LENGTH", "generation_routes", "kserve_routes"]
+
+HEADER_LENGTH = "inference-header-content-length"
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
+    """The v2 routes serving ``model`` (for :func:`~ortbatch.serve.http.plumbing.assemble_app`)."""
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    entries = Entries(model)  # the model and its text-in entry, {name}_text
+
+    def find_model(request: Any) -> Any:
+        return entries.find(request.path_params["name"], request.path_params.get("version"))
+
+    # -- v2 handlers ------------------------------------------------------------------
+    async def server_metadata(request: Request) -> Response:
+        return json_response({"name": "ortbatch", "version": __version__, "extensions": ["binary_tensor_data"]})
+
+    model_metadata, model_config, model_ready = _info_handlers(find_model)
+
+    async def infer(request: Incoming) -> Reply:
+        m = find_model(request)
+        data_in = await body.read(request)
+        raw_length = request.header(HEADER_LENGTH)
+        header_length = None
+        if raw_length is not None:
+            try:
+                header_length = int(raw_length)
+            except ValueError:
+                raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length[:40]!r}") from None
+        req = await offload(len(data_in), parse_infer_request, data_in, header_length)
+        outputs = await run_or_abandon(request.receive, m.infer(req))
+        binary = [req.wants_binary(name) for name, _ in outputs]
+        nbytes = sum(a.nbytes for _, a in outputs)
+        data, ctype, hlen = await offload(nbytes, encode_infer_response, m.name, m.version, outputs, binary, req.id)
+        return Reply(data, ctype, {"Inference-Header-Content-Length": str(hlen)} if hlen is not None else None)
+
+    route = handled_route
+    base = "/v2/models/{name}"
+    versioned = "/v2/models/{name}/versions/{version}"
+    # the routes every request takes are bare ASGI (matched ahead of Starlette's
+    # middleware and router: see http.FastRoutes), and first
+    return [
+        asgi_route(base + "/infer", infer, "POST"),
+        asgi_route(versioned + "/infer", infer, "POST"),
+        route("/v2", server_metadata, "GET"),
+        route(base, model_metadata, "GET"),
+        route(versioned, model_metadata, "GET"),
+        route(base + "/config", model_config, "GET"),
+        route(versioned + "/config", model_config, "GET"),
+        route(base + "/ready", model_ready, "GET"),
+        route(versioned + "/ready", model_ready, "GET"),
+    ]
+
+
+def _info_handlers(find_model: Callable[[Any], Any]) -> tuple[Handler, Handler, Handler]:
+    """The metadata, config and ready handlers of the model ``find_model(request)`` finds
+    (a ServedModel, its text view, or a generator's decoupled v2 entry)."""
+
+    async def model_metadata(request: Any) -> Any:
+        return json_response(find_model(request).metadata())
+
+    async def model_config(request: Any) -> Any:
+        return json_response(find_model(request).triton_config())
+
+    async def model_ready(request: Any) -> Any:
+        m = find_model(request)
+        if m.ready:
+            return json_response({"name": m.name, "ready": True})
+        return json_response({"error": f"model {m.name!r} is not ready (shutting down)"}, 503)
+
+    return model_metadata, model_config, model_ready
+
+
+def generation_routes(served: Any) -> list[Any]:
+    """The v2 model routes of a text-generation export (a
+    :class:`~ortbatch.serve.served.generator.ServedGenerator`): metadata, config and ready
+    describe its decoupled v2 model entry (:mod:`ortbatch.serve.served.decoupled`), as gRPC
+    serves it, so ``tritonclient``'s ``is_model_ready`` agrees with the repository index;
+    infer is refused naming what serves it."""
+    entries = Entries(served)
+    model = GenerationModel(served)
+
+    def find_model(request: Any) -> GenerationModel:
+        entries.find(request.path_params["name"], request.path_params.get("version"))
+        return model
+
+    model_metadata, model_config, model_ready = _info_handlers(find_model)
+
+    async def infer(request: Any) -> Any:
+        m = find_model(request)
+        raise HTTPError(
+            400, f"model {m.name!r} is a text-generation export: it serves /v1/completions (gRPC: ModelStreamInfer)"
+        )
+
+    routes = []
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        routes += [
+            handled_route(base, model_metadata, "GET"),
+            handled_route(base + "/config", model_config, "GET"),
+            handled_route(base + "/ready", model_ready, "GET"),
+            handled_route(base + "/infer", infer, "POST"),
+        ]
+    return routes

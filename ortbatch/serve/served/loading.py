@@ -1,0 +1,63 @@
+"""What an export directory holds, ready to serve, built with a :class:`ServeConfig`'s
+settings: the default loader of :class:`~.repository.ModelRepository` and of the runners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ...errors import ValidationError
+from ...manifest import MANIFEST_NAME, Manifest
+from ..config import ServeConfig
+from .generator import ServedGenerator, is_generation_export
+from .model import ServedModel
+
+__all__ = ["load_served", "refuse_unvalidated"]
+
+
+def refuse_unvalidated(directory: str | Path, allow_unvalidated: bool) -> None:
+    """Raise :class:`~ortbatch.errors.ValidationError` when ``directory``'s manifest records
+    failed accuracy checks (``validation.passed`` false, as in an ``X.failed`` export), unless
+    ``allow_unvalidated``. Every way a model gets loaded goes through :func:`load_served`, which
+    calls this, so the rule cannot be skipped by serving the export beside another."""
+    target = Path(directory)
+    if allow_unvalidated or not (target / MANIFEST_NAME).is_file():
+        return
+    if Manifest.load(target).validation.get("passed") is False:
+        raise ValidationError(
+            f"{target} FAILED its accuracy checks (validation.passed is false; see "
+            f"{target / 'validation.json'}), so it may answer wrong numbers. Re-export it, "
+            "or pass --allow-unvalidated to serve it anyway"
+        )
+
+
+def load_served(
+    directory: str | Path,
+    name: str | None,
+    config: ServeConfig,
+    session_options: Callable[[bool], Any] | None = None,
+) -> ServedModel | ServedGenerator:
+    """What ``directory`` holds, ready to serve: a ServedGenerator for a decoder-with-past
+    export, else a ServedModel, built with ``config``'s settings. ``session_options(generation)``,
+    when given, makes the ONNX Runtime session options (``ortbatch.ray`` sizes threads to a
+    replica's CPUs). An export whose accuracy checks failed is refused
+    (:func:`refuse_unvalidated`) unless ``config.allow_unvalidated``."""
+    refuse_unvalidated(directory, config.allow_unvalidated)
+    if is_generation_export(directory):
+        gen_kw = config.generator_kwargs()
+        if session_options is not None:
+            gen_kw["session_options"] = session_options(True)
+        return ServedGenerator.load(directory, name=name, generator_kwargs=gen_kw)
+    kw = config.session_kwargs()
+    if session_options is not None:
+        kw["session_options"] = session_options(False)
+    return ServedModel.load(
+        directory,
+        name=name,
+        session_kwargs=kw,
+        normalize_embeddings=config.normalize_embeddings,
+        max_text_chars=config.max_text_chars,
+        truncate=config.truncate,
+    )
