@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ._extras import require
+from ._ort.session import cpu_session_options
 from .errors import OrtBatchError
 from .serve.assembly import app_for
 from .serve.config import ServeConfig
@@ -73,15 +74,7 @@ def replica_threads(num_cpus: float, workers: int) -> int:
 def _session_options(num_cpus: float, workers: int) -> Any:
     """Session options sized to the replica's CPUs, not the machine's: several replicas
     share a node, and each sizing its thread pool to every core would oversubscribe it."""
-    ort = require("onnxruntime")
-    so = ort.SessionOptions()
-    threads = replica_threads(num_cpus, workers)
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    if workers > 1 and threads > 1:
-        # spinning threads of one run steal the cores the overlapping run needs
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return so
+    return cpu_session_options(int(num_cpus), workers)
 
 
 class _ReplicaHeader:

@@ -23,7 +23,16 @@ from .._extras import require
 from ..errors import ModelLoadError, OrtBatchError, ProviderError
 from .providers import CPU, CUDA, GPU_PROVIDERS, TRT, ProviderChain
 
-__all__ = ["build_session", "check_active", "cpu_count", "device_of", "load_error", "on_gpu", "plain_session"]
+__all__ = [
+    "build_session",
+    "check_active",
+    "cpu_count",
+    "cpu_session_options",
+    "device_of",
+    "load_error",
+    "on_gpu",
+    "plain_session",
+]
 
 # onnxruntime.capi.onnxruntime_pybind11_state exceptions that can only mean the model file
 _MODEL_ERRORS = frozenset({"InvalidProtobuf", "NoSuchFile", "NoModel"})
@@ -61,21 +70,29 @@ def load_error(exc: BaseException, where: str | os.PathLike[str], providers: Seq
     return ModelLoadError(where, text or name)
 
 
-def _tuned_options(ort: Any, providers: ProviderChain, workers: int, latency: bool) -> Any:
+def cpu_session_options(cpus: int, workers: int, latency: bool = False) -> Any:
+    """CPU session options for ``workers`` batches in flight sharing ``cpus`` cores: each
+    run gets ``cpus // workers`` threads (at least one), and spinning is off when runs
+    overlap (spinning threads steal the cores the other run needs). A latency session
+    spins during its run, as ORT's defaults do, but stops when it ends so idle threads
+    leave the cores to batches. Used with this machine's cores by :func:`build_session`,
+    and with a Ray worker's share of a node by ``ortbatch.ray`` and ``ortbatch run --ray``."""
+    ort = require("onnxruntime")
     so = ort.SessionOptions()
-    if not on_gpu(providers):
-        # ``workers`` batches in flight share the cores: each run gets cores // workers
-        # threads, and spinning is off when runs overlap (spinning threads steal the cores
-        # the other run needs). The latency session spins during its run, as ORT's
-        # defaults do, but stops when it ends so idle threads leave the cores to batches.
-        threads = max(1, cpu_count() // max(1, workers))
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        if latency:
-            so.add_session_config_entry("session.force_spinning_stop", "1")
-        elif workers > 1 and threads > 1:
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    threads = max(1, int(cpus) // max(1, workers))
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    if latency:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
+    elif workers > 1 and threads > 1:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
+
+
+def _tuned_options(ort: Any, providers: ProviderChain, workers: int, latency: bool) -> Any:
+    if on_gpu(providers):
+        return ort.SessionOptions()
+    return cpu_session_options(cpu_count(), workers, latency)
 
 
 def build_session(

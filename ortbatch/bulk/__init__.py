@@ -7,15 +7,29 @@
 The rooms: :mod:`~ortbatch.bulk.sources` (input files as numbered rows),
 :mod:`~ortbatch.bulk.tasks` (rows in, one result or failure per row out, per kind of
 export), :mod:`~ortbatch.bulk.batchapi` (OpenAI Batch API lines),
-:mod:`~ortbatch.bulk.output` (atomic shards and the manifest a resume reads) and
-:mod:`~ortbatch.bulk.job` (windows, progress, summary). Needs the ``bulk`` extra for
-Parquet (pyarrow) and text (tokenizers).
+:mod:`~ortbatch.bulk.output` (atomic shards and the manifest a resume reads),
+:mod:`~ortbatch.bulk.plan` (what a job is, whichever engine runs it: settings, identity,
+one window → one shard, the summary), :mod:`~ortbatch.bulk.job` (the job in this process:
+windows, progress) and :mod:`~ortbatch.bulk.ray_data` (the same job on Ray Data, with
+``ray=``). Needs the ``bulk`` extra for Parquet (pyarrow) and text (tokenizers), and the
+``ray`` extra for ``ray=``.
 """
 
 from __future__ import annotations
 
-from .job import EXIT_ROW_ERRORS, RunConfig, RunSummary, run
+from .job import run
 from .output import OutputError
+from .plan import EXIT_ROW_ERRORS, RayOptions, RunConfig, RunSummary
 from .tasks import Field, RowFailure, Task
 
-__all__ = ["EXIT_ROW_ERRORS", "Field", "OutputError", "RowFailure", "RunConfig", "RunSummary", "Task", "run"]
+__all__ = [
+    "EXIT_ROW_ERRORS",
+    "Field",
+    "OutputError",
+    "RayOptions",
+    "RowFailure",
+    "RunConfig",
+    "RunSummary",
+    "Task",
+    "run",
+]

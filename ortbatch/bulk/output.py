@@ -15,18 +15,27 @@ and Polars when they read the folder as one dataset)::
 
 Every file is written to a temporary name in the same folder, flushed and fsynced, then
 renamed over its final name, and the folder is fsynced: after a crash a file is either
-complete or absent. A shard counts only when its ``_shards`` file exists, with every shard
-before it; files of shards after that point are leftovers of an interrupted run and are
-deleted before the run goes on.
+complete or absent. Shard ``k`` covers input rows ``[k * window, (k + 1) * window)`` (the
+last one fewer). It counts when its ``_shards`` file exists and its files are all there;
+the files of a shard that does not count are leftovers of an interrupted run and are
+deleted before the run goes on. A local run commits shards in order; a ``--ray`` run
+commits them as they finish, so a resume may find gaps, and computes just those.
+
+A shard is made in two steps, which may happen in different processes:
+:func:`encode_shard` turns a window's results into the bytes of its files
+(:class:`ShardFiles`, pure), and :meth:`OutputDir.write_shard` writes and commits them.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,7 +45,7 @@ from .._extras import require
 from ..errors import OrtBatchError
 from .tasks import Field
 
-__all__ = ["OUTPUT_FORMATS", "OutputDir", "OutputError", "ShardInfo", "write_atomic"]
+__all__ = ["OUTPUT_FORMATS", "OutputDir", "OutputError", "ShardFiles", "ShardInfo", "encode_shard", "write_atomic"]
 
 OUTPUT_FORMATS = ("parquet", "jsonl")
 _PART = re.compile(r"^part-(\d{6})\.(parquet|jsonl)$")
@@ -71,8 +80,9 @@ def write_atomic(
     path: Path, write: Callable[[IO[bytes]], object], before_rename: Callable[[], None] | None = None
 ) -> None:
     """Write ``path`` through ``write(file)`` to a temporary file beside it, fsync, then
-    rename it into place (and fsync the folder)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    rename it into place (and fsync the folder). The temporary name is unique, so two
+    processes writing the same file (a retried ``--ray`` task) never share one."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     with open(tmp, "wb") as f:
         write(f)
         f.flush()
@@ -93,6 +103,41 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+@dataclass(frozen=True)
+class ShardFiles:
+    """One shard, encoded: its manifest (``info``) and the bytes of its part file and of
+    its errors file (``None`` when it has no results, no failures)."""
+
+    info: ShardInfo
+    part: bytes | None
+    errors: bytes | None
+
+
+def encode_shard(
+    index: int,
+    start: int,
+    end: int,
+    records: Sequence[dict[str, Any]],
+    fields: Sequence[Field],
+    errors: Sequence[dict[str, Any]],
+    extra: dict[str, Any],
+    fmt: str,
+) -> ShardFiles:
+    """Shard ``index`` (input rows ``[start, end)``) as bytes: its results (``records``, in
+    ``fmt``), its failures (JSONL) and its manifest."""
+    info: ShardInfo = {"shard": index, "start": start, "end": end, "rows": len(records), "errors": len(errors)}
+    info.update(extra)
+    info["file"] = f"part-{index:06d}.{fmt}" if records else None
+    info["errors_file"] = f"_errors/{index:06d}.jsonl" if errors else None
+    part = None
+    if records:
+        buf = io.BytesIO()
+        (_parquet if fmt == "parquet" else _jsonl)(buf, records, fields)
+        part = buf.getvalue()
+    errs = b"".join(_dumps(e) + b"\n" for e in errors) if errors else None
+    return ShardFiles(info, part, errs)
 
 
 class OutputDir:
@@ -142,7 +187,7 @@ class OutputDir:
         (self.path / "_errors").mkdir(exist_ok=True)
         if self._read_json(self.path / "_job.json") != job:
             write_atomic(self.path / "_job.json", lambda f: f.write(_dumps(job) + b"\n"))
-        return self._committed()
+        return self.committed(int(job["window"]))
 
     def clear(self) -> None:
         """Delete what ``ortbatch run`` wrote here (and nothing else)."""
@@ -159,38 +204,32 @@ class OutputDir:
         except (OSError, ValueError):
             return None
 
-    def _committed(self) -> list[ShardInfo]:
+    def committed(self, window: int) -> list[ShardInfo]:
+        """The shards that count, in order (gaps allowed), after deleting the files of those
+        that do not: shard ``k`` covers rows from ``k * window``, at most ``window`` of
+        them, and has all its files."""
         shards: list[ShardInfo] = []
-        by_index = {}
-        for p in (self.path / "_shards").iterdir():
+        for p in sorted((self.path / "_shards").iterdir()):
             m = _SHARD.match(p.name)
-            if m:
-                by_index[int(m.group(1))] = p
-        expected_start = 0
-        k = 0
-        while k in by_index:
-            info = self._read_json(by_index[k])
-            # a shard counts when its range continues the last and its files are all there
-            if not isinstance(info, dict) or info.get("start") != expected_start:
-                break
+            info = self._read_json(p) if m else None
+            if not (m and isinstance(info, dict) and _covers(info, int(m.group(1)), window)):
+                continue
             files = [info.get("file"), info.get("errors_file")]
             if any(f and not (self.path / f).is_file() for f in files):
-                break
+                continue
             shards.append(info)
-            expected_start = int(info["end"])
-            k += 1
-        self._drop_from(len(shards))
+        self._drop_except({int(s["shard"]) for s in shards})
         return shards
 
-    def _drop_from(self, first: int) -> None:
-        """Delete shard files numbered ``first`` and on, and temporary files."""
+    def _drop_except(self, keep: set[int]) -> None:
+        """Delete the shard files not numbered in ``keep``, and temporary files."""
         for folder, pattern in ((self.path, _PART), (self.path / "_shards", _SHARD)):
             for p in folder.iterdir():
                 m = pattern.match(p.name)
-                if (m and int(m.group(1)) >= first) or (p.name.startswith(".") and p.name.endswith(".tmp")):
+                if (m and int(m.group(1)) not in keep) or (p.name.startswith(".") and p.name.endswith(".tmp")):
                     p.unlink()
         for p in (self.path / "_errors").iterdir():
-            if p.name.startswith(".") or (p.stem.isdigit() and int(p.stem) >= first):
+            if p.name.startswith(".") or (p.stem.isdigit() and int(p.stem) not in keep):
                 p.unlink()
         for name in ("_manifest.json", "_errors.jsonl"):
             (self.path / name).unlink(missing_ok=True)  # the job is no longer complete
@@ -207,56 +246,24 @@ class OutputDir:
         extra: dict[str, Any],
         hook: Callable[[str], None] | None = None,
     ) -> ShardInfo:
-        """Write shard ``index`` (input rows ``[start, end)``): its part file (when it has
-        results), its errors file (when it has failures), then its manifest, which commits it."""
+        """Encode and write shard ``index`` (input rows ``[start, end)``); see :meth:`write_shard`."""
+        return self.write_shard(encode_shard(index, start, end, records, fields, errors, extra, self.format), hook)
+
+    def write_shard(self, files: ShardFiles, hook: Callable[[str], None] | None = None) -> ShardInfo:
+        """Write a shard's part file (when it has results), its errors file (when it has
+        failures), then its manifest, which commits it. ``hook(point)`` is called at
+        ``written`` (the part file written, not yet renamed), ``renamed`` and ``committed``."""
         step = hook or (lambda point: None)
-        info: ShardInfo = {"shard": index, "start": start, "end": end, "rows": len(records), "errors": len(errors)}
-        info.update(extra)
-        info["file"] = None
-        info["errors_file"] = None
-        if records:
-            name = f"part-{index:06d}.{self.format}"
-            writer = self._parquet if self.format == "parquet" else self._jsonl
-            write_atomic(self.path / name, lambda f: writer(f, records, fields), lambda: step("written"))
-            info["file"] = name
+        info, part, errors = files.info, files.part, files.errors
+        if part is not None:
+            write_atomic(self.path / info["file"], lambda f: f.write(part), lambda: step("written"))
             step("renamed")
-        if errors:
-            rel = f"_errors/{index:06d}.jsonl"
-            write_atomic(self.path / rel, lambda f: f.write(b"".join(_dumps(e) + b"\n" for e in errors)))
-            info["errors_file"] = rel
-        write_atomic(self.path / "_shards" / f"{index:06d}.json", lambda f: f.write(_dumps(info) + b"\n"))
+        if errors is not None:
+            write_atomic(self.path / info["errors_file"], lambda f: f.write(errors))
+        name = f"{int(info['shard']):06d}.json"
+        write_atomic(self.path / "_shards" / name, lambda f: f.write(_dumps(info) + b"\n"))
         step("committed")
         return info
-
-    @staticmethod
-    def _jsonl(f: IO[bytes], records: Sequence[dict[str, Any]], fields: Sequence[Field]) -> None:
-        f.write(b"".join(_dumps({k: _jsonable(v) for k, v in r.items()}) + b"\n" for r in records))
-
-    @staticmethod
-    def _parquet(f: IO[bytes], records: Sequence[dict[str, Any]], fields: Sequence[Field]) -> None:
-        pa = require("pyarrow", "bulk")
-        pq = require("pyarrow.parquet", "bulk")
-        columns: dict[str, Any] = {}
-        keys = list(records[0])
-        by_name = {fl.name: fl for fl in fields}
-        for key in keys:
-            values = [r.get(key) for r in records]
-            fl = by_name.get(key)
-            if key == "row":
-                columns[key] = pa.array(values, pa.int64())
-            elif key == "id":
-                columns[key] = pa.array([None if v is None else str(v) for v in values], pa.string())
-            elif fl is None:
-                columns[key] = pa.array(values)
-            elif fl.kind == "vector":
-                columns[key] = _vectors(pa, values, fl)
-            elif fl.kind == "entities":
-                columns[key] = pa.array(values, _ENTITY_TYPE(pa))
-            else:
-                columns[key] = pa.array(
-                    values, {"int64": pa.int64(), "float64": pa.float64()}.get(fl.kind, pa.string())
-                )
-        pq.write_table(pa.table(columns), f)
 
     # -- the end ----------------------------------------------------------------------------
     def finish(self, job: dict[str, Any], shards: Iterable[ShardInfo], summary: dict[str, Any]) -> Path:
@@ -274,6 +281,40 @@ class OutputDir:
         doc = {"format": 1, "job": job, "shards": shards, "summary": summary}
         write_atomic(self.path / "_manifest.json", lambda f: f.write(_dumps(doc) + b"\n"))
         return errors_path
+
+
+def _jsonl(f: IO[bytes], records: Sequence[dict[str, Any]], fields: Sequence[Field]) -> None:
+    f.write(b"".join(_dumps({k: _jsonable(v) for k, v in r.items()}) + b"\n" for r in records))
+
+
+def _parquet(f: IO[bytes], records: Sequence[dict[str, Any]], fields: Sequence[Field]) -> None:
+    pa = require("pyarrow", "bulk")
+    pq = require("pyarrow.parquet", "bulk")
+    columns: dict[str, Any] = {}
+    keys = list(records[0])
+    by_name = {fl.name: fl for fl in fields}
+    for key in keys:
+        values = [r.get(key) for r in records]
+        fl = by_name.get(key)
+        if key == "row":
+            columns[key] = pa.array(values, pa.int64())
+        elif key == "id":
+            columns[key] = pa.array([None if v is None else str(v) for v in values], pa.string())
+        elif fl is None:
+            columns[key] = pa.array(values)
+        elif fl.kind == "vector":
+            columns[key] = _vectors(pa, values, fl)
+        elif fl.kind == "entities":
+            columns[key] = pa.array(values, _ENTITY_TYPE(pa))
+        else:
+            columns[key] = pa.array(values, {"int64": pa.int64(), "float64": pa.float64()}.get(fl.kind, pa.string()))
+    pq.write_table(pa.table(columns), f)
+
+
+def _covers(info: dict[str, Any], k: int, window: int) -> bool:
+    """Whether a shard manifest is shard ``k``'s: rows from ``k * window``, at most ``window``."""
+    start, end = info.get("start"), info.get("end")
+    return info.get("shard") == k and start == k * window and isinstance(end, int) and 0 < end - start <= window
 
 
 def _ENTITY_TYPE(pa: Any) -> Any:

@@ -13,6 +13,7 @@ file, so row numbers never shift.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -25,7 +26,7 @@ from typing import Any
 from .._extras import require
 from ..errors import InvalidInputError
 
-__all__ = ["INPUT_FORMATS", "InputError", "Row", "Source", "SourceOptions", "open_source"]
+__all__ = ["INPUT_FORMATS", "InputError", "Position", "Row", "Source", "SourceOptions", "open_source"]
 
 #: ``--input-format`` values; ``auto`` goes by the file suffix (and a first JSONL line that
 #: holds ``custom_id``, ``url`` and ``body`` is an OpenAI Batch API file)
@@ -61,6 +62,18 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Position:
+    """Where row number ``row`` of a source starts: in its file number ``file``, at
+    ``offset`` (a byte offset into a JSONL or CSV file, a row number in a Parquet file).
+    :meth:`Source.positions` finds them in one pass; :meth:`Source.rows_at` reads from one
+    without reading what comes before it (how ``--ray`` reads windows on other processes)."""
+
+    row: int
+    file: int
+    offset: int
+
+
+@dataclass(frozen=True)
 class SourceOptions:
     """Which columns hold what (``pair_column``: the second text of a cross-encoder pair)."""
 
@@ -78,14 +91,24 @@ def _utf8_problem(text: str) -> bool:
     return False
 
 
+_Record = tuple[dict[str, Any] | None, tuple[str, str] | None]
+
+
 class _Reader:
-    """One file's rows as ``(record or None, error or None)``."""
+    """One file's rows as ``(record or None, error or None)``, from its start or from an
+    offset that :meth:`marks` returned."""
 
     def __init__(self, path: Path, options: SourceOptions) -> None:
         self.path = path
         self.options = options
 
-    def records(self, skip: int) -> Iterator[tuple[dict[str, Any] | None, tuple[str, str] | None]]:
+    def records(self, skip: int, offset: int = 0) -> Iterator[_Record]:
+        """The records from ``offset`` on, the first ``skip`` of them left out."""
+        raise NotImplementedError
+
+    def marks(self, first: int, every: int) -> tuple[int, list[int]]:
+        """One pass over the file: its number of rows, and the offsets of its rows number
+        ``first``, ``first + every``, ... (offsets :meth:`records` starts from)."""
         raise NotImplementedError
 
     def count(self) -> int | None:
@@ -94,28 +117,27 @@ class _Reader:
 
 
 class _JsonlReader(_Reader):
-    def records(self, skip: int) -> Iterator[tuple[dict[str, Any] | None, tuple[str, str] | None]]:
+    def records(self, skip: int, offset: int = 0) -> Iterator[_Record]:
         with open(self.path, "rb") as f:
+            f.seek(offset)
             for line in f:
                 if not line.strip():
                     continue  # blank lines are not rows (the count below skips them too)
                 if skip:
                     skip -= 1  # skipped rows are not even parsed: a resume costs a read, not a parse
                     continue
-                try:
-                    text = line.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield None, ("invalid_utf8", f"the line is not valid UTF-8 (byte {exc.start})")
-                    continue
-                try:
-                    doc = json.loads(text)
-                except ValueError as exc:
-                    yield None, ("invalid_json", f"the line is not JSON: {exc}")
-                    continue
-                if not isinstance(doc, dict):
-                    yield None, ("invalid_json", f"the line is a JSON {type(doc).__name__}, not an object")
-                    continue
-                yield doc, None
+                yield _json_record(line)
+
+    def marks(self, first: int, every: int) -> tuple[int, list[int]]:
+        n, offsets, at = 0, list[int](), 0
+        with open(self.path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    if n >= first and (n - first) % every == 0:
+                        offsets.append(at)
+                    n += 1
+                at += len(line)
+        return n, offsets
 
     def count(self) -> int | None:
         n = 0
@@ -125,16 +147,55 @@ class _JsonlReader(_Reader):
         return n
 
 
+def _json_record(line: bytes) -> _Record:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, ("invalid_utf8", f"the line is not valid UTF-8 (byte {exc.start})")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        return None, ("invalid_json", f"the line is not JSON: {exc}")
+    if not isinstance(doc, dict):
+        return None, ("invalid_json", f"the line is a JSON {type(doc).__name__}, not an object")
+    return doc, None
+
+
 class _CsvReader(_Reader):
-    def records(self, skip: int) -> Iterator[tuple[dict[str, Any] | None, tuple[str, str] | None]]:
+    """A CSV file with a header row. Lines are read with ``readline`` (not by iterating
+    the file), so the file can say where a record starts (``tell``) and a read can start
+    there (``seek``): the csv module reads no further than the record it returns."""
+
+    @contextlib.contextmanager
+    def _open(self) -> Iterator[tuple[Any, csv.DictReader[str]]]:
         # surrogateescape keeps undecodable bytes as lone surrogates, so one bad row is a
         # row error (found by _utf8_problem) instead of failing the whole file
         with open(self.path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-            for doc in csv.DictReader(f):
+            reader = csv.DictReader(iter(f.readline, ""))
+            reader.fieldnames  # noqa: B018 - reads the header row now, before any tell/seek
+            yield f, reader
+
+    def records(self, skip: int, offset: int = 0) -> Iterator[_Record]:
+        with self._open() as (f, reader):
+            if offset:
+                f.seek(offset)
+            for doc in reader:
                 if skip:
                     skip -= 1
                     continue
                 yield dict(doc), None
+
+    def marks(self, first: int, every: int) -> tuple[int, list[int]]:
+        n, offsets = 0, list[int]()
+        with self._open() as (f, reader):
+            while True:
+                wanted = n >= first and (n - first) % every == 0
+                at = f.tell() if wanted else 0  # the next record starts here (or blank lines before it)
+                if next(reader, None) is None:
+                    return n, offsets
+                if wanted:
+                    offsets.append(at)
+                n += 1
 
 
 class _ParquetReader(_Reader):
@@ -150,7 +211,9 @@ class _ParquetReader(_Reader):
         wanted = [c for c in (o.text_column, o.pair_column, o.id_column) if c]
         return [c for c in dict.fromkeys(wanted) if c in names]
 
-    def records(self, skip: int) -> Iterator[tuple[dict[str, Any] | None, tuple[str, str] | None]]:
+    def records(self, skip: int, offset: int = 0) -> Iterator[_Record]:
+        # a Parquet file's offsets are row numbers: the row groups before one are not read
+        skip += offset
         columns = self._columns()
         meta = self._file.metadata
         first = 0
@@ -170,6 +233,10 @@ class _ParquetReader(_Reader):
             data = batch.to_pydict()
             for i in range(batch.num_rows):
                 yield {c: data[c][i] for c in columns}, None
+
+    def marks(self, first: int, every: int) -> tuple[int, list[int]]:
+        n = int(self._file.metadata.num_rows)
+        return n, list(range(first, n, every))
 
     def count(self) -> int | None:
         return int(self._file.metadata.num_rows)
@@ -251,6 +318,31 @@ class Source:
                     continue
                 index += skip
             for record, error in reader.records(skip):
+                yield self._row(index, record, error)
+                index += 1
+
+    def positions(self, every: int) -> tuple[list[Position], int]:
+        """Where rows number 0, ``every``, ``2 * every``, ... start, and the number of rows:
+        one pass over every JSONL and CSV file (Parquet files say it in their metadata)."""
+        out: list[Position] = []
+        total = 0
+        for k, reader in enumerate(self._readers):
+            first = -total % every  # the file's first row that starts a window
+            n, offsets = reader.marks(first, every)
+            out += [Position(total + first + j * every, k, off) for j, off in enumerate(offsets)]
+            total += n
+        return out, total
+
+    def rows_at(self, position: Position, limit: int) -> Iterator[Row]:
+        """At most ``limit`` rows from ``position`` on (from :meth:`positions`), across the
+        files that follow its own."""
+        index = position.row
+        end = index + limit
+        for k in range(position.file, len(self._readers)):
+            offset = position.offset if k == position.file else 0
+            for record, error in self._readers[k].records(0, offset):
+                if index >= end:
+                    return
                 yield self._row(index, record, error)
                 index += 1
 

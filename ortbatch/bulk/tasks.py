@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .._extras import require
+from .._ort.session import cpu_session_options
 from ..errors import InferenceError, InvalidInputError, OrtBatchError, UnsupportedModelError
 from ..manifest import MANIFEST_NAME, Manifest
 from .sources import Row
@@ -105,6 +106,9 @@ class TaskOptions:
     max_new_tokens: int = 64
     #: most rows queued in the runtime at once (at least one window's)
     max_queue: int = 8192
+    #: cores the task's sessions share (a Ray worker's share of its node); None: this
+    #: machine's, as BatchedSession sizes its threads by itself
+    cpus: int | None = None
 
 
 class Task(abc.ABC):
@@ -180,11 +184,17 @@ class Encoder:
         if self.max_length:
             self.tokenizer.enable_truncation(max_length=self.max_length)
             self._cut_at = max(self.max_length * _CHARS_PER_TOKEN, _MIN_CUT_CHARS)
+        tuned = self.manifest.runtime if self.manifest is not None else {}
+        session_options = None
+        if options.cpus is not None:
+            # BatchedSession's batches in flight: the export's tuned setting, else its default of 2
+            session_options = cpu_session_options(options.cpus, int(tuned.get("workers") or 2))
         self.session = BatchedSession(
             export_dir,
             max_batch_size=options.max_batch_size,
             max_queue=options.max_queue,
             providers=options.providers,
+            session_options=session_options,
             # one session: a batch that runs alone must compute what it computes in a
             # loaded one, so results never depend on timing
             latency_session=False,
@@ -200,7 +210,6 @@ class Encoder:
         self._dtypes = {i.name: _ort_dtype(i.type) for i in self.session.get_inputs()}
         self.vocab_limit = _config_vocab(export_dir / "config.json")
         # what `ortbatch tune` chose caps a batch's padded tokens, as it caps the session's
-        tuned = self.manifest.runtime if self.manifest is not None else {}
         self.max_batch_tokens: int | None = tuned.get("max_batch_tokens")
 
     @property
@@ -609,6 +618,8 @@ class GenerationTask(Task):
         from ..generation import BatchedGenerator
 
         kwargs: dict[str, Any] = {"max_queue": options.max_queue, "providers": options.providers}
+        if options.cpus is not None:
+            kwargs["session_options"] = cpu_session_options(options.cpus, 1)  # one decode step at a time
         if options.max_batch_size:
             kwargs["max_batch_size"] = options.max_batch_size
         self.generator = BatchedGenerator(export_dir, **kwargs)

@@ -3,14 +3,18 @@
 Exit status: 0 when every row succeeded; 3 when the job finished but some rows failed
 (listed in ``OUTPUT/_errors.jsonl``); 2 for a bad argument; 1 for any other error;
 130 when interrupted (rerun the same command to resume).
+
+``--ray`` runs the same job on Ray Data (:mod:`ortbatch.bulk.ray_data`), same output.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
-from ._flags import PROVIDERS_HELP, providers_arg
+from ..errors import InvalidInputError, OrtBatchError
+from ._flags import PROVIDERS_HELP, positive_int, providers_arg
 
 HELP = "compute an export's task for every row of JSONL/CSV/Parquet files (or an OpenAI Batch API file), resumably"
 
@@ -51,6 +55,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--progress-every", type=float, default=10.0, help="seconds between progress lines when not on a terminal"
     )
+    _add_ray(parser.add_argument_group("Ray Data (pip install 'ortbatch[ray]'; see docs/bulk.md)"))
+
+
+def _add_ray(ray: Any) -> None:
+    ray.add_argument(
+        "--ray", action="store_true", help="run the job on Ray Data: same output, same resume (the shard manifest)"
+    )
+    ray.add_argument(
+        "--ray-address", default=None, help="cluster to join, e.g. auto or head:6379 (default: a local Ray)"
+    )
+    ray.add_argument(
+        "--ray-concurrency",
+        type=positive_int,
+        default=None,
+        help="workers, each owning one session (default: the cluster's CPUs / --ray-cpus)",
+    )
+    ray.add_argument(
+        "--ray-cpus", type=float, default=1.0, help="CPUs per worker; its ONNX Runtime threads follow (default 1)"
+    )
+    ray.add_argument("--ray-gpus", type=float, default=0.0, help="GPUs per worker (1: one worker per GPU)")
+
+
+class RunArgumentError(OrtBatchError):
+    """A flag of ``ortbatch run`` that cannot be honoured as given: a bad argument (exit 2)."""
+
+    exit_code = 2
+
+
+def _ray_options(args: argparse.Namespace) -> Any:
+    from ..bulk import RayOptions
+
+    given = [
+        flag
+        for flag, value, default in (
+            ("--ray-address", args.ray_address, None),
+            ("--ray-concurrency", args.ray_concurrency, None),
+            ("--ray-cpus", args.ray_cpus, 1.0),
+            ("--ray-gpus", args.ray_gpus, 0.0),
+        )
+        if value != default
+    ]
+    if not args.ray:
+        if given:
+            raise RunArgumentError(f"{given[0]} needs --ray")
+        return None
+    try:
+        return RayOptions(args.ray_address, args.ray_concurrency, args.ray_cpus, args.ray_gpus)
+    except InvalidInputError as exc:
+        raise RunArgumentError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from ._target import export_target
 
     export = export_target(args.export, need_manifest=False)
+    ray = _ray_options(args)
 
     config = RunConfig(
         text_column=args.text_column,
@@ -75,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         restart=args.restart,
         progress=False if args.quiet else None,
         progress_every_s=args.progress_every,
+        ray=ray,
     )
     try:
         summary = run_job(export, args.input, args.output, config)
