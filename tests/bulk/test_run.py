@@ -168,6 +168,23 @@ def test_resume_skips_exactly_the_committed_rows_of_each_input_kind(encoder: Pat
     assert _output_bytes(out) == want
 
 
+def test_resume_computes_only_the_windows_missing_between_committed_ones(encoder: Path, tmp_path: Path) -> None:
+    """A ``--ray`` run commits shards as they finish, so an interrupted one leaves gaps; a
+    resume (here the local one) computes just those windows and writes the same bytes."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in mixed_texts(23, seed=8)])
+    out = tmp_path / "out"
+    ortbatch.run(encoder, src, out, window=4, progress=False)
+    want = _output_bytes(out)
+    for k in (1, 3, 5):  # windows 1, 3 and 5 (the short last one) were not committed
+        (out / "_shards" / f"{k:06d}.json").unlink()
+    (out / "part-000003.parquet").unlink()
+    kept = {p.name: p.stat().st_ino for p in out.glob("part-*") if p.name[5:11] not in ("000001", "000003", "000005")}
+    again = ortbatch.run(encoder, src, out, window=4, progress=False)
+    assert (again.rows, again.resumed_rows, again.shards) == (23, 23 - 4 - 4 - 3, 6)
+    assert _output_bytes(out) == want
+    assert {name: (out / name).stat().st_ino for name in kept} == kept  # the committed ones were left alone
+
+
 def test_resume_refuses_other_settings_and_restart_starts_over(encoder: Path, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in mixed_texts(10, seed=4)])
     out = tmp_path / "out"
@@ -195,6 +212,10 @@ def test_cli_bad_arguments_are_one_line_errors(encoder: Path, tmp_path: Path) ->
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": "hello"}])
     proc = cli(str(encoder), str(src), "-o", str(tmp_path / "taken"))
     assert proc.returncode == 2 and "did not write" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli(str(encoder), str(src), "-o", str(tmp_path / "out"), "--ray-concurrency", "2")
+    assert proc.returncode == 2 and "--ray-concurrency needs --ray" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli(str(encoder), str(src), "-o", str(tmp_path / "out"), "--ray", "--ray-cpus", "0")
+    assert proc.returncode == 2 and "CPUs > 0" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_progress_lines_when_not_a_terminal(encoder: Path, tmp_path: Path) -> None:
