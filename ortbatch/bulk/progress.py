@@ -61,9 +61,11 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def make_progress(prepared: Prepared, done_rows: int, stream: TextIO) -> Progress:
-    """The progress display for a job with ``done_rows`` rows already committed."""
+def make_progress(prepared: Prepared, done_rows: int, stream: TextIO, total: int | None = None) -> Progress:
+    """The progress display for a job with ``done_rows`` rows already committed (``total``:
+    the input's rows when known, else counted when that is cheap)."""
     config = prepared.config
     tty = bool(getattr(stream, "isatty", lambda: False)())
     enabled = config.progress is not False
-    return Progress(prepared.source.count(), done_rows, stream, tty, config.progress_every_s, enabled)
+    rows = total if total is not None else prepared.source.count()
+    return Progress(rows, done_rows, stream, tty, config.progress_every_s, enabled)

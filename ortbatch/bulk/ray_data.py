@@ -262,9 +262,9 @@ def _run(ray: Any, prepared: Prepared, options: RayOptions, stream: TextIO) -> R
     shards = prepared.outdir.open(job, config.restart)
     done = {int(s["shard"]) for s in shards}
     resumed = sum(int(s["end"]) - int(s["start"]) for s in shards)
-    positions, _ = prepared.source.positions(config.window)
+    positions, total = prepared.source.positions(config.window)
     todo = [(k, p) for k, p in enumerate(positions) if k not in done]
-    progress = make_progress(prepared, resumed, stream)
+    progress = make_progress(prepared, resumed, stream, total)
     t0 = time.monotonic()
     if todo:
         watcher = _ShardWatcher(prepared.outdir, done, progress)

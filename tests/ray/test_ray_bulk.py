@@ -244,3 +244,32 @@ def test_the_driver_sigkilled_mid_job_then_rerun_gives_the_local_bytes(
     # the same files, not written again
     assert {k: (out / f"part-{k}.parquet").stat().st_ino for k in kept} == kept
     assert not list(out.glob(".*.tmp")) and not list((out / "_shards").glob(".*"))
+
+
+@inner_only
+def test_generation_and_batch_api_jobs_give_the_local_bytes(cluster: str, job: dict[str, Path], tmp_path: Path) -> None:
+    """The other kinds of job: a text-generation export (each worker owns a BatchedGenerator)
+    and an OpenAI Batch API file of embeddings lines."""
+    pytest.importorskip("torch")
+    import ortbatch
+    from ortbatch.bulk import RayOptions
+    from tests.bulk.conftest import write_jsonl
+    from tests.generation.conftest import CORPUS, _build
+
+    gpt2 = _build("gpt2", tmp_path)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": CORPUS[i % 4][: 5 + 7 * i]} for i in range(9)])
+    lines = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": text}}
+        for i, text in enumerate(["hello world", ["a lazy dog", "the quick brown fox"], "fox " * 30, "many callers"])
+    ]
+    lines.insert(2, {"custom_id": "gen", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi"}})
+    batch = write_jsonl(tmp_path / "batch.jsonl", lines)
+    cases = [(gpt2.export, prompts, {"max_new_tokens": 6}), (job["export"], batch, {})]
+    for k, (export, src, extra) in enumerate(cases):
+        common = {"window": 2, "output_format": "jsonl", "progress": False, **extra}
+        local = ortbatch.run(export, src, tmp_path / f"local-{k}", **common)
+        on_ray = ortbatch.run(export, src, tmp_path / f"ray-{k}", ray=RayOptions(concurrency=2), **common)
+        timing = {"seconds": 0, "rows_per_s": 0, "tokens_per_s": 0, "output": "", "errors_file": ""}
+        assert local.to_dict() | timing == on_ray.to_dict() | timing  # the same counts, failures and shards
+        assert _output_bytes(tmp_path / f"ray-{k}") == _output_bytes(tmp_path / f"local-{k}")
+        assert local.rows == len(src.read_text().splitlines())
