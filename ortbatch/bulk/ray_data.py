@@ -59,7 +59,7 @@ from .progress import Progress, make_progress
 from .sources import Position, Source, SourceOptions
 from .tasks import TaskOptions
 
-__all__ = ["PAUSE_ENV", "ShardWorker", "run_on_ray"]
+__all__ = ["PAUSE_ENV", "RayJobError", "ShardWorker", "run_on_ray"]
 
 #: test seam: ``SHARD:FOLDER``: while ``FOLDER/armed`` exists, the actor that is given window
 #: SHARD writes its pid to ``FOLDER/shard-SHARD.pid`` and waits (until ``FOLDER/release``
@@ -221,25 +221,32 @@ def _worker_options(prepared: Prepared, options: RayOptions) -> TaskOptions:
 
 
 def _describe(export: str, options: TaskOptions, batch_api: bool) -> dict[str, Any]:
-    task = build_task(Path(export), options, batch_api)
+    """On a worker: the task's ``describe()``, or why it could not be built (as text: an
+    exception's own class may not survive the trip back)."""
     try:
-        return task.describe()
+        task = build_task(Path(export), options, batch_api)
+    except OrtBatchError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        return {"task": task.describe()}
     finally:
         task.close()
 
 
-def _remote(ray: Any, fn: Any, *args: Any, options: RayOptions) -> Any:
-    """``fn(*args)`` in a Ray task with a worker's resources; its OrtBatchError re-raised here."""
+def _describe_on_a_worker(ray: Any, prepared: Prepared, options: RayOptions, task_options: TaskOptions) -> Any:
+    """The task's ``describe()``, built where the workers run (with a worker's resources):
+    this also proves, before any window, that a worker can load the export."""
     resources: dict[str, Any] = {"num_cpus": options.cpus, "max_retries": 0}
     if options.gpus:
         resources["num_gpus"] = options.gpus
+    export = str(prepared.export.resolve())
     try:
-        return ray.get(ray.remote(**resources)(fn).remote(*args))
-    except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, OrtBatchError):
-            raise cause from None
-        raise RayJobError(f"a Ray worker could not load {args[0]}: {cause or exc}") from exc
+        answer = ray.get(ray.remote(**resources)(_describe).remote(export, task_options, prepared.batch_api))
+    except ray.exceptions.RayError as exc:
+        raise RayJobError(f"a Ray worker could not load {export}: {_cause(exc)}") from exc
+    if "error" in answer:
+        raise RayJobError(f"a Ray worker could not load {export}: {answer['error']}")
+    return answer["task"]
 
 
 def _concurrency(ray: Any, options: RayOptions) -> int:
@@ -254,11 +261,7 @@ def _concurrency(ray: Any, options: RayOptions) -> int:
 def _run(ray: Any, prepared: Prepared, options: RayOptions, stream: TextIO) -> RunSummary:
     config = prepared.config
     task_options = _worker_options(prepared, options)
-    # the task is built where it runs: this also proves a worker can load the export
-    describe = _remote(
-        ray, _describe, str(prepared.export.resolve()), task_options, prepared.batch_api, options=options
-    )
-    job = prepared.job(describe)
+    job = prepared.job(_describe_on_a_worker(ray, prepared, options, task_options))
     shards = prepared.outdir.open(job, config.restart)
     done = {int(s["shard"]) for s in shards}
     resumed = sum(int(s["end"]) - int(s["start"]) for s in shards)

@@ -273,3 +273,19 @@ def test_generation_and_batch_api_jobs_give_the_local_bytes(cluster: str, job: d
         assert local.to_dict() | timing == on_ray.to_dict() | timing  # the same counts, failures and shards
         assert _output_bytes(tmp_path / f"ray-{k}") == _output_bytes(tmp_path / f"local-{k}")
         assert local.rows == len(src.read_text().splitlines())
+
+
+@inner_only
+def test_an_export_the_workers_cannot_load_is_a_clear_error_before_any_window(
+    cluster: str, job: dict[str, Path], tmp_path: Path
+) -> None:
+    import ortbatch
+    from ortbatch.errors import OrtBatchError
+
+    broken = tmp_path / "broken"
+    shutil.copytree(job["export"], broken)
+    (broken / "model.onnx").write_bytes(b"not an onnx model")
+    with pytest.raises(OrtBatchError, match=r"model\.onnx") as caught:
+        ortbatch.run(broken, job["input"], tmp_path / "out", window=WINDOW, progress=False, ray=True)
+    assert "Traceback" not in str(caught.value)
+    assert not (tmp_path / "out").exists()  # nothing was written: no window was computed
