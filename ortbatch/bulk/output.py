@@ -235,20 +235,6 @@ class OutputDir:
             (self.path / name).unlink(missing_ok=True)  # the job is no longer complete
 
     # -- writing a shard ----------------------------------------------------------------------
-    def commit(
-        self,
-        index: int,
-        start: int,
-        end: int,
-        records: Sequence[dict[str, Any]],
-        fields: Sequence[Field],
-        errors: Sequence[dict[str, Any]],
-        extra: dict[str, Any],
-        hook: Callable[[str], None] | None = None,
-    ) -> ShardInfo:
-        """Encode and write shard ``index`` (input rows ``[start, end)``); see :meth:`write_shard`."""
-        return self.write_shard(encode_shard(index, start, end, records, fields, errors, extra, self.format), hook)
-
     def write_shard(self, files: ShardFiles, hook: Callable[[str], None] | None = None) -> ShardInfo:
         """Write a shard's part file (when it has results), its errors file (when it has
         failures), then its manifest, which commits it. ``hook(point)`` is called at

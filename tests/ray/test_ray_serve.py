@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import collections
 import os
-import re
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,46 +25,20 @@ import pytest
 pytest.importorskip("ray.serve")
 pytest.importorskip("starlette")
 
-INNER = "ORTBATCH_RAY_NETNS"
-IN_NETNS = os.environ.get(INNER) == "1"
-inner_only = pytest.mark.skipif(not IN_NETNS, reason="runs inside the loopback-only namespace (the test below)")
+from tests.ray.netns import RAY_WARNINGS, inner_only, outer_only, rerun_in_loopback_namespace
 
-pytestmark = [
-    pytest.mark.slow,
-    # Ray's own modules warn about their internals (deprecations, resource tracking)
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::ResourceWarning"),
-    pytest.mark.filterwarnings("ignore::FutureWarning:ray.*"),
-    pytest.mark.filterwarnings("ignore::UserWarning:ray.*"),
-]
+pytestmark = [pytest.mark.slow, *RAY_WARNINGS]
 
 REQUESTS = 2000
 CLIENTS = 32
 OPENAI_EVERY = 4  # every 4th request goes through the openai client, the rest through tritonclient
 
 
-@pytest.mark.skipif(IN_NETNS, reason="this is the inner run")
+@outer_only
 @pytest.mark.timeout(1500)
 def test_on_a_ray_cluster_in_a_loopback_only_namespace() -> None:
     """Runs the cluster tests below in ``unshare -n`` with only ``lo`` up."""
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        pytest.skip("unshare or ip is not installed: cannot make a loopback-only network namespace for Ray")
-    probe = subprocess.run(
-        ["unshare", "-n", "sh", "-c", "ip link set lo up"], capture_output=True, text=True, timeout=60
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"unshare -n is not permitted here ({probe.stderr.strip()}); Ray must not listen on the network")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-x", "-p", "no:cacheprovider", "-o", "timeout=1200", __file__]
-    proc = subprocess.run(
-        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd],
-        env={**os.environ, INNER: "1"},
-        capture_output=True,
-        text=True,
-        timeout=1400,
-    )
-    print(proc.stdout[-6000:])
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]
-    assert re.search(r"\b\d+ passed\b", proc.stdout), proc.stdout[-3000:]
+    rerun_in_loopback_namespace(__file__, 1500)
 
 
 # -- the cluster (inner run only) --------------------------------------------------------------
