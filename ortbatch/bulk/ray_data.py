@@ -292,9 +292,6 @@ def _execute(
 ) -> None:
     """read → map_batches → write, until every window in ``todo`` is committed."""
     data = require("ray.data", "ray")
-    ctx = data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # ortbatch's own progress is shown instead
-    ctx.print_on_execution_start = False
     window_source, shard_sink = _classes()
     config = prepared.config
     source = window_source(str(prepared.source.path), prepared.source.options, config.window, todo)
@@ -316,12 +313,17 @@ def _execute(
         compute=data.ActorPoolStrategy(size=_concurrency(require("ray", "ray"), options)),
         **map_args,
     )
+    ctx = data.DataContext.get_current()
+    before = (ctx.enable_progress_bars, ctx.print_on_execution_start)
+    ctx.enable_progress_bars = ctx.print_on_execution_start = False  # ortbatch's own progress is shown
     try:
         ds.write_datasink(shard_sink(str(prepared.outdir.path), prepared.format), ray_remote_args={"num_cpus": 0})
     except OrtBatchError:
         raise
     except Exception as exc:  # Ray Data's errors wrap the worker's; the shards committed so far stay
         raise RayJobError(f"the job failed on Ray: {_cause(exc)}; committed shards are kept: rerun to resume") from exc
+    finally:
+        ctx.enable_progress_bars, ctx.print_on_execution_start = before
 
 
 @contextlib.contextmanager
