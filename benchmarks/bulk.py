@@ -9,9 +9,10 @@ against sentence-transformers' ``encode(batch_size=32)`` on the same texts.
    a seeded mix of lengths) into ``WORK/input.parquet``.
 2. Runs ``ortbatch run`` on them uninterrupted (``WORK/ref``), in a subprocess, timing it
    and reading its peak RSS.
-3. With ``--kills K``: runs the same job into ``WORK/killed`` and SIGKILLs it at K random
-   moments (rerunning after each), then once more to the end; the part files and errors
-   file must equal the uninterrupted run's byte for byte.
+3. With ``--kills K``: runs the same job into ``WORK/killed`` and SIGKILLs it K times, each
+   time at a random moment up to one window's time after that run committed a new shard
+   (rerunning after each), then once more to the end; the part files and errors file must
+   equal the uninterrupted run's byte for byte. ``--window`` sets the shard size of both.
 4. Checks ``--check`` sampled rows (``0``: all) against ``BatchedSession`` on that row
    alone: cosine >= 0.9999, and the row number in place.
 5. With ``--rounds R`` (then steps 2-4 are skipped unless ``--kills``/``--check`` ask):
@@ -71,9 +72,9 @@ def ortbatch_run(export: Path, src: Path, out: Path, extra: list[str] | None = N
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def timed_run(export: Path, src: Path, out: Path) -> tuple[float, float]:
+def timed_run(export: Path, src: Path, out: Path, extra: list[str]) -> tuple[float, float]:
     t0 = time.perf_counter()
-    proc = ortbatch_run(export, src, out)
+    proc = ortbatch_run(export, src, out, extra)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - t0
     code = os.waitstatus_to_exitcode(status)
@@ -87,20 +88,27 @@ def part_bytes(out: Path) -> dict[str, bytes]:
     return {n: (out / n).read_bytes() for n in names}
 
 
-def killed_run(export: Path, src: Path, out: Path, kills: int, total_s: float, seed: int) -> None:
+def killed_run(export: Path, src: Path, out: Path, kills: int, window_s: float, extra: list[str], seed: int) -> None:
+    """``kills`` runs SIGKILLed at random moments, each after its run committed a new shard
+    (so every kill interrupts a job that made progress): a random delay of up to one
+    window's time ``window_s`` after that commit, which may land while a window is computed,
+    while its files are written, or between them. Then one run to the end."""
     rng = random.Random(seed)
     for k in range(kills):
-        proc = ortbatch_run(export, src, out, ["--quiet"])
-        wait = rng.uniform(0.1, 0.9) * total_s / kills + 3.0  # past start-up, inside the job
+        before = len(list((out / "_shards").glob("*.json"))) if (out / "_shards").is_dir() else 0
+        proc = ortbatch_run(export, src, out, ["--quiet", *extra])
+        while proc.poll() is None and len(list((out / "_shards").glob("*.json"))) <= before:
+            time.sleep(0.2)
+        wait = rng.uniform(0.0, window_s)
         try:
             proc.wait(timeout=wait)
-            print(f"kill {k + 1}: the run finished before its kill at {wait:.1f}s")
+            print(f"kill {k + 1}: the run finished before its kill")
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             shards = len(list((out / "_shards").glob("*.json")))
-            print(f"kill {k + 1}: SIGKILL after {wait:.1f}s, {shards} shards committed")
-    proc = ortbatch_run(export, src, out, ["--quiet"])
+            print(f"kill {k + 1}: SIGKILL {wait:.1f}s after a commit, {shards} shards committed")
+    proc = ortbatch_run(export, src, out, ["--quiet", *extra])
     if proc.wait() not in (0, 3):
         raise SystemExit("the resumed run failed")
 
@@ -118,7 +126,8 @@ def check_rows(export: Path, texts: list[str], out: Path, sample: int, seed: int
     picks = range(len(texts)) if sample == 0 else sorted(random.Random(seed).sample(range(len(texts)), sample))
     tok = Tokenizer.from_file(str(export / "tokenizer.json"))
     tok.no_padding()  # MiniLM's tokenizer.json pads to 128: each row alone is its own length
-    tok.enable_truncation(max_length=256)
+    limit = json.loads((export / "ortbatch.json").read_text())["limits"]["max_sequence_length"]
+    tok.enable_truncation(max_length=limit)  # as `ortbatch run --truncate` cuts
     emb = table.column("embedding")
     worst = 1.0
     with BatchedSession(export) as bs:
@@ -247,6 +256,7 @@ def main() -> int:
     ap.add_argument("--tuned", type=Path, default=None, help="the export `ortbatch tune` chose (for --rounds)")
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--kills", type=int, default=3)
+    ap.add_argument("--window", type=int, default=4096, help="ortbatch run's --window (rows per shard)")
     ap.add_argument("--check", type=int, default=1000, help="rows checked against BatchedSession alone (0: all)")
     ap.add_argument("--rounds", type=int, default=0, help="throughput contest rounds (0: none)")
     ap.add_argument("--peer-rows", type=int, default=5000)
@@ -294,12 +304,14 @@ def acceptance(args: argparse.Namespace, texts: list[str], result: dict[str, Any
     pq.write_table(pa.table({"text": texts}), src, row_group_size=10_000)
     for name in ("ref", "killed"):
         subprocess.run(["rm", "-rf", str(args.work / name)], check=True)
-    seconds, rss = timed_run(args.export, src, args.work / "ref")
+    extra = ["--window", str(args.window)]
+    seconds, rss = timed_run(args.export, src, args.work / "ref", extra)
     rate = args.rows / seconds
     print(f"ortbatch run: {args.rows} rows in {seconds:.1f} s = {rate:.0f} rows/s, peak RSS {rss:.0f} MiB")
     result.update(seconds=seconds, rows_per_s=rate, peak_rss_mib=rss)
     if args.kills:
-        killed_run(args.export, src, args.work / "killed", args.kills, seconds, args.seed)
+        window_s = seconds * args.window / args.rows
+        killed_run(args.export, src, args.work / "killed", args.kills, window_s, extra, args.seed)
         same = part_bytes(args.work / "ref") == part_bytes(args.work / "killed")
         verdict = "equals" if same else "DIFFERS FROM"
         print(f"after {args.kills} SIGKILLs and reruns: output {verdict} the uninterrupted run")
