@@ -36,11 +36,14 @@ __all__ = ["RowState", "TokenLogprob", "choose_rows", "log_softmax", "top_logpro
 @dataclass(frozen=True)
 class TokenLogprob:
     """One position's log-probabilities: the token's own and the ``top`` alternatives
-    (``(token_id, logprob)``, most likely first; as many as ``logprobs`` asked)."""
+    (``(token_id, logprob)``, most likely first; as many as ``logprobs`` asked). ``rank``: the
+    token's among the vocabulary (1 the most likely; ties count against it, as vLLM's), for
+    prompt tokens."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 class RowState:

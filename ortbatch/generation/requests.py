@@ -75,7 +75,9 @@ class StreamToken:
     """One generated token as streamed: its id, the text that became final with it
     (may be empty while a multi-byte character or a possible stop string is incomplete),
     its index, and ``finish_reason`` on the last one; ``logprob`` (its :class:`TokenLogprob`)
-    when ``logprobs`` was asked; ``choice``: which of the ``n`` choices it belongs to."""
+    when ``logprobs`` was asked; ``choice``: which of the ``n`` choices it belongs to;
+    ``prompt_logprobs``: on each choice's first token when ``prompt_logprobs`` was asked
+    (as :attr:`Completion.prompt_logprobs`), so a stream can show them before the end."""
 
     token_id: int
     text: str
@@ -83,6 +85,7 @@ class StreamToken:
     finish_reason: str | None = None
     logprob: TokenLogprob | None = None
     choice: int = 0
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 class SamplingOptions(TypedDict, total=False):

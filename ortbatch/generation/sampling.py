@@ -76,16 +76,26 @@ PARAMETERS: dict[str, Parameter] = dict(
 )
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short (a client may send an integer of thousands of digits)."""
+    try:
+        text = repr(value)
+    except ValueError:  # past Python's int-to-str digit limit
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _fail(name: str, got: object) -> InvalidInputError:
-    return InvalidInputError(f"{name} must be {PARAMETERS[name].range}, got {got!r}", input_name=name)
+    return InvalidInputError(f"{name} must be {PARAMETERS[name].range}, got {_shown(got)}", input_name=name)
 
 
 def _real(value: object) -> bool:
-    return (
-        not isinstance(value, bool)
-        and isinstance(value, (int, float, np.integer, np.floating))
-        and math.isfinite(value)
-    )
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond any float
+        return False
 
 
 def _integer(value: object) -> bool:

@@ -49,7 +49,7 @@ def load_served(
         gen_kw = config.generator_kwargs()
         if session_options is not None:
             gen_kw["session_options"] = session_options(True)
-        return ServedGenerator.load(directory, name=name, generator_kwargs=gen_kw)
+        return ServedGenerator.load(directory, name=name, generator_kwargs=gen_kw, lenient_params=config.lenient_params)
     kw = config.session_kwargs()
     if session_options is not None:
         kw["session_options"] = session_options(False)
