@@ -249,7 +249,10 @@ class OpenAIAnswer:
     def role_chunk(self, index: int) -> dict[str, Any]:
         """Chat's first chunk of a choice: the role (as OpenAI's streams open)."""
         delta = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return self.chunk([delta])
+        if not self.req.continuous_usage:
+            return self.chunk([delta])
+        prompt = len(self.prompts.ids[index // self.req.runs])
+        return self.chunk([delta], usage={"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt})
 
     def piece_chunk(self, piece: Piece) -> dict[str, Any]:
         """The stream chunk of one piece."""
