@@ -142,7 +142,8 @@ def completion_logprobs(
     entries: Sequence[Entry], texts: TokenTexts, k: int, offset: int = 0, as_ids: bool = False
 ) -> tuple[dict[str, Any], int]:
     """Completions' ``logprobs`` of ``entries`` (``tokens``, ``token_logprobs``, ``top_logprobs``:
-    the ``k`` most likely and the chosen token, so up to ``k + 1`` as OpenAI says; ``text_offset``
+    the ``k`` most likely and the chosen token, so up to ``k + 1`` as OpenAI says, keyed by text;
+    ``text_offset``
     from ``offset``, each token's text after the last), and the offset after them."""
     tokens: list[str] = []
     chosen: list[float | None] = []
@@ -158,7 +159,11 @@ def completion_logprobs(
             tops.append(None)
             continue
         chosen.append(max(lp.logprob, _FLOOR))
-        top = {texts.name(t, as_ids): max(v, _FLOOR) for t, v in lp.top[:k]}
+        # tokens whose texts are the same (partial UTF-8 characters) share a key: the most
+        # likely one's value stays, so the largest value is always the top token's
+        top: dict[str, float] = {}
+        for t, v in lp.top[:k]:
+            top.setdefault(texts.name(t, as_ids), max(v, _FLOOR))
         top.setdefault(name, max(lp.logprob, _FLOOR))
         tops.append(top)
     return {"text_offset": offsets, "token_logprobs": chosen, "tokens": tokens, "top_logprobs": tops}, offset
