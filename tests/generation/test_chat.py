@@ -12,6 +12,7 @@ import pytest
 
 from ortbatch import BatchedGenerator
 from ortbatch.errors import InvalidInputError
+from ortbatch.generation import SamplingParams
 from ortbatch.generation.chat import ChatTemplate
 
 from .conftest import TinyModel, assert_openai_answer
@@ -189,3 +190,18 @@ def test_openai_client_example(chat_server: BackgroundServer, chat_export: Path)
     assert example.complete(chat_server.url, "chat", "Once upon a time", 12) == want
     assert example.stream(chat_server.url, "chat", "Once upon a time", 12)  # sampled (seed 7)
     assert example.chat(chat_server.url, "chat", MESSAGES[1]["content"], 12) == want_chat.text
+    with BatchedGenerator(chat_export, max_batch_size=4) as gen:
+        context = gen.encode("Once upon a time")
+        whole = gen.encode("Once upon a time there was")
+        assert whole[: len(context)] == context  # the continuation's tokens follow the context's
+        scored = gen.generate(whole, params=SamplingParams(max_new_tokens=0, prompt_logprobs=0))
+        drawn = gen.generate_choices(
+            "Once upon a time", params=SamplingParams(max_new_tokens=16, temperature=1.0, seed=0, n=3, logprobs=0)
+        )
+    want_ll = sum(lp.logprob for lp in scored.prompt_logprobs[len(context) :])
+    assert example.loglikelihood(chat_server.url, "chat", "Once upon a time", " there was") == pytest.approx(
+        want_ll, abs=1e-5
+    )
+    got = example.samples(chat_server.url, "chat", "Once upon a time")
+    assert [t for t, _ in got] == [c.text for c in drawn]
+    assert [lp for _, lp in got] == pytest.approx([sum(x.logprob for x in c.logprobs) for c in drawn], abs=1e-4)

@@ -111,14 +111,14 @@ def _samples(out: Path, task: str) -> dict[int, Any]:
     return {d["doc_id"]: d["filtered_resps"] for d in map(json.loads, Path(path).read_text().splitlines())}
 
 
-class _Serve:
+class Serve:
     """``ortbatch serve EXPORT --name tiny --port 0`` in a subprocess."""
 
-    def __init__(self, export: Path, log: Path) -> None:
+    def __init__(self, export: Path, log: Path, *extra: str) -> None:
         self.log = log
         self._fh = open(log, "wb")  # noqa: SIM115 - closed in stop()
         cmd = [sys.executable, "-m", "ortbatch.cli", "serve", str(export), "--name", NAME, "--port", "0"]
-        cmd += ["--log-level", "warning", "--no-access-log", "--allow-unvalidated"]
+        cmd += ["--log-level", "warning", "--no-access-log", "--allow-unvalidated", *extra]
         self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ))
         deadline = time.monotonic() + 120
         while not (m := re.search(r"listening on (http://\S+)", log.read_text(errors="replace"))):
@@ -143,7 +143,7 @@ def test_lm_eval_over_ortbatch_serve_equals_lm_eval_on_transformers(tiny_gpt2: T
     lm_eval = _lm_eval()
     tasks = _tasks(tmp_path, tiny_gpt2)
     served, local = tmp_path / "served", tmp_path / "hf"
-    server = _Serve(tiny_gpt2.export, tmp_path / "serve.log")
+    server = Serve(tiny_gpt2.export, tmp_path / "serve.log")
     try:
         args = f"model={NAME},base_url={server.url}/v1/completions,tokenizer_backend=huggingface,"
         args += f"tokenizer={tiny_gpt2.source},num_concurrent=2,max_retries=1"

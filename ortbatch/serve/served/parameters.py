@@ -103,7 +103,7 @@ _FIELDS: list[Field] = [
     _f("max_completion_tokens", _H, "Chat", "yes", HONOURED, "as `max_tokens` (wins when both are given)"),
     _sampling("temperature", extra="in [0, 2] here as OpenAI's; default 1; below 1e-5 greedy"),
     _sampling("top_p"),
-    _sampling("n", extra="the prompt is prefilled once for its n choices"),
+    _sampling("n"),
     _f(
         "best_of",
         _C,
@@ -223,10 +223,9 @@ _FIELDS: list[Field] = [
         "typical_p",
         _BOTH,
         "—",
-        "removed",
+        "—",
         REFUSED,
-        "`1` accepted; refused: locally typical sampling is not "
-        "implemented (vLLM dropped it too; use `min_p` or `top_p`)",
+        "`1` accepted; refused: locally typical sampling is not implemented (use `min_p` or `top_p`)",
         1,
         1.0,
     ),
@@ -263,7 +262,7 @@ _FIELDS: list[Field] = [
     ),
     _f("prompt_embeds", _C, "—", "yes", REFUSED, "refused: prompts are text or token ids"),
     _f("priority", _BOTH, "—", "yes", REFUSED, "`0` accepted; refused: no priority scheduling", 0),
-    _f("request_id", _BOTH, "—", "yes", HONOURED, "the answer's id is `cmpl-`/`chatcmpl-` and it"),
+    _f("request_id", _BOTH, "—", "yes", HONOURED, "the answer's `id` is `cmpl-` (chat: `chatcmpl-`) and it"),
     _f("session_id", _BOTH, "—", "yes", ACCEPTED, "accepted: a routing hint; no effect"),
     _f(
         "cache_salt",
@@ -399,5 +398,6 @@ def parameter_table() -> str:
     """docs/serving.md's table of every field: field, OpenAI, vLLM, ortbatch."""
     lines = ["| field | OpenAI | vLLM | ortbatch |", "|---|---|---|---|"]
     for f in sorted(_FIELDS, key=lambda f: (f.openai == "—", f.name)):
-        lines.append(f"| `{f.name}` | {f.openai} | {f.vllm} | {f.handling}: {f.note} |")
+        said = f.handling == REFUSED or f.note.startswith(ACCEPTED)  # the note names its handling itself
+        lines.append(f"| `{f.name}` | {f.openai} | {f.vllm} | {f.note if said else f'{f.handling}: {f.note}'} |")
     return "\n".join(lines) + "\n"
