@@ -59,6 +59,23 @@ def test_renders_and_tokenizes_as_transformers(tiny_gpt2: TinyModel, source: str
         assert gen.encode(text, add_special_tokens=False) == list(want_ids)
 
 
+@pytest.mark.parametrize("source", [CHATML, LLAMA3_LIKE], ids=["chatml", "llama3-like (trims content)"])
+def test_continue_final_message_as_transformers(tiny_gpt2: TinyModel, source: str) -> None:
+    """The last message left open, cut as transformers cuts it (a template that trims the content
+    loses the trailing spaces there too); tools and documents are None unless given, as there."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_gpt2.source)
+    tok.chat_template = source
+    messages = [*MESSAGES[1:3], {"role": "user", "content": "Go on"}, {"role": "assistant", "content": "Once upon  "}]
+    want = tok.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    template = ChatTemplate(source, {"bos_token": tok.bos_token, "eos_token": tok.eos_token})
+    assert template.render(messages, add_generation_prompt=False, continue_final_message=True) == want
+    assert template.render(messages, add_generation_prompt=False) == tok.apply_chat_template(messages, tokenize=False)
+    with pytest.raises(InvalidInputError, match="exclusive"):
+        template.render(messages, continue_final_message=True)
+
+
 def test_template_errors_are_bad_input() -> None:
     template = ChatTemplate(STRICT)
     assert template.render(MESSAGES[1:2]) == 'user: "Héllo wörld, 漢字?"\nassistant:'
