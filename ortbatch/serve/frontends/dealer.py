@@ -179,6 +179,93 @@ class ConnectionDealer:
         conn.close()
 
 
+class _Adopting:
+    """What :func:`adopting_server` adds to ``uvicorn.Server`` (mixed in ahead of it, so
+    ``super()`` is uvicorn's): adopt the connections dealt over ``_channel``."""
+
+    _channel: socket.socket
+    should_exit: bool
+    config: Any
+    server_state: Any
+    lifespan: Any
+    _reading = False
+    _adopting: set[asyncio.Task[Any]]
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=[])  # type: ignore[misc]  # uvicorn.Server, mixed in after
+        if self.should_exit:
+            return
+        self._adopting = set()
+        self._channel.setblocking(False)
+        asyncio.get_running_loop().add_reader(self._channel.fileno(), self._take)
+        self._reading = True
+
+    def _protocol(self) -> Any:
+        cfg = self.config
+        protocol: Any = cfg.http_protocol_class  # as uvicorn's own startup makes it
+        return protocol(config=cfg, server_state=self.server_state, app_state=self.lifespan.state)
+
+    def _take(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self._channel, 16, 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:  # the engine's end closed
+                self._stop_reading()
+                return
+            if data == REBALANCE and not fds:
+                self._let_idle_go()
+                continue
+            if fds:
+                self._adopt_all(loop, fds)
+
+    def _adopt_all(self, loop: asyncio.AbstractEventLoop, fds: list[int]) -> None:
+        try:  # taken: the dealer may drop its copies (see the module's docstring)
+            self._channel.send(b"a" * len(fds))
+        except OSError:
+            pass
+        for fd in fds:
+            conn = socket.socket(fileno=fd)
+            if self.should_exit:
+                conn.close()
+                continue
+            conn.setblocking(False)
+            task = loop.create_task(self._adopt(loop, conn))
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+        try:
+            await loop.connect_accepted_socket(self._protocol, conn, ssl=self.config.ssl)
+        except Exception as exc:  # a TLS handshake that failed, a client that left
+            log.debug("front end: a dealt connection could not be served: %s", exc)
+            conn.close()
+
+    def _let_idle_go(self) -> None:
+        # uvicorn's protocol.shutdown() closes a connection between requests at once and
+        # lets one mid-request finish its response first (keep-alive off): what SIGTERM does
+        for protocol in list(self.server_state.connections):
+            protocol.shutdown()
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            try:
+                asyncio.get_running_loop().remove_reader(self._channel.fileno())
+            except (RuntimeError, ValueError):
+                pass
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._stop_reading()
+        for task in list(getattr(self, "_adopting", ())):
+            task.cancel()
+        await super().shutdown(sockets=sockets)  # type: ignore[misc]
+
+
 def adopting_server(config: Any, channel: socket.socket) -> Any:
     """A ``uvicorn.Server`` for ``config`` that listens on nothing and serves the
     connections the engine deals it over ``channel``; run it with ``run(sockets=[])``.
@@ -186,79 +273,9 @@ def adopting_server(config: Any, channel: socket.socket) -> Any:
     closed), then drains as uvicorn does."""
     import uvicorn
 
-    class AdoptingServer(uvicorn.Server):
-        _reading = False
-        _adopting: set[asyncio.Task[Any]]
+    class AdoptingServer(_Adopting, uvicorn.Server):
+        pass
 
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=[])
-            if self.should_exit:
-                return
-            self._adopting = set()
-            channel.setblocking(False)
-            asyncio.get_running_loop().add_reader(channel.fileno(), self._take)
-            self._reading = True
-
-        def _protocol(self) -> Any:
-            cfg = self.config
-            protocol: Any = cfg.http_protocol_class  # as uvicorn's own startup makes it
-            return protocol(config=cfg, server_state=self.server_state, app_state=self.lifespan.state)
-
-        def _take(self) -> None:
-            loop = asyncio.get_running_loop()
-            while True:
-                try:
-                    data, fds, _, _ = socket.recv_fds(channel, 16, 16)
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError:
-                    data, fds = b"", []
-                if not data and not fds:  # the engine's end closed
-                    self._stop_reading()
-                    return
-                if data == REBALANCE and not fds:
-                    self._let_idle_go()
-                    continue
-                if fds:  # taken: the dealer may drop its copies (see the module's docstring)
-                    try:
-                        channel.send(b"a" * len(fds))
-                    except OSError:
-                        pass
-                for fd in fds:
-                    conn = socket.socket(fileno=fd)
-                    if self.should_exit:
-                        conn.close()
-                        continue
-                    conn.setblocking(False)
-                    task = loop.create_task(self._adopt(loop, conn))
-                    self._adopting.add(task)
-                    task.add_done_callback(self._adopting.discard)
-
-        async def _adopt(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
-            try:
-                await loop.connect_accepted_socket(self._protocol, conn, ssl=self.config.ssl)
-            except Exception as exc:  # a TLS handshake that failed, a client that left
-                log.debug("front end: a dealt connection could not be served: %s", exc)
-                conn.close()
-
-        def _let_idle_go(self) -> None:
-            # uvicorn's protocol.shutdown() closes a connection between requests at once and
-            # lets one mid-request finish its response first (keep-alive off): what SIGTERM does
-            for protocol in list(self.server_state.connections):
-                protocol.shutdown()
-
-        def _stop_reading(self) -> None:
-            if self._reading:
-                self._reading = False
-                try:
-                    asyncio.get_running_loop().remove_reader(channel.fileno())
-                except (RuntimeError, ValueError):
-                    pass
-
-        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-            self._stop_reading()
-            for task in list(getattr(self, "_adopting", ())):
-                task.cancel()
-            await super().shutdown(sockets=sockets)
-
-    return AdoptingServer(config)
+    server = AdoptingServer(config)
+    server._channel = channel
+    return server
