@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .config import ServeConfig
 from .http.app import build_app
 from .http.auth import ApiKeyMiddleware
+from .http.openapi import model_docs
 from .http.plumbing import BodyLimits
 from .http.repository_routes import create_repository_app
 from .served.generator import ServedGenerator
@@ -61,7 +62,7 @@ def app_for(served: Served, config: ServeConfig, close_model_on_shutdown: bool =
     if isinstance(served, ModelRepository):
         app = create_repository_app(served, body=body, close_model_on_shutdown=close_model_on_shutdown)
     else:
-        app = build_app(served, body, close_on_shutdown=close_model_on_shutdown)
+        app = build_app(served, body, close_on_shutdown=close_model_on_shutdown, docs=model_docs(served))
     return ApiKeyMiddleware(app, config.api_key) if config.api_key is not None else app
 
 
