@@ -97,6 +97,8 @@ def _refusal(served: ServedModel | ServedGenerator, method: str, path: str, endp
     generator = isinstance(served, ServedGenerator)
     if generator and path.endswith("/infer"):
         return "a text-generation export is served by /v1/completions (gRPC: ModelStreamInfer)"
+    if generator and path == "/v1/chat/completions" and getattr(served, "chat_template", None) is None:
+        return "this model has no chat template"
     if kind is None or (kind == "completions") == generator:
         return "" if kind is None or generator else endpoints.get(kind, "")
     return "served by a text-generation export" if kind == "completions" else "not served by a text-generation export"
