@@ -19,7 +19,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "ortbatch"
 
 #: the ground floor: imported by every room, imports none of them
-GROUND = ("ortbatch._ort", "ortbatch.manifest", "ortbatch.errors", "ortbatch._lifecycle", "ortbatch._extras")
+GROUND = (
+    "ortbatch._ort",
+    "ortbatch.manifest",
+    "ortbatch.errors",
+    "ortbatch._lifecycle",
+    "ortbatch._extras",
+    "ortbatch._observe",
+)
 #: what the two runtimes never import
 ABOVE_RUNTIMES = (
     "ortbatch.serve",
