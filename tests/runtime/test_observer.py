@@ -89,9 +89,8 @@ def test_a_broken_observer_never_fails_a_request(echo_path):
 def test_a_failed_request_is_told_with_its_error(echo_path):
     sess = PoisonSession(ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"]))
     recorder = Recorder()
-    with BatchedSession(sess, workers=1, observer=recorder) as bs:
-        with pytest.raises(Exception, match="poisoned"):
-            contextvars.copy_context().run(lambda: (WHO.set("bad"), bs.run(None, feed(-7, 2)))[1])
+    with BatchedSession(sess, workers=1, observer=recorder) as bs, pytest.raises(Exception, match="poisoned"):
+        contextvars.copy_context().run(lambda: (WHO.set("bad"), bs.run(None, feed(-7, 2)))[1])
     (record,) = [r for r in recorder.records if r.error is not None]
     assert list(record.tags) == ["bad"] and "poisoned" in str(record.error)
 
