@@ -170,7 +170,7 @@ def test_the_runtimes_never_import_the_rooms_above(room):
 
 SERVE = "ortbatch.serve"
 #: serve's own floor: read by every layer of serve, imports none of them
-SERVE_FLOOR = (f"{SERVE}.config", f"{SERVE}.auth", f"{SERVE}.metrics")
+SERVE_FLOOR = (f"{SERVE}.config", f"{SERVE}.auth", f"{SERVE}.metrics", f"{SERVE}.tracing")
 CORE = f"{SERVE}.served"
 HTTP = f"{SERVE}.http"
 GRPC = f"{SERVE}.grpc"

@@ -339,7 +339,7 @@ def docs_routes(facts: Callable[[list[Any]], ApiFacts], routes: list[Any]) -> li
         media = _ASSETS.get(name)
         if media is None:
             return json_response({"error": f"no asset {name[:80]!r}"}, 404)
-        bundle = require("swagger_ui_bundle")  # the serve extra's; an ImportError names it
+        bundle = require("swagger_ui_bundle", "serve")  # an ImportError naming the extra
         return FileResponse(bundle.swagger_ui_path / name, media_type=media, headers={"Cache-Control": "max-age=3600"})
 
     return [
