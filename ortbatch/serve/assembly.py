@@ -66,10 +66,10 @@ def app_for(served: Served, config: ServeConfig, close_model_on_shutdown: bool =
     if isinstance(served, ModelRepository):
         app = create_repository_app(served, body=body, close_model_on_shutdown=close_model_on_shutdown)
         for _, loaded in served.loaded():  # those loaded later are observed by load_served
-            tracing.observe(loaded.served)
+            tracing.observe(loaded.served, traces)
     else:
         app = build_app(served, body, close_on_shutdown=close_model_on_shutdown, docs=model_docs(served))
-        tracing.observe(served)
+        tracing.observe(served, traces)
     if config.api_key is not None:
         app = ApiKeyMiddleware(app, config.api_key)
     # outermost: a refused request is traced too

@@ -34,6 +34,7 @@ from .assembly import (
     served_summary,
     with_grpc,
 )
+from . import tracing
 from .config import ServeConfig
 from .http.connection import uvicorn_config
 from .http.plumbing import RequestCounts
@@ -95,6 +96,7 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
             grpc_server.stop(config.graceful_timeout_s)
         if not served.closed:
             served.close(drain=True)
+        tracing.shutdown()  # the last spans exported before the exit report
     counts: RequestCounts = app.state.counts
     totals = ExitCounts(counts.accepted, counts.answered, counts.abandoned)
     if grpc_server is not None:

@@ -49,6 +49,7 @@ __all__ = [
     "configure",
     "endpoint_from_env",
     "observe",
+    "shutdown",
     "span",
     "traced_request",
 ]
@@ -72,10 +73,11 @@ def endpoint_from_env() -> str | None:
 
 def configure(endpoint: str | None) -> Tracing | None:
     """The process's tracing for ``endpoint`` (``--otlp-endpoint``; None: the ``OTEL_*``
-    variables'), made on first use; None when neither sets one (nothing imported)."""
+    variables'), made on first use and kept until :func:`shutdown`; None when neither sets
+    one (then nothing of OpenTelemetry is imported)."""
     global _active
     if endpoint is None and endpoint_from_env() is None:
-        return _active
+        return None
     key = endpoint or ""
     with _lock:
         if _active is None or _active.endpoint != key:
@@ -85,25 +87,33 @@ def configure(endpoint: str | None) -> Tracing | None:
         return _active
 
 
+def shutdown() -> None:
+    """Export what is left and stop tracing (``serve`` does it on its way out)."""
+    global _active
+    with _lock:
+        previous, _active = _active, None
+    if previous is not None:
+        previous.shutdown()
+
+
 def active() -> Tracing | None:
     """The tracing in force (None: off, and nothing of OpenTelemetry is loaded)."""
     return _active
 
 
-def observe(served: Any) -> None:
+def observe(served: Any, traces: Tracing | None) -> None:
     """Give ``served``'s runtime (a model's ``session``, a generator's ``generator``) the
-    observer of the tracing in force, when there is one and the runtime takes one (a
-    front end's stand-in for the engine's session does not: see docs/serving.md)."""
-    tracing = _active
-    if tracing is None:
+    observer of ``traces`` (nothing when it is None, or when the runtime takes no observer:
+    a front end's stand-in for the engine's session, see docs/serving.md)."""
+    if traces is None:
         return
     name = getattr(served, "name", "")
     session = getattr(served, "session", None)
     if session is not None and hasattr(session, "observer"):
-        session.observer = tracing.session_observer(name)
+        session.observer = traces.session_observer(name)
     generator = getattr(served, "generator", None)
     if generator is not None and hasattr(generator, "observer"):
-        generator.observer = tracing.generator_observer(name)
+        generator.observer = traces.generator_observer(name)
 
 
 _OFF = contextlib.nullcontext()
@@ -112,7 +122,7 @@ _OFF = contextlib.nullcontext()
 def span(name: str, attributes: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
     """A child span of the current one while tracing is on (else a shared no-op)."""
     tracing = _active
-    if tracing is None:
+    if tracing is None or _current_context() is None:  # off, or no request to join
         return _OFF
     return tracing.tracer.start_as_current_span(name, attributes=attributes)
 
@@ -164,6 +174,7 @@ class Tracing:
         self.provider = TracerProvider(resource=Resource.create(attributes))
         self.provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
         self.tracer = self.provider.get_tracer("ortbatch.serve", __version__)
+        self._closed = False
         atexit.register(self.shutdown)
 
     def session_observer(self, model: str) -> SessionTracer:
@@ -177,7 +188,10 @@ class Tracing:
         return bool(self.provider.force_flush(int(timeout_s * 1000)))
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        """Export what is left and stop (a second call does nothing)."""
+        if not self._closed:
+            self._closed = True
+            self.provider.shutdown()
 
 
 def _current_context() -> Any:

@@ -52,7 +52,7 @@ def load_served(
         if session_options is not None:
             gen_kw["session_options"] = session_options(True)
         served = ServedGenerator.load(directory, name=name, generator_kwargs=gen_kw)
-        tracing.observe(served)  # when tracing is on (ortbatch.serve.tracing)
+        tracing.observe(served, tracing.active())  # when tracing is on (ortbatch.serve.tracing)
         return served
     kw = config.session_kwargs()
     if session_options is not None:
@@ -65,5 +65,5 @@ def load_served(
         max_text_chars=config.max_text_chars,
         truncate=config.truncate,
     )
-    tracing.observe(served)
+    tracing.observe(served, tracing.active())
     return served
