@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._extras import require
 from ..errors import ServeError
+from . import tracing
 from .assembly import (
     ExitCounts,
     Served,
@@ -34,7 +35,6 @@ from .assembly import (
     served_summary,
     with_grpc,
 )
-from . import tracing
 from .config import ServeConfig
 from .http.connection import uvicorn_config
 from .http.plumbing import RequestCounts
