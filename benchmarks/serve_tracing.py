@@ -10,8 +10,10 @@ Each cell starts ``ortbatch serve`` from its tree (PYTHONPATH), warms it up, the
 ``wrk`` posts one small embedding request from --connections keep-alive connections for
 --duration seconds. The model is the tests' tiny BERT-like encoder (``--export tiny``,
 built here; a few microseconds of compute, so the per-request cost of the server is what
-is measured) or any feature-extraction export directory. Prints requests/s per cell and,
-per round, each tree's ratio to the base.
+is measured) or any feature-extraction export directory. Prints per cell requests/s and
+the server's CPU microseconds per request (its /proc counters over the counted seconds:
+less sensitive than the rate to other load on a shared machine) and, per round, the CPU
+per request of each against the base.
 """
 
 from __future__ import annotations
@@ -84,12 +86,22 @@ def _wrk(url: str, script: Path, connections: int, seconds: float) -> float:
     return float(rate.group(1))
 
 
-def _cell(tree: Path, export: Path, extra: list[str], args: argparse.Namespace, work: Path) -> float:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cell(tree: Path, export: Path, extra: list[str], args: argparse.Namespace, work: Path) -> tuple[float, float]:
+    """Requests/s, and the server's CPU microseconds per request (less sensitive to other
+    load on the machine than the rate)."""
     proc, url = _server(tree, export, extra, work / "server.log")
     try:
         script = work / "post.lua"
         _wrk(url + "/v1/embeddings", script, args.connections, args.warmup)
-        return _wrk(url + "/v1/embeddings", script, args.connections, args.duration)
+        cpu = _cpu_s(proc.pid)
+        rate = _wrk(url + "/v1/embeddings", script, args.connections, args.duration)
+        return rate, (_cpu_s(proc.pid) - cpu) / (rate * args.duration) * 1e6
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -130,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         cells = [("main", args.base.resolve(), []), ("off", REPO, []), ("on", REPO, ["--otlp-endpoint", otlp])]
         print(f"load at start: {os.getloadavg()[0]:.1f}; {args.connections} connections, {args.duration:g} s a cell")
         for r in range(1, args.rounds + 1):
-            rates = {name: _cell(tree, export, extra, args, work) for name, tree, extra in cells}
-            line = ", ".join(f"{k} {v:.0f}/s" for k, v in rates.items())
-            ratio = f"off/main {rates['off'] / rates['main']:.3f}, on/main {rates['on'] / rates['main']:.3f}"
+            got = {name: _cell(tree, export, extra, args, work) for name, tree, extra in cells}
+            line = ", ".join(f"{k} {rate:.0f}/s {cpu:.0f} us" for k, (rate, cpu) in got.items())
+            main_cpu = got["main"][1]
+            ratio = f"CPU per request off/main {got['off'][1] / main_cpu:.3f}, on/main {got['on'][1] / main_cpu:.3f}"
             print(f"round {r}: {line}; {ratio}; load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"OTLP bytes received with tracing on: {_Sink.received}")
     sink.shutdown()
