@@ -41,7 +41,7 @@ from ..errors import (
     map_ort_error,
 )
 from ..manifest import MANIFEST_NAME, Manifest
-from .bridge import AsyncSlot, Outbox, mailbox_for
+from .bridge import AsyncSlot, Outbox, mailbox_for, one_wake_up
 from .collate import Collator, PaddingCollator
 from .executor import (
     GPU_PROVIDERS,
@@ -612,14 +612,15 @@ class BatchedSession:
             self._cost.observe(rows, longest, elapsed)
         self._stats.batch(rows, len(reqs), sum(r.rows * r.length for r in reqs), rows * longest, elapsed, waits or [])
         ok = 0
-        for req, res in zip(reqs, results, strict=True):
-            try:
-                req.future.set_result([res[n] for n in req.output_names])
-                ok += 1
-            except KeyError as exc:
-                settle(req.future, error=InferenceError(f"collator gave no output {exc}"))
-            except concurrent.futures.InvalidStateError:
-                pass
+        with one_wake_up():
+            for req, res in zip(reqs, results, strict=True):
+                try:
+                    req.future.set_result([res[n] for n in req.output_names])
+                    ok += 1
+                except KeyError as exc:
+                    settle(req.future, error=InferenceError(f"collator gave no output {exc}"))
+                except concurrent.futures.InvalidStateError:
+                    pass
         self._stats.finished(ok)
         if self.observer is not None:
             self._observed(reqs, wall, elapsed, waits)
