@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ...errors import InvalidInputError, ModelNotFoundError, RequestTooLargeError
+from .. import tracing
 from ..served.answers import OpenAIAnswer, whole_pieces
 from ..served.completions import (
     CompletionRequest,
@@ -147,7 +148,8 @@ class _CompletionsEndpoint:
         req = parse_completion_request(doc, self.max_chars, self.served.policy)
         self._check_count(len(req.prompts))
         # tokenized here, off the event loop ("" is refused by submit)
-        prompts = await asyncio.to_thread(prepare_prompts, self.generator, req)
+        with tracing.span("ortbatch.tokenize", {"ortbatch.texts": len(req.prompts)}):
+            prompts = await asyncio.to_thread(prepare_prompts, self.generator, req)
         return await self._answer(request, req, prompts)
 
     async def chat_completions(self, request: Any) -> Any:
@@ -160,7 +162,9 @@ class _CompletionsEndpoint:
             text = render_bounded(template, chat, CHAT_RENDER_TIMEOUT_S, self.max_chars)
             return prepare_prompts(self.generator, req, text)
 
-        return await self._answer(request, req, await asyncio.to_thread(rendered))
+        with tracing.span("ortbatch.tokenize", {"ortbatch.texts": 1}):
+            prompts = await asyncio.to_thread(rendered)
+        return await self._answer(request, req, prompts)
 
     def _check_count(self, count: int) -> None:
         limit = getattr(self.generator, "max_queue", None)
