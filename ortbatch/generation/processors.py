@@ -22,7 +22,8 @@ OpenAI's "before temperature"): a log-softmax in float32 of the model's logits.
 A constrained row (a :class:`~.constrained.RowGrammar` in its state) first has every token its
 grammar does not allow set to ``-inf`` (:func:`~.constrained.mask_rows`), before all of the
 above and before its logprobs, as vLLM applies the grammar bitmask to the logits it samples
-and reports from.
+and reports from; its ``top`` alternatives are the allowed tokens only (fewer than asked when
+fewer are allowed).
 """
 
 from __future__ import annotations
@@ -216,6 +217,8 @@ def choose_rows(
             if isinstance(token, int):
                 j = extra[k]
                 top = tops[n][: params[j].logprobs]
+                if states[j].grammar is not None:  # type: ignore[union-attr]
+                    top = tuple(t for t in top if t[1] != -np.inf)  # only the tokens its grammar allows
                 scored[k] = TokenLogprob(token, float(sub[n, token] - lse[n]), top)
     for k, j in enumerate(extra):
         out[j] = (tokens[k], scored.get(k))
