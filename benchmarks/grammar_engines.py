@@ -194,24 +194,14 @@ def bench_tokenizer(vocab: int, workdir: Path) -> Path:
 
 
 def byte_tokens(tokenizer_json: Path) -> tuple[list[bytes], int]:
-    """Every token's bytes (byte-level alphabet mapped back) and the eos id."""
+    """Every token's bytes (as ortbatch maps them back for OpenAI's logprobs ``bytes``) and the eos id."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 256)]
-    chars, extra = list(keep), 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    table = {chr(c): b for b, c in zip(keep, chars, strict=True)}
-    size = tok.get_vocab_size(with_added_tokens=True)
-    out = []
-    for i in range(size):
-        piece = tok.id_to_token(i) or ""
-        out.append(bytes(table[c] for c in piece) if all(c in table for c in piece) else piece.encode())
-    return out, int(tok.token_to_id(EOS))
+    from ortbatch.generation.requests import ExportTokenizer
+
+    size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True)
+    tok = ExportTokenizer(tokenizer_json.parent, tokenizer_json.name)
+    return tok.token_bytes(range(size)), int(tok.get().token_to_id(EOS))
 
 
 # -- the engines (each in its own process) ------------------------------------------------------
@@ -476,15 +466,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Grammar engines on {platform.machine()} ({os.cpu_count()} cores), Python {platform.python_version()}, "
         f"tokenizer {tokenizer.name} ({size} tokens), load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
     )
-    text = markdown(results, header)
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"header": header, "results": results}, indent=2))
+    write_report(markdown(results, header), {"header": header, "results": results}, args.markdown, args.json)
     return 0
+
+
+def write_report(text: str, record: dict[str, Any], markdown: Path | None, json_path: Path | None) -> None:
+    """Print the markdown ``text``; write it and the JSON ``record`` where asked."""
+    print(text)
+    for path, content in ((markdown, text), (json_path, json.dumps(record, indent=2))):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
 
 
 if __name__ == "__main__":

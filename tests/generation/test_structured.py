@@ -175,6 +175,11 @@ def test_regex_choice_and_grammars(gen: BatchedGenerator) -> None:
             assert c.finish_reason == "stop" and check(c.text), (fields, c.text)
 
 
+def test_the_keyword_shorthand_takes_constraints(gen: BatchedGenerator) -> None:
+    assert gen.generate(PROMPT, 8, choice=["yes", "no"]).text in ("yes", "no")
+    assert re.fullmatch(r"[0-9]{3}", gen.generate(PROMPT, 8, regex="[0-9]{3}").text)
+
+
 def test_max_tokens_mid_document_is_length(gen: BatchedGenerator) -> None:
     schema = SCHEMAS[4]
     c = gen.generate(PROMPT, params=SamplingParams(json_schema=schema, max_new_tokens=4))
