@@ -3,7 +3,8 @@
     python benchmarks/structured.py --preset gpt2-mini --requests 32 --rounds 3 --markdown out/structured.md
 
 One :class:`ortbatch.BatchedGenerator`, one process, the same requests (random token-id
-prompts, sampled at temperature 1 with a seed each) served in alternating rounds:
+prompts, sampled at ``--temperature`` with a seed each, default 1; 0 is greedy) served in
+alternating rounds (which mode goes first alternates too):
 
 - ``free``: no row constrained;
 - ``half``: every other request follows a JSON schema (the schemas of
@@ -23,6 +24,7 @@ rows, like free ones, mostly run to ``--new-tokens``: both modes keep the same r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -116,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--prompt-length", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="rounds of each mode, alternating")
+    p.add_argument("--temperature", type=float, default=1.0, help="every request's (0: greedy)")
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
     args = p.parse_args(argv)
@@ -127,13 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rs = np.random.RandomState(0)
     vocab = PRESETS[args.preset]["vocab_size"]
     prompts = [rs.randint(10, vocab - 10, size=args.prompt_length).tolist() for _ in range(args.requests)]
-    free = [SamplingParams(temperature=1.0, seed=i, max_new_tokens=args.new_tokens) for i in range(args.requests)]
+    free = [
+        SamplingParams(temperature=args.temperature, seed=i, max_new_tokens=args.new_tokens)
+        for i in range(args.requests)
+    ]
     half = [
-        SamplingParams(
-            temperature=1.0, seed=i, max_new_tokens=args.new_tokens, json_schema=SCHEMAS[(i // 2) % len(SCHEMAS)][1]
-        )
-        if i % 2 == 0
-        else free[i]
+        dataclasses.replace(free[i], json_schema=SCHEMAS[(i // 2) % len(SCHEMAS)][1]) if i % 2 == 0 else free[i]
         for i in range(args.requests)
     ]
     results: dict[str, list[float]] = {"free": [], "half": []}
@@ -141,8 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         eos = list(gen.layout.eos_token_ids)
         run_round(gen, prompts, half)  # warm-up: the session, the engine's tokenizer, every schema's compile
         compiles, hits = gen.grammars.compiles, gen.grammars.hits
-        for _ in range(args.rounds):
-            for mode, params in (("free", free), ("half", half)):
+        for r in range(args.rounds):
+            # alternate which mode goes first, so a load that drifts during the run favours neither
+            for mode, params in (("free", free), ("half", half))[:: 1 if r % 2 == 0 else -1]:
                 seconds, tokens = run_round(gen, prompts, params)
                 results[mode].append(tokens / seconds)
                 print(f"{mode}: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tokens/s", file=sys.stderr)
@@ -153,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()
     header = (
         f"{args.preset} ({vocab} tokens), {args.requests} requests of {args.prompt_length} prompt tokens, "
-        f"{args.new_tokens} new tokens, temperature 1, max_batch_size {args.max_batch_size}, {args.rounds} rounds "
+        f"{args.new_tokens} new tokens, temperature {args.temperature:g}, max_batch_size {args.max_batch_size}, "
+        f"{args.rounds} rounds "
         f"each; {platform.machine()} ({os.cpu_count()} cores), "
         f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
     )

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .._extras import require
-from ..errors import InvalidInputError, UnsupportedError
+from ..errors import InvalidInputError, SessionClosedError, UnsupportedError
 
 __all__ = [
     "CONSTRAINT_FIELDS",
@@ -175,7 +175,7 @@ class GrammarCompiler:
                 self.hits += 1
                 return fut
             if self._closed:
-                raise UnsupportedError("the generator is closed: no grammar is compiled any more")
+                raise SessionClosedError("the generator is closed: no grammar is compiled any more")
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="ortbatch-grammar")
             fut = self._pool.submit(self._compile, constraint)
@@ -215,7 +215,12 @@ class GrammarCompiler:
             if not self._eos:
                 raise UnsupportedError(f"{constraint.kind} needs an eos token, and this export names none")
             text = self._path.read_text(encoding="utf-8")
-            self._tokenizer = ll.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos)
+            try:
+                self._tokenizer = ll.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos)
+            except Exception as exc:  # the engine's own error type: nothing a request can fix
+                raise UnsupportedError(
+                    f"{constraint.kind}: the grammar engine cannot read this export's tokenizer.json: {exc}"
+                ) from exc
         return ll, self._tokenizer
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:

@@ -129,6 +129,11 @@ def _flag(name: str, value: object) -> bool:
     return bool(value)
 
 
+def _given(value: object) -> bool:
+    """Whether a constraint field was given: not ``None`` and not a false bool."""
+    return value is not None and not (isinstance(value, (bool, np.bool_)) and not value)
+
+
 def _bias(value: object) -> tuple[tuple[int, float], ...]:
     items: Any = value.items() if isinstance(value, Mapping) else value
     try:
@@ -249,7 +254,7 @@ class SamplingParams:
     def _check_constraint(self) -> None:
         """At most one constraint field, of the right type; normalised (a schema dict
         becomes its JSON text, choices a tuple) and kept as :attr:`constraint`."""
-        given = [f for f in CONSTRAINT_FIELDS if getattr(self, f) not in (None, False)]
+        given = [f for f in CONSTRAINT_FIELDS if _given(getattr(self, f))]
         constraint = None
         if len(given) > 1:
             raise InvalidInputError(
@@ -260,7 +265,7 @@ class SamplingParams:
             kind = given[0]
             value = getattr(self, kind)
             if kind == "json_object":
-                _flag(kind, value)
+                object.__setattr__(self, kind, _flag(kind, value))
                 source = '{"type": "object"}'
             else:
                 source = constraint_source(kind, value)
@@ -273,8 +278,8 @@ class SamplingParams:
                         f"{name} cannot be combined with {kind}: the grammar decides where the output ends",
                         input_name=name,
                     )
-        elif self.json_object is not False:
-            _flag("json_object", self.json_object)
+        else:
+            object.__setattr__(self, "json_object", _flag("json_object", self.json_object))
         object.__setattr__(self, "_constraint", constraint)
 
     @classmethod
