@@ -99,14 +99,35 @@ class ChatTemplate:
         specials = {k: text for k in _SPECIAL if (text := token_text(config.get(k))) is not None}
         return cls(source, specials)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **extra: Any) -> str:
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template reads the ``tools`` variable (so it can show the model tools)."""
+        return "tools" in self.source
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        **extra: Any,
+    ) -> str:
         """The prompt text for ``messages`` (``[{"role": ..., "content": ...}, ...]``);
-        raises :class:`InvalidInputError` when the template rejects them."""
+        raises :class:`InvalidInputError` when the template rejects them.
+
+        ``tools`` (JSON schemas of functions, ``[{"type": "function", "function": {...}}]``)
+        and ``documents`` are the template's variables of those names, ``None`` when not
+        given, as transformers' ``apply_chat_template(tools=..., documents=...)`` passes them;
+        :func:`ortbatch.generation.tools.template_messages` turns OpenAI messages (tool calls,
+        ``role: "tool"`` results) into what templates read."""
         jinja2 = require("jinja2", "serve")
         try:
             return str(
                 self._template.render(
                     messages=list(messages),
+                    tools=None if tools is None else [dict(t) for t in tools],
+                    documents=None if documents is None else [dict(d) for d in documents],
                     add_generation_prompt=add_generation_prompt,
                     **self.special_tokens,
                     **extra,
