@@ -7,7 +7,6 @@ The reference is always ``SentenceTransformer(dir).encode``, never ortbatch's ou
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -23,24 +22,21 @@ pytest.importorskip("torch")
 pytest.importorskip("optimum.exporters.onnx")
 st_mod = pytest.importorskip("sentence_transformers")
 
-from ortbatch.embed import Embedder, EmbeddingPipeline, calibration_ranges  # noqa: E402
+from ortbatch.embed import Embedder, EmbeddingPipeline  # noqa: E402
 from ortbatch.errors import ExportError, InvalidInputError  # noqa: E402
 from ortbatch.export import st_pipeline  # noqa: E402
-from tests.embed.stmodels import CORPUS, TEXTS, build_base, build_st, cosines, export_transformer, padded_feed  # noqa: E402
+from tests.embed.stmodels import (  # noqa: E402
+    CORPUS,
+    TEXTS,
+    build_st,
+    cosines,
+    make_export,
+    padded_feed,
+)
 
 pytestmark = [pytest.mark.export, pytest.mark.slow]
 MIN_COSINE = 0.9999
 PROMPTS = {"query": "query: ", "passage": "passage: "}
-
-
-@pytest.fixture(scope="module")
-def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    root = tmp_path_factory.mktemp("st-bases")
-    out = {}
-    for kind in ("bert", "gpt2"):
-        base = build_base(kind, root / f"base-{kind}")
-        out[kind] = (base, export_transformer(base, root / f"onnx-{kind}"))
-    return out
 
 
 def _graph_session(onnx_path: Path, parsed: st_pipeline.ParsedPipeline) -> Any:
@@ -210,41 +206,6 @@ def test_without_sentence_transformers(bases, tmp_path, kind, pooling):
 
 
 # -- the in-process face -------------------------------------------------------------
-
-
-def make_export(onnx_src: Path, st_dir: Path, out: Path, *, calibrate: bool = True) -> Path:
-    """An export directory as the exporter will write it: model.onnx with the pipeline,
-    tokenizer, and ortbatch.json with the 'embedding' section."""
-    import onnx
-    from transformers import AutoTokenizer
-
-    from ortbatch.export import graph
-    from ortbatch.manifest import Manifest, model_hash
-
-    parsed = st_pipeline.read_pipeline(st_dir)
-    assert parsed is not None
-    out.mkdir(parents=True)
-    model = onnx.load(str(onnx_src))
-    st_pipeline.append_pipeline(model, parsed)
-    onnx.save(model, str(out / "model.onnx"))
-    tok = AutoTokenizer.from_pretrained(str(st_dir))
-    tok.save_pretrained(str(out))
-    inputs, outputs, _ = graph.manifest_io(graph.read_graph_io(out / "model.onnx"), {"input_ids": 0})
-    pipe = parsed.pipeline
-    if calibrate:
-        cal = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(CORPUS)
-        pipe = dataclasses.replace(pipe, quantization_ranges=calibration_ranges(cal))
-    Manifest(
-        inputs=inputs,
-        outputs=outputs,
-        limits={"max_batch_size": 4, "max_sequence_length": 64},
-        source={"model": str(st_dir), "task": "feature-extraction"},
-        extra={
-            "components": {"model": {"model": "model.onnx", "sha256": model_hash(out / "model.onnx")}},
-            "embedding": pipe.to_dict(),
-        },
-    ).save(out)
-    return out
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
