@@ -256,14 +256,15 @@ class ServedModel:
         )
 
     def _setup_tokenizer(self, tokenizer: Any) -> None:
-        known = {"input_ids", "attention_mask", "token_type_ids"}
+        # position_ids: 0..n-1 for each text, what the model computes for one unpadded row
+        known = {"input_ids", "attention_mask", "token_type_ids", "position_ids"}
         if self.pipeline is not None and self.pipeline.needs_prompt_length:
             known.add("prompt_length")  # filled here: the tokens of the prompt, left out of pooling
         unknown = [n for n in self._input_types if n not in known]
         if "input_ids" not in self._input_types or unknown:
             self.text_disabled_reason = (
                 f"the model's inputs {sorted(self._input_types)} are not input_ids/attention_mask/"
-                "token_type_ids, so text cannot be tokenized for it"
+                "token_type_ids/position_ids, so text cannot be tokenized for it"
             )
             log.warning("text input disabled: %s", self.text_disabled_reason)
             return
@@ -557,6 +558,7 @@ class ServedModel:
             "input_ids": ids,
             "attention_mask": mask if mask is not None else [1] * n,
             "token_type_ids": type_ids if type_ids is not None else [0] * n,
+            "position_ids": range(n),
         }
         try:
             feed = {
