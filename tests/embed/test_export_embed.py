@@ -127,6 +127,16 @@ def test_pooling_that_disagrees_with_the_checkpoint_fails(cls_export, tmp_path):
     with pytest.raises(ValidationError, match="allow-unvalidated"):
         refuse_failed_checks(bad, allow_unvalidated=False)
     refuse_failed_checks(bad, allow_unvalidated=True)
+    # `ortbatch serve` as users run it: refused before it binds or loads, one line, exit 2
+    out = subprocess.run(
+        [sys.executable, "-m", "ortbatch.cli", "serve", str(bad), "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode != 0 and "allow-unvalidated" in out.stderr, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
 
 
 _HIDDEN = textwrap.dedent(
