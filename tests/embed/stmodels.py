@@ -53,23 +53,28 @@ def _tokenizer(kind: str) -> Any:
     )
 
 
+def _bert_config(vocab: int) -> Any:
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+
+
 def build_base(kind: str, directory: Path) -> Path:
     """A random transformer checkpoint (config, weights, tokenizer) in ``directory``."""
     import torch
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
+    from transformers import BertModel, GPT2Config, GPT2Model
 
     torch.manual_seed(0)
     tok = _tokenizer(kind)
     if kind == "bert":
-        cfg = BertConfig(
-            vocab_size=len(tok),
-            hidden_size=HIDDEN,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=128,
-        )
-        model: Any = BertModel(cfg)
+        model: Any = BertModel(_bert_config(len(tok)))
     else:
         cfg = GPT2Config(vocab_size=len(tok), n_embd=HIDDEN, n_layer=2, n_head=2, n_positions=128, pad_token_id=0)
         model = GPT2Model(cfg)
@@ -121,20 +126,12 @@ def build_splade(directory: Path, *, pooling: str = "max", activation: str = "re
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.modules import SpladePooling
-    from transformers import BertConfig, BertForMaskedLM
+    from transformers import BertForMaskedLM
 
     torch.manual_seed(0)
     tok = _tokenizer("bert")
-    cfg = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
     base = directory.with_name(directory.name + "-mlm")
-    BertForMaskedLM(cfg).eval().save_pretrained(base)
+    BertForMaskedLM(_bert_config(len(tok))).eval().save_pretrained(base)
     tok.save_pretrained(base)
     modules = [
         Transformer(str(base), transformer_task="fill-mask", max_seq_length=64),

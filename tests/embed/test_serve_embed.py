@@ -8,6 +8,10 @@ always sentence-transformers, never ortbatch's output.
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +31,14 @@ from sentence_transformers.util import quantize_embeddings  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from ortbatch import export_model  # noqa: E402
+from ortbatch.embed import Embedder  # noqa: E402
 from ortbatch.serve import BackgroundServer, ServeConfig  # noqa: E402
 from ortbatch.serve.served.repository import ModelRepository  # noqa: E402
-from tests.embed.stmodels import CORPUS, TEXTS, build_splade, build_st, cosines, make_export  # noqa: E402
+from tests.embed.stmodels import CORPUS, TEXTS, build_splade, build_st, cosines  # noqa: E402
 
-pytestmark = [pytest.mark.export, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.export, pytest.mark.slow, pytest.mark.timeout(1500)]
 MIN_COSINE = 0.9999
+REPO = Path(__file__).resolve().parents[2]
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 # twelve texts of mixed lengths in one request: rows batched (max_batch_size 4) and padded together
 BATCH = TEXTS * 2
@@ -64,33 +70,42 @@ PROMPTED = {
 @dataclass
 class Served:
     srv: BackgroundServer
+    root: Path
     checkpoints: dict[str, Path]
     models: dict[str, Any]
 
     def st(self, name: str) -> Any:
+        name = name.removesuffix("-hidden")
         if name not in self.models:
             cls = st_mod.SparseEncoder if name == "splade" else st_mod.SentenceTransformer
             self.models[name] = cls(str(self.checkpoints[name]), device="cpu")
         return self.models[name]
 
 
-@pytest.fixture(scope="module")
-def served(bases: dict[str, tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One repository server (HTTP and gRPC) of every tiny checkpoint's export."""
-    work = tmp_path_factory.mktemp("st-serve")
-    root = work / "repository"
-    root.mkdir()
-    checkpoints = {}
+# every checkpoint exported again where sentence-transformers cannot be imported
+_EXPORT_HIDDEN = textwrap.dedent(
+    """
+    import json, sys
+    from tests.embed.stmodels import CORPUS, block_sentence_transformers
+    block_sentence_transformers()
+    from ortbatch import export_model
+    for st_dir, out in zip(sys.argv[1::2], sys.argv[2::2]):
+        assert export_model(st_dir, out, max_batch_size=4, samples=CORPUS).installed, out
+        report = json.load(open(out + "/validation.json"))
+        parity = next(c for c in report["checks"] if c["check"] == "reference_parity")
+        print("LABELS", out, [case["label"] for case in parity["cases"]])
+    """
+)
+
+
+def _checkpoints(bases: dict[str, tuple[Path, Path]], work: Path) -> dict[str, Path]:
+    out = {}
     for name, (kind, pooling, dense, normalize) in PIPELINES.items():
-        base, onnx_path = bases[kind]
-        st_dir = build_st(base, work / "st" / name, pooling=pooling, dense=dense, normalize=normalize)
-        make_export(onnx_path, st_dir, root / name)
-        checkpoints[name] = st_dir
+        out[name] = build_st(bases[kind][0], work / name, pooling=pooling, dense=dense, normalize=normalize)
     for name, p in PROMPTED.items():
-        base, onnx_path = bases[p["kind"]]
-        st_dir = build_st(
-            base,
-            work / "st" / name,
+        out[name] = build_st(
+            bases[p["kind"]][0],
+            work / name,
             pooling=p["pooling"],
             include_prompt=False,
             dense=p["dense"],
@@ -98,16 +113,34 @@ def served(bases: dict[str, tuple[Path, Path]], tmp_path_factory: pytest.TempPat
             prompts=PROMPTS,
             default_prompt_name=p["default"],
         )
-        make_export(onnx_path, st_dir, root / name)
-        checkpoints[name] = st_dir
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(bases: dict[str, tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One repository server (HTTP and gRPC) of every tiny checkpoint, each exported by
+    ``export_model`` (checked, calibrated on CORPUS) with sentence-transformers importable
+    (``NAME``) and with it hidden (``NAME-hidden``)."""
+    work = tmp_path_factory.mktemp("st-serve")
+    root = work / "repository"
+    root.mkdir()
+    checkpoints = _checkpoints(bases, work / "st")
+    for name, st_dir in checkpoints.items():
+        assert export_model(st_dir, root / name, max_batch_size=4, samples=CORPUS).installed, name
+    args = [str(x) for name, st_dir in checkpoints.items() for x in (st_dir, root / f"{name}-hidden")]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", _EXPORT_HIDDEN, *args], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("sentence_embedding vs torch reference") == len(checkpoints), done.stdout
     checkpoints["splade"] = build_splade(work / "st" / "splade")
-    result = export_model(checkpoints["splade"], root / "splade", max_batch_size=4)
-    assert result.installed
+    assert export_model(checkpoints["splade"], root / "splade", max_batch_size=4).installed
     config = ServeConfig(port=0, grpc_port=0, access_log=False, log_level="warning", max_delay_ms=1.0)
     repo = ModelRepository(root=root, config=config)
     assert repo.load_all() == []
     with BackgroundServer(repo, config) as srv:
-        yield Served(srv, checkpoints, {})
+        yield Served(srv, root, checkpoints, {})
 
 
 # -- the three transports --------------------------------------------------------------------
@@ -156,13 +189,18 @@ def grpc(served: Served, model: str, texts: list[str], output: str = "sentence_e
 # -- 1. every pipeline ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("hidden", [False, True], ids=["st-importable", "st-hidden"])
 @pytest.mark.parametrize("name", [*PIPELINES, *PROMPTED])
-def test_every_pipeline_served_equals_encode(served, name):
+def test_every_pipeline_served_and_in_process_equals_encode(served, name, hidden):
+    model = f"{name}-hidden" if hidden else name
     want = served.st(name).encode(BATCH, batch_size=4)
+    with Embedder(served.root / model, max_batch_size=4) as emb:
+        in_process = emb.encode(BATCH)
     for how, got in [
-        ("openai", openai(served, name, BATCH)[0]),
-        ("kserve", kserve(served, name, BATCH)[0]),
-        ("grpc", grpc(served, name, BATCH)[0]),
+        ("openai", openai(served, model, BATCH)[0]),
+        ("kserve", kserve(served, model, BATCH)[0]),
+        ("grpc", grpc(served, model, BATCH)[0]),
+        ("in process", in_process),
     ]:
         assert got.shape == want.shape, how
         assert cosines(got, want).min() >= MIN_COSINE, how
@@ -195,6 +233,10 @@ def test_prompts_and_the_default_prompt(served, name):
         assert cosines(grpc(served, name, BATCH, **options)[0], want).min() >= MIN_COSINE, options
     # a prompt does change the vectors, so the checks above could fail
     assert cosines(openai(served, name, BATCH)[0], model.encode(BATCH, prompt="")).min() < 0.999
+    # v2 metadata says what the parameters may name
+    params = httpx.get(f"{served.srv.url}/v2/models/{name}_text").json()["parameters"]
+    assert set(PROMPTS) <= set(params["prompt_names"]) and params["default_prompt_name"] == PROMPTED[name]["default"]
+    assert params["embedding_output"] == "sentence_embedding"
 
 
 FORMATS = ["float", "base64", "int8", "uint8", "binary", "ubinary"]

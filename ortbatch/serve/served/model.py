@@ -341,6 +341,12 @@ class ServedModel:
         if self.text_input is not None:
             params["text_input"] = self.text_input
             params["text_model"] = self.text_model_name
+        pipe = self.pipeline
+        if pipe is not None:  # what the embedding request parameters may name
+            params["embedding_output"] = pipe.output
+            params["embedding_dimension"] = pipe.dimension
+            params["prompt_names"] = sorted(pipe.prompts)
+            params["default_prompt_name"] = pipe.default_prompt_name
         doc["parameters"] = {k: v for k, v in params.items() if v is not None}
         return doc
 
