@@ -347,6 +347,31 @@ def test_embed_sparse_equals_sparse_encoder(served):
         np.testing.assert_allclose(out, top, rtol=1e-4, atol=1e-6, err_msg=how)
 
 
+def test_the_answers_match_the_openapi_document(served):
+    """The server's /openapi.json describes the new fields' answers (checked with jsonschema)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    referencing = pytest.importorskip("referencing")
+    from referencing.jsonschema import DRAFT202012
+
+    doc = httpx.get(served.srv.url + "/openapi.json").json()
+    registry = referencing.Registry().with_resource("urn:doc", referencing.Resource(doc, DRAFT202012))
+
+    def errors(schema: str, answer: Any) -> list[Any]:
+        ref = {"$ref": f"urn:doc#/components/schemas/{schema}"}
+        return list(jsonschema.Draft202012Validator(ref, registry=registry).iter_errors(answer))
+
+    for fmt in ("float", "base64", "int8", "ubinary"):
+        body = {"model": "prompted", "input": TEXTS, "dimensions": 8, "encoding_format": fmt, "prompt_name": "query"}
+        assert errors("EmbeddingRequest", body) == []
+        answer = httpx.post(served.srv.url + "/v1/embeddings", json=body).json()
+        assert errors("EmbeddingResponse", answer) == [], fmt
+    body = {"model": "splade", "inputs": TEXTS, "top_k": 4}
+    assert errors("EmbedSparseRequest", body) == []
+    answer = httpx.post(served.srv.url + "/embed_sparse", json=body).json()
+    assert errors("EmbedSparseResponse", answer) == []
+    assert errors("EmbedSparseResponse", [{"index": 1}])  # the check can fail
+
+
 # -- bad values ------------------------------------------------------------------------------------
 
 
