@@ -130,12 +130,21 @@ def test_the_validation_refuses_a_misspelt_field_or_a_wrong_type(
         validate(doc)
 
 
+def _resources(folder: Path) -> list[Path]:
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    return [(folder / r).resolve() for r in kustomization["resources"]]
+
+
+def _objects(folder: Path) -> list[tuple[str, str]]:
+    """(kind, name) of what ``folder``'s kustomization holds: its files' and its bases'."""
+    out: list[tuple[str, str]] = []
+    for r in _resources(folder):
+        out += _objects(r) if r.is_dir() else [(d["kind"], d["metadata"]["name"]) for d in documents(r)]
+    return sorted(out)
+
+
 def test_every_manifest_is_in_a_kustomization() -> None:
-    listed = {
-        (folder / r).resolve()
-        for folder in kustomizations()
-        for r in yaml.safe_load((folder / "kustomization.yaml").read_text())["resources"]
-    }
+    listed = {r for folder in kustomizations() for r in _resources(folder) if r.is_file()}
     assert set(manifest_files()) == listed
 
 
@@ -145,16 +154,27 @@ def test_kustomize_builds_the_folders_manifests(folder: Path) -> None:
     if command is None:
         pytest.skip("neither kustomize nor kubectl is installed: the files are validated one by one above")
     built = kustomize_build(command, folder)
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in built) == _objects(folder)
     kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    files = [d for r in kustomization["resources"] for d in documents(folder / r)]
-    assert sorted((d["kind"], d["metadata"]["name"]) for d in built) == sorted(
-        (d["kind"], d["metadata"]["name"]) for d in files
-    )
     images = {i["name"]: f"{i['newName']}:{i['newTag']}" for i in kustomization.get("images", [])}
     for doc in built:
         for c in containers(doc):
             assert c["image"] in images.values(), f"{doc['kind']}: image {c['image']} not set by the kustomization"
         validate(doc)
+
+
+def test_gpu_overlay_asks_for_a_gpu_and_cuda(tmp_path: Path) -> None:
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("neither kustomize nor kubectl is installed: the overlay's patch is not applied here")
+    (deployment,) = (d for d in kustomize_build(command, KUBE / "gpu") if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"].endswith("-gpu")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    args = _serve_args(container, tmp_path, "repository")
+    assert args.providers == "cuda"
+    _check_drain(container, pod["terminationGracePeriodSeconds"], args)
 
 
 # -- what the schemas cannot see ---------------------------------------------------------------
