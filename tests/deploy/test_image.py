@@ -222,11 +222,10 @@ def test_the_image_serves_one_export_as_the_kserve_runtime_runs_it(
     assert "stopped; requests accepted=1 answered=1" in served.text
 
 
-def test_the_gpu_variant_builds_on_a_base_without_python(buildah: Buildah, image: str, tmp_path: Path) -> None:
-    base = buildah.base_image("bare", python=False)
-    tag = buildah.build(
-        clean_checkout(_readable(tmp_path / "context")), "localhost/ortbatch:test-gpu", BASE=base, EXTRA="gpu"
-    )
+def test_the_gpu_variant_builds_on_a_base_without_python(
+    buildah: Buildah, bases: tuple[str, str], context: Path
+) -> None:
+    tag = buildah.build(context, "localhost/ortbatch:test-gpu", BASE=bases[1], EXTRA="gpu")
     ctr = buildah.container(tag)
     try:
         no_torch, providers, dists = _installed(buildah, ctr)
