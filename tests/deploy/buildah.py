@@ -157,8 +157,8 @@ class Buildah:
         return self("run", "--isolation", "chroot", ctr, "--", *command, timeout=120)
 
     def clean(self) -> None:
+        """Remove the working containers (which unmounts them), then the whole storage folder."""
         subprocess.run(self.cmd("rm", "--all"), capture_output=True, timeout=120, check=False)
-        subprocess.run(self.cmd("rmi", "--all", "--force"), capture_output=True, timeout=300, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
