@@ -1,4 +1,4 @@
-# ortbatch serve in a container: `ortbatch[cpu,serve]` (or `[gpu,serve]`) from this checkout, a
+# ortbatch serve in a container: `ortbatch[cpu,serve,tracing]` (or `[gpu,...]`) from this checkout, a
 # non-root user, the exports mounted read-only at /models. deploy/README.md says how it is used and
 # tested; deploy/kubernetes/ runs it.
 #
@@ -35,14 +35,15 @@ RUN pip wheel --no-deps --wheel-dir /wheel /src
 FROM python
 ARG EXTRA=cpu
 COPY --from=wheel /wheel /tmp/wheel
-# ortbatch[cpu,serve] never asks for torch; the check keeps it so (a default index would bring a
-# CUDA build of several GB). dumb-init is PID 1: it passes SIGTERM on to ortbatch serve, which
-# drains, and reaps what --frontends starts.
+# tracing: OpenTelemetry, imported only when an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT).
+# None of these extras asks for torch; the check keeps it so (a default index would bring a CUDA
+# build of several GB). dumb-init is PID 1: it passes SIGTERM on to ortbatch serve, which drains,
+# and reaps what --frontends starts.
 RUN set -eu; \
-    pip install "$(ls /tmp/wheel/ortbatch-*.whl)[${EXTRA},serve]" "dumb-init==1.2.5.post1"; \
+    pip install "$(ls /tmp/wheel/ortbatch-*.whl)[${EXTRA},serve,tracing]" "dumb-init==1.2.5.post1"; \
     rm -rf /tmp/wheel; \
     if python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)"; then \
-        echo "torch was installed: ortbatch[${EXTRA},serve] must not need it" >&2; exit 1; \
+        echo "torch was installed: ortbatch[${EXTRA},serve,tracing] must not need it" >&2; exit 1; \
     fi; \
     useradd --no-log-init --uid 10001 --user-group --create-home --home-dir /home/ortbatch ortbatch; \
     mkdir -p /models

@@ -156,6 +156,7 @@ def test_the_image_is_the_one_the_manifests_expect(buildah: Buildah, image: str)
         assert no_torch, "torch is in the image"
         assert "CPUExecutionProvider" in providers and "CUDAExecutionProvider" not in providers
         assert "onnxruntime" in dists and "onnxruntime-gpu" not in dists and "ortbatch" in dists
+        assert {"opentelemetry-sdk", "swagger-ui-bundle-v2"} <= set(dists)  # tracing, the /docs page
         # what the manifests run in it: the preStop hook, and tar for `kubectl cp` into the copy pod
         (container,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
         assert buildah.run(ctr, ["sh", "-c", "command -v tar && command -v sleep"]) == 0
@@ -179,6 +180,7 @@ def test_the_image_serves_the_repository_as_the_deployment_runs_it(
         assert served.process.poll() is None, served.text
         url = f"http://127.0.0.1:{http}"
         assert httpx.get(f"{url}/v2/health/ready", timeout=30).json() == {"ready": True}
+        assert httpx.get(f"{url}/docs", timeout=30).status_code == 200  # served from the image's files
         answer = httpx.post(f"{url}/v1/embeddings", json={"model": "minilm", "input": [TEXT]}, timeout=60)
         assert answer.status_code == 200, answer.text
         _same(answer.json()["data"][0]["embedding"], reference)
@@ -191,8 +193,8 @@ def test_the_image_serves_the_repository_as_the_deployment_runs_it(
         assert _healthcheck(buildah, http) == 0
         assert _stop(buildah, served) == 0, served.text
     assert "skipping /models/lost+found: cannot read it" in served.text
-    # ready, /v1/embeddings and the HEALTHCHECK's own request
-    assert "stopped; requests accepted=3 answered=3" in served.text
+    # ready, /docs, /v1/embeddings and the HEALTHCHECK's own request
+    assert "stopped; requests accepted=4 answered=4" in served.text
     assert "gRPC accepted=1 answered=1" in served.text
     assert _healthcheck(buildah, http) == 1  # nothing answers any more
 
