@@ -211,7 +211,7 @@ def serving(
 ) -> Iterator[Served]:
     """Run the image's entry point (with ``args``) in a new container, as the image's user, with
     ``mounts`` (host folder -> container path) read-only; yields once it listens (or has ended).
-    The container is stopped (SIGKILL) if the test did not stop it."""
+    Whatever still runs in the container afterwards is killed (SIGKILL), orphans included."""
     config = buildah.config(image)
     ctr = buildah.container(image)
     volumes = [f"--volume={host}:{path}:ro" for host, path in mounts.items()]
@@ -227,16 +227,39 @@ def serving(
     assert process.stdout is not None
     reader = threading.Thread(target=served.read, args=(process.stdout,), daemon=True)
     reader.start()
+    namespace = None
     try:
         served.listening.wait(timeout=300)
+        if process.poll() is None:  # the container's own mount namespace, which its processes share
+            namespace = os.readlink(f"/proc/{served.pid1()}/ns/mnt")
         yield served
     finally:
+        # every process left in the container, an orphan of a failed stop included
+        for pid in _in_namespace(namespace):
+            _kill(pid)
         if process.poll() is None:
-            try:
-                os.kill(served.pid1(), signal.SIGKILL)
-            except (AssertionError, ProcessLookupError):
-                process.kill()
-            process.wait(timeout=60)
+            process.kill()
+        process.wait(timeout=60)
         reader.join(timeout=30)
         process.stdout.close()
         buildah("rm", ctr)
+
+
+def _in_namespace(namespace: str | None) -> list[int]:
+    if namespace is None:
+        return []
+    found = []
+    for ns in Path("/proc").glob("[0-9]*/ns/mnt"):
+        try:
+            if os.readlink(ns) == namespace:
+                found.append(int(ns.parent.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
