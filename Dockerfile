@@ -4,13 +4,14 @@
 #
 #   CPU: docker build -t ortbatch:0.1.0 .
 #   GPU: docker build -t ortbatch:0.1.0-gpu --build-arg EXTRA=gpu \
-#          --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 .
+#          --build-arg BASE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04 .
 #   run: docker run --rm -p 8000:8000 -p 8001:8001 -v "$PWD/exports/minilm:/models:ro" \
 #          -e ORTBATCH_MODEL_NAME=minilm ortbatch:0.1.0
 #
 # BASE is any Debian or Ubuntu image. One with Python (>= 3.10, with venv) is used as it is;
 # one without (the CUDA runtime images) gets the distribution's python3 and python3-venv.
-# onnxruntime-gpu 1.2x needs CUDA 12 and cuDNN 9 in the base (the -cudnn-runtime images).
+# The base must carry the CUDA major version the onnxruntime-gpu wheel links (PyPI's 1.31: CUDA 13,
+# libcudart.so.13) and cuDNN 9: the -cudnn-runtime images.
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS python
