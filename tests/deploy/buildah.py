@@ -159,7 +159,7 @@ class Buildah:
     def clean(self) -> None:
         """Remove the working containers (which unmounts them), then the whole storage folder."""
         subprocess.run(self.cmd("rm", "--all"), capture_output=True, timeout=120, check=False)
-        shutil.rmtree(self.root, ignore_errors=True)
+        subprocess.run(["rm", "-rf", str(self.root)], capture_output=True, timeout=600, check=False)
 
 
 @dataclass
