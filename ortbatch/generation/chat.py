@@ -99,22 +99,36 @@ class ChatTemplate:
         specials = {k: text for k in _SPECIAL if (text := token_text(config.get(k))) is not None}
         return cls(source, specials)
 
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template reads the ``tools`` variable (so it can show the model tools)."""
+        return "tools" in self.source
+
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
         **extra: Any,
     ) -> str:
         """The prompt text for ``messages`` (``[{"role": ..., "content": ...}, ...]``);
-        raises :class:`InvalidInputError` when the template rejects them. ``extra`` are more
-        template variables (they win over the special tokens, as in transformers; ``tools`` and
-        ``documents`` are ``None`` unless given). ``continue_final_message``: the text ends
-        where the last message's content does, left open for the model to continue, as
-        transformers' ``apply_chat_template`` cuts it (not with ``add_generation_prompt``)."""
+        raises :class:`InvalidInputError` when the template rejects them.
+
+        ``tools`` (JSON schemas of functions, ``[{"type": "function", "function": {...}}]``)
+        and ``documents`` are the template's variables of those names, ``None`` when not
+        given, as transformers' ``apply_chat_template(tools=..., documents=...)`` passes them;
+        :func:`ortbatch.generation.tools.template_messages` turns OpenAI messages (tool calls,
+        ``role: "tool"`` results) into what templates read. ``extra`` are more template
+        variables (they win over the special tokens, as in transformers).
+        ``continue_final_message``: the text ends where the last message's content does, left
+        open for the model to continue, as transformers' ``apply_chat_template`` cuts it (not
+        with ``add_generation_prompt``)."""
         jinja2 = require("jinja2", "serve")
         chat = [dict(m) for m in messages]
+        final = ""
         if continue_final_message:
             if add_generation_prompt:
                 raise InvalidInputError(
@@ -126,7 +140,12 @@ class ChatTemplate:
                 )
             final = chat[-1]["content"]
             chat[-1]["content"] = final + _CONTINUE_TAG
-        variables = {"tools": None, "documents": None, **self.special_tokens, **extra}
+        variables = {
+            "tools": None if tools is None else [dict(t) for t in tools],
+            "documents": None if documents is None else [dict(d) for d in documents],
+            **self.special_tokens,
+            **extra,
+        }
         try:
             text = str(self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **variables))
         except InvalidInputError:

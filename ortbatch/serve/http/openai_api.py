@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: ``/v1/embeddings`` over a :class:`ServedModel`, and
+"""The OpenAI-compatible routes: ``/v1/embeddings`` over a :class:`ServedModel` (its fields:
+:mod:`ortbatch.serve.served.embeddings`), and
 ``/v1/completions`` and ``/v1/chat/completions`` over a :class:`ServedGenerator`.
 
 Completions: every HTTP request's prompts join the one generator, so concurrent clients
@@ -33,7 +34,6 @@ now. An export without a chat template answers chat requests with a 400.
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,8 +49,8 @@ from ..served.completions import (
     prompt_char_limit,
     render_bounded,
     submit_all,
-    text_or_ids,
 )
+from ..served.embeddings import embeddings_answer
 from ..served.generator import ServedGenerator
 from ..served.model import ServedModel
 from ..served.protocol import dumps_json, loads_json
@@ -90,44 +90,15 @@ async def read_openai_body(request: Any, body: BodyLimits, model_name: str) -> d
 
 
 def embedding_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
-    """``POST /v1/embeddings`` over ``model`` (for :func:`~ortbatch.serve.http.plumbing.assemble_app`)."""
+    """``POST /v1/embeddings`` over ``model`` (for :func:`~ortbatch.serve.http.plumbing.assemble_app`);
+    the request's fields and the answer are :func:`~ortbatch.serve.served.embeddings.embeddings_answer`'s."""
 
     async def embeddings(request: Incoming) -> Reply:
         doc = await read_openai_body(request, body, model.name)
         if model.embedding_output is None:
             raise HTTPError(404, f"model {model.name!r} does not serve embeddings: {model.embeddings_disabled_reason}")
-        inputs = text_or_ids(doc.get("input"), "input")
-        fmt = doc.get("encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            raise InvalidInputError(
-                f"encoding_format must be 'float' or 'base64', got {str(fmt)[:40]!r}", input_name="encoding_format"
-            )
-        truncate = doc.get("truncate", model.truncate)
-        if not isinstance(truncate, bool):
-            raise InvalidInputError(
-                f"'truncate' must be true or false, got {str(truncate)[:40]}", input_name="truncate"
-            )
-        result = await run_or_abandon(request.receive, model.embed(inputs, truncate))
-        emb = result.embeddings
-        dims = doc.get("dimensions")
-        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != emb.shape[1]):
-            raise InvalidInputError(
-                f"dimensions: this model's embeddings have {emb.shape[1]} dimensions, got {str(dims)[:40]}",
-                input_name="dimensions",
-            )
-        data = []
-        for i, row in enumerate(emb):
-            value: Any = (
-                base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else row.tolist()
-            )
-            data.append({"object": "embedding", "index": i, "embedding": value})
-        doc = {
-            "object": "list",
-            "data": data,
-            "model": model.name,
-            "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
-        }
-        return Reply(dumps_json(doc), "application/json")
+        answer = await run_or_abandon(request.receive, embeddings_answer(model, doc))
+        return Reply(dumps_json(answer), "application/json")
 
     # the route an embedding server's traffic takes: bare ASGI (http.FastRoutes)
     return [asgi_route("/v1/embeddings", embeddings, "POST")]

@@ -207,8 +207,20 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}],
             },
             "model": _STR,
-            "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
-            "dimensions": {"type": "integer", "description": "must equal the model's own width"},
+            "encoding_format": {
+                "type": "string",
+                "enum": ["float", "base64", "int8", "uint8", "binary", "ubinary"],
+                "default": "float",
+                "description": "base64: little-endian float32 bytes; int8, uint8, binary, ubinary: "
+                "sentence-transformers' quantize_embeddings, as lists of integers",
+            },
+            "dimensions": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "the first N values (Matryoshka), re-normalized when the model normalizes",
+            },
+            "prompt_name": {"type": "string", "description": "one of the model's prompts, put before each text"},
+            "prompt": {"type": "string", "description": "a prompt put before each text (wins over prompt_name)"},
             "truncate": _TRUNCATE,
             "user": _STR,
         },
@@ -226,7 +238,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "object": {"const": "embedding"},
                         "index": _INT,
                         "embedding": {
-                            "description": "floats, or base64 of little-endian float32",
+                            "description": "floats, integers (a quantized encoding_format), or base64 of "
+                            "little-endian float32",
                             "oneOf": [{"type": "array", "items": _NUM}, _STR],
                         },
                     },
@@ -237,6 +250,31 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "usage": _USAGE,
         },
         "required": ["object", "data", "model", "usage"],
+    },
+    "EmbedSparseRequest": {
+        "type": "object",
+        "properties": {
+            "inputs": {**_TEXTS, "description": "a text or texts"},
+            "model": _STR,
+            "truncate": _TRUNCATE,
+            "prompt_name": {"type": "string", "description": "one of the model's prompts, put before each text"},
+            "prompt": {"type": "string", "description": "a prompt put before each text"},
+            "top_k": {"type": "integer", "minimum": 1, "description": "keep the k largest weights"},
+            "threshold": {"type": "number", "minimum": 0, "default": 0, "description": "keep the weights above it"},
+        },
+        "required": ["inputs"],
+    },
+    "EmbedSparseResponse": {
+        "description": "per input, its non-zero weights in vocabulary order",
+        "type": "array",
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"index": _INT, "value": _NUM},
+                "required": ["index", "value"],
+            },
+        },
     },
     # -- tasks ---------------------------------------------------------------------------
     "RerankRequest": {
@@ -516,7 +554,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "EmbeddingRequest",
         "EmbeddingResponse",
         {"input": ["The quick brown fox jumps over the lazy dog."], "model": "{model}"},
-        description="Pooled, by default L2-normalized embeddings (as sentence-transformers' encode).",
+        description="The export's own sentence-transformers pipeline (as its encode), with dimensions, "
+        "prompts and quantized encodings.",
+    ),
+    ("POST", "/embed_sparse"): Operation(
+        "Sparse embeddings of a SPLADE export (text-embeddings-inference shape)",
+        _TASKS,
+        "EmbedSparseRequest",
+        "EmbedSparseResponse",
+        {"inputs": ["The quick brown fox jumps over the lazy dog."], "top_k": 16, "model": "{model}"},
     ),
     ("POST", "/v1/completions"): Operation(
         "Completions (OpenAI)",
