@@ -146,7 +146,7 @@ def test_chat_completion_is_the_rendered_prompt_completed(chat_server: Backgroun
         ({"messages": []}, "'messages' must be a non-empty list"),
         ({"messages": [{"content": "x"}]}, "string 'role'"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "'tools' is not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0].function"),
     ],
 )
 def test_bad_chat_requests(chat_server: BackgroundServer, body: dict, message: str) -> None:

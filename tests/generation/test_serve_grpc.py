@@ -193,7 +193,7 @@ def test_kserve_generate_and_generate_stream_take_the_completions_fields(server:
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"text_input": "x", "parameters": {"guided_json": {}}}, 400, "'guided_json' is not supported yet"),
+        ({"text_input": "x", "parameters": {"guided_json": {"type": "strnig"}}}, 400, "guided_json cannot be compiled"),
         ({"text_input": "x", "parameters": {"grammar": "x"}}, 400, "Unrecognized request argument supplied: grammar"),
         ({"text_input": "x", "parameters": {"stream": True}}, 400, "'stream' is not a sampling parameter here"),
         ({"text_input": 5}, 400, "'text_input' must be a string"),

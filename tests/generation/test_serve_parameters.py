@@ -5,9 +5,10 @@
 A honoured field must do what it says: its answer equals what the in-process generator gives
 for the same :class:`SamplingParams` (the generator itself is held to transformers in
 test_sampling_parity.py and test_serve_sampling.py), or shows the shape OpenAI / vLLM define;
-an accepted field changes nothing; a refused field (and a structured-output one) is a 400 naming
-it, and its neutral values are taken. The table and this file cannot drift: a field without a
-case fails :func:`test_every_field_has_a_case`.
+an accepted field changes nothing; a refused field is a 400 naming it, and its neutral values are
+taken. The table and this file cannot drift: a field without a case fails
+:func:`test_every_field_has_a_case`. The structured-output and tool-calling fields have their own
+file (test_serve_structured.py, which keeps its cases equal to the table the same way).
 """
 
 from __future__ import annotations
@@ -492,7 +493,7 @@ ACCEPTED_VALUES: dict[str, Any] = {
     "return_token_offsets": True,
     "return_mm_kwargs": False,
 }
-# refused and structured fields: a value that asks for what is not there
+# refused fields: a value that asks for what is not there
 REFUSED_VALUES: dict[str, Any] = {
     "suffix": "x",
     "audio": {"voice": "alloy", "format": "wav"},
@@ -524,17 +525,8 @@ REFUSED_VALUES: dict[str, Any] = {
     "mm_processor_kwargs": {"a": 1},
     "include_reasoning": False,
     "return_prompt_text": True,
-    "response_format": {"type": "json_object"},
-    "tools": [{"type": "function", "function": {"name": "f"}}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
     "functions": [{"name": "f"}],
-    "function_call": "auto",
-    "structured_outputs": {"json": {}},
-    "guided_json": {"type": "object"},
-    "guided_regex": "a+",
-    "guided_choice": ["a", "b"],
-    "guided_grammar": "root ::= 'a'",
+    "function_call": {"name": "f"},
     "guided_decoding_backend": "xgrammar",
     "guided_whitespace_pattern": " ",
     "structural_tag": "{}",
@@ -545,7 +537,7 @@ def test_every_field_has_a_case() -> None:
     honoured = {n for n, f in FIELDS.items() if f.handling not in (ACCEPTED, REFUSED, STRUCTURED)}
     assert set(CASES) == honoured
     assert set(ACCEPTED_VALUES) == {n for n, f in FIELDS.items() if f.handling == ACCEPTED}
-    assert set(REFUSED_VALUES) == {n for n, f in FIELDS.items() if f.handling in (REFUSED, STRUCTURED)}
+    assert set(REFUSED_VALUES) == {n for n, f in FIELDS.items() if f.handling == REFUSED}
 
 
 def _cases() -> list[Any]:
@@ -592,8 +584,6 @@ def test_refused_fields_are_400s_naming_them(served: Any, name: str, stream: boo
         with pytest.raises(openai.BadRequestError) as err:
             ask(**{name: REFUSED_VALUES[name]})
         assert err.value.body["param"] == name and f"'{name}' is not supported" in err.value.body["message"]
-        if f.handling == STRUCTURED:
-            assert "not supported yet" in err.value.body["message"]
         for neutral in (None, *f.neutral):  # values that ask for nothing are taken
             plain(ask, ask(**{name: neutral}, return_token_ids=True))
 

@@ -1,6 +1,7 @@
 """The parameter policy itself: docs/serving.md's table is the policy's, every sampling parameter
-has its row, neutral values are taken by type, structured output is refused on both APIs even
-when lenient, and ``ortbatch serve --lenient-params`` accepts unknown fields, logging each name once."""
+has its row, neutral values are taken by type, refused fields (the deprecated ``functions`` among
+them) are refused on both APIs even when lenient, and ``ortbatch serve --lenient-params`` accepts
+unknown fields, logging each name once. The structured fields' mapping: test_serve_structured.py."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_the_docs_table_is_the_policy() -> None:
 
 def test_every_sampling_parameter_has_a_row() -> None:
     """A parameter added to SamplingParams must be placed in the policy (max_new_tokens is max_tokens;
-    the constraints are what the structured fields will map to: check_structured answers those)."""
+    the constraints are what the structured fields map to: structured_output answers those)."""
     constraints = {"json_schema", "json_object", "regex", "choice", "grammar"}
     assert set(PARAMETERS) - {"max_new_tokens"} - constraints <= set(FIELDS)
 
@@ -41,9 +42,13 @@ def test_every_sampling_parameter_has_a_row() -> None:
         ({"use_beam_search": None}, None),
         ({"length_penalty": 1.0}, None),
         ({"response_format": {"type": "text"}}, None),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_object"}}, None),  # mapped (structured_output), not refused
         ({"tool_choice": "none", "tools": []}, None),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"functions": []}, None),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
+        ({"guided_decoding_backend": "guidance"}, None),
+        ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
         ({"max_completion_tokens": 3}, "max_completion_tokens"),  # chat's own: unknown to completions
         ({"user": "x", "cache_salt": "s"}, None),
     ],
@@ -69,8 +74,8 @@ def test_lenient_takes_unknown_fields_but_never_structured_or_refused_ones(api: 
     lenient = ParameterPolicy(lenient=True)
     lenient.check({"grammar": "x", "x_vendor": 1}, api)
     for doc, name in (
-        ({"guided_json": {}}, "guided_json"),
-        ({"tools": [{}]}, "tools"),
+        ({"functions": [{}]}, "functions"),
+        ({"structural_tag": "{}"}, "structural_tag"),
         ({"use_beam_search": True}, "use_beam_search"),
     ):
         with pytest.raises(InvalidInputError, match=f"'{name}' is not supported"):

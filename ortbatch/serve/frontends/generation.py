@@ -3,8 +3,9 @@ engine's :class:`~ortbatch.BatchedGenerator`.
 
 The front end tokenizes, renders chat templates and checks every prompt and sampling
 parameter itself, with the generator's own checks (:class:`~ortbatch.generation.requests.RequestFactory`
-built from the engine's limits), so a bad request is refused at once with the message one
-process gives. The request then goes to the engine as token ids; the engine's generator
+built from the engine's limits, and a :class:`~ortbatch.generation.constrained.GrammarCompiler`
+of its own for structured output and tool calls), so a bad request is refused at once with the
+message one process gives. The request then goes to the engine as token ids; the engine's generator
 queues it (``admitted``, or the error that refused it: a full queue), streams its tokens
 when asked (``tok``, in order, on the link) and answers its
 :class:`~ortbatch.generation.requests.Completion` (``done``). Cancelling the future (a
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InvalidInputError, SessionClosedError
+from ...generation.constrained import GrammarCompiler
 from ...generation.requests import ExportTokenizer, RequestFactory, StreamToken, sampling_params
 
 __all__ = ["GenerationFuture", "GeneratorInfo", "ProxyGenerator"]
@@ -82,6 +84,11 @@ class ProxyGenerator:
             info.default_max_new_tokens,
             info.timeout_s,
         )
+        # the front end compiles a constrained request's grammar too, so one that does not
+        # compile is refused here, naming its field, before it reaches the engine
+        tokenizer_json = self._dir / info.layout.tokenizer if info.layout.tokenizer else None
+        #: compiles structured output's grammars here (the engine compiles them again, from its cache)
+        self.grammars = GrammarCompiler(tokenizer_json, info.layout.vocab_size, info.layout.eos_token_ids)
         self._closed = False
 
     @property
@@ -95,6 +102,7 @@ class ProxyGenerator:
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Accept no more requests (the engine's generator is the engine's to close)."""
         self._closed = True
+        self.grammars.close()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens)

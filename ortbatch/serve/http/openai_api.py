@@ -24,11 +24,20 @@ the transport-free core (:mod:`~ortbatch.serve.served.completions` parses,
 this module only carries it over HTTP.
 
 Chat requests take ``messages`` (text content, as a string or text parts; assistant turns with
-``tool_calls`` and null content), rendered with the export's chat template
-(:class:`~ortbatch.generation.chat.ChatTemplate`) into one prompt, in a thread, bounded in time
-and size (:func:`~ortbatch.serve.served.completions.render_bounded`). Structured output and tool
-calling (``response_format`` beyond text, ``tools``, ``guided_*``) are refused with a 400 for
-now. An export without a chat template answers chat requests with a 400.
+``tool_calls`` and null content, ``tool`` turns with their results), rendered with the export's
+chat template (:class:`~ortbatch.generation.chat.ChatTemplate`) into one prompt, in a thread,
+bounded in time and size (:func:`~ortbatch.serve.served.completions.render_bounded`). An export
+without a chat template answers chat requests with a 400.
+
+Structured output: ``response_format`` (``json_object``, ``json_schema``), vLLM's ``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar`` and ``structured_outputs``, on both
+routes, constrain the output by grammar (:mod:`ortbatch.generation.constrained`); chat's
+``tools``, ``tool_choice`` and ``parallel_tool_calls`` show the model its tools through the
+template, force a call when asked, and answer ``message.tool_calls`` (streamed as OpenAI's
+``delta.tool_calls``) with ``finish_reason: "tool_calls"`` (:mod:`ortbatch.generation.tools`).
+Every constraint is compiled off the event loop before anything is submitted
+(:func:`~ortbatch.serve.served.completions.compile_constraints`): one that does not compile is
+a 400 naming the field as it was sent.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from ..served.answers import OpenAIAnswer, whole_pieces
 from ..served.completions import (
     CompletionRequest,
     Prompts,
+    compile_constraints,
     parse_chat_request,
     parse_completion_request,
     prepare_prompts,
@@ -118,6 +128,7 @@ class _CompletionsEndpoint:
         doc = await read_openai_body(request, self.body, self.served.name)
         req = parse_completion_request(doc, self.max_chars, self.served.policy)
         self._check_count(len(req.prompts))
+        await compile_constraints(self.generator, req)
         # tokenized here, off the event loop ("" is refused by submit)
         with tracing.span("ortbatch.tokenize", {"ortbatch.texts": len(req.prompts)}):
             prompts = await asyncio.to_thread(prepare_prompts, self.generator, req)
@@ -126,6 +137,7 @@ class _CompletionsEndpoint:
     async def chat_completions(self, request: Any) -> Any:
         doc = await read_openai_body(request, self.body, self.served.name)
         chat, req = parse_chat_request(doc, self.template, self.served.policy)
+        await compile_constraints(self.generator, req)
         template = self.template
         assert template is not None  # parse_chat_request refuses a model without one
 
@@ -198,7 +210,9 @@ async def _stream_events(request: Any, stream: PieceStream, shape: OpenAIAnswer)
                 continue
             if piece.completion is not None:
                 finished.append(piece.completion)
-            yield _event(shape.piece_chunk(piece))
+            chunk = shape.piece_chunk(piece)
+            if chunk is not None:
+                yield _event(chunk)
         if not watcher.done():
             if shape.req.include_usage:
                 yield _event(shape.usage_chunk(finished))

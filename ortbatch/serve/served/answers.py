@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...generation.tools import ToolCallDelta, ToolStreamParser
 from .completions import CompletionRequest, Prompts, usage
 
 __all__ = [
@@ -210,6 +211,7 @@ class OpenAIAnswer:
         ident = req.request_id or secrets.token_hex(12)
         self.head = {"id": prefix + ident, "created": int(time.time()), "model": model}
         self._offsets: dict[int, int] = {}  # a stream's text_offset so far, per choice
+        self._parsers: dict[int, ToolStreamParser] = {}  # a stream's tool calls so far, per choice
 
     def logprobs(self, piece: Piece) -> dict[str, Any] | None:
         """The ``logprobs`` of ``piece`` (``None`` when not asked); a stream's text offsets go on
@@ -228,11 +230,13 @@ class OpenAIAnswer:
         """The whole answer of finished choices."""
         choices = []
         for p in pieces:
+            reason = p.finish_reason
             if self.chat:
-                choice: dict[str, Any] = {"index": p.index, "message": {"role": "assistant", "content": p.text}}
+                message, reason = self._message(p)
+                choice: dict[str, Any] = {"index": p.index, "message": message}
             else:
                 choice = {"index": p.index, "text": p.text}
-            choice.update(logprobs=self.logprobs(p), finish_reason=p.finish_reason, stop_reason=p.stop_reason)
+            choice.update(logprobs=self.logprobs(p), finish_reason=reason, stop_reason=p.stop_reason)
             if self.req.return_token_ids:
                 choice["token_ids"] = p.token_ids
                 if not self.chat:
@@ -251,6 +255,20 @@ class OpenAIAnswer:
                 doc["prompt_token_ids"] = pieces[0].prompt_ids
         return doc
 
+    def _message(self, piece: Piece) -> tuple[dict[str, Any], str | None]:
+        """A whole chat choice's ``message`` and finish reason: with tools, the text parsed
+        into content and ``tool_calls`` (``finish_reason`` ``"tool_calls"`` when there are)."""
+        tools = self.req.tools
+        if tools is None:
+            return {"role": "assistant", "content": piece.text}, piece.finish_reason
+        generated = piece.completion.text  # the echo, when asked, is content before it
+        parsed = tools.parse(generated)
+        content = piece.text[: len(piece.text) - len(generated)] + (parsed.content or "")
+        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if parsed.tool_calls:
+            message["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
+        return message, None if piece.finish_reason is None else parsed.finish_reason(piece.finish_reason)
+
     def role_chunk(self, index: int) -> dict[str, Any]:
         """Chat's first chunk of a choice: the role (as OpenAI's streams open)."""
         delta = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -259,14 +277,21 @@ class OpenAIAnswer:
         prompt = len(self.prompts.ids[index // self.req.runs])
         return self.chunk([delta], usage={"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt})
 
-    def piece_chunk(self, piece: Piece) -> dict[str, Any]:
-        """The stream chunk of one piece."""
-        if self.chat:
+    def piece_chunk(self, piece: Piece) -> dict[str, Any] | None:
+        """The stream chunk of one piece (``None``: it carries nothing to send, as when a tool
+        call's text is held back until it is known to be one)."""
+        reason = piece.finish_reason
+        if self.chat and self.req.tools is not None:
+            delta, reason = self._tool_delta(piece)
+            if not delta and reason is None and piece.entries is None and not self.req.return_token_ids:
+                return None
+            choice: dict[str, Any] = {"index": piece.index, "delta": delta}
+        elif self.chat:
             content = None if piece.finish_reason is not None and not piece.text else piece.text
-            choice: dict[str, Any] = {"index": piece.index, "delta": {} if content is None else {"content": content}}
+            choice = {"index": piece.index, "delta": {} if content is None else {"content": content}}
         else:
             choice = {"index": piece.index, "text": piece.text}
-        choice.update(logprobs=self.logprobs(piece), finish_reason=piece.finish_reason, stop_reason=piece.stop_reason)
+        choice.update(logprobs=self.logprobs(piece), finish_reason=reason, stop_reason=piece.stop_reason)
         extra: dict[str, Any] = {}
         if self.req.return_token_ids:
             choice["token_ids"] = piece.token_ids
@@ -281,9 +306,45 @@ class OpenAIAnswer:
             }
         return self.chunk([choice], **extra)
 
+    def _tool_delta(self, piece: Piece) -> tuple[dict[str, Any], str | None]:
+        """A streamed chat piece's ``delta`` and finish reason with tools: the choice's text fed
+        to its own :class:`~ortbatch.generation.tools.ToolStreamParser`; content as it becomes
+        certain, ``tool_calls`` pieces as OpenAI streams them (id and name, then arguments)."""
+        parser = self._parsers.get(piece.index)
+        if parser is None:
+            assert self.req.tools is not None
+            parser = self._parsers[piece.index] = self.req.tools.stream_parser()
+        text, echo = piece.text, ""
+        if piece.first:  # the echo, when asked, is content before the generated text
+            echo = self.prompts.echo[piece.index // self.req.runs]
+            text = text[len(echo) :]
+        deltas = [parser.feed(text) if text else None]
+        if piece.finish_reason is not None:
+            deltas.append(parser.finish())
+        content = echo + "".join(d.content or "" for d in deltas if d is not None)
+        calls = _joined([c for d in deltas if d is not None for c in d.tool_calls])
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = [c.to_openai() for c in calls]
+        reason = parser.finish_reason(piece.finish_reason) if piece.finish_reason is not None else None
+        return delta, reason
+
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         """One stream chunk carrying ``choices``."""
         return {**self.head, "object": self.chunk_object, "choices": choices, **extra}
 
     def usage_chunk(self, completions: Sequence[Any]) -> dict[str, Any]:
         return self.chunk([], usage=usage(self.prompts, completions))
+
+
+def _joined(deltas: Sequence[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Tool-call deltas of one chunk with each call's consecutive argument pieces joined (a
+    piece and the stream's end can both add to one call)."""
+    out: list[ToolCallDelta] = []
+    for d in deltas:
+        last = out[-1] if out else None
+        if last is not None and last.index == d.index and d.id is None and d.name is None:
+            out[-1] = ToolCallDelta(last.index, last.id, last.name, (last.arguments or "") + (d.arguments or ""))
+        else:
+            out.append(d)
+    return out

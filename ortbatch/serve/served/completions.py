@@ -19,18 +19,21 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import InvalidInputError, RequestTooLargeError
+from ...errors import InvalidInputError, RequestTooLargeError, UnsupportedError
 from ...generation.chat import ChatTemplate
+from ...generation.constrained import Constraint
 from ...generation.sampling import MAX_LOGPROBS, MAX_N, SamplingParams
+from ...generation.tools import ToolRequest, template_messages
 from ..config import DEFAULT_MAX_TEXT_CHARS
 from .model import check_texts
-from .parameters import CHAT, COMPLETIONS, ParameterPolicy
+from .parameters import CHAT, COMPLETIONS, Constrained, ParameterPolicy, structured_output, tool_fields
 
 __all__ = [
     "ChatPrompt",
     "CompletionRequest",
     "Prompts",
     "admitted",
+    "compile_constraints",
     "parse_chat_request",
     "parse_completion_request",
     "prepare_prompts",
@@ -120,6 +123,10 @@ class CompletionRequest:
     chat: bool = False
     #: chat's echo: the last message's content, when it has the reply's role
     echo_text: str = ""
+    #: the structured-output field that constrains ``params`` (``response_format``, ``guided_*``, ...)
+    constrained: Constrained | None = None
+    #: chat's tools (``params`` already forced and set for them: :meth:`ToolRequest.apply`)
+    tools: ToolRequest | None = None
 
     @property
     def runs(self) -> int:
@@ -283,7 +290,15 @@ def _parse(doc: dict[str, Any], prompts: list[Any], chat: bool) -> CompletionReq
         logprobs=0 if logprobs is None and runs > n else logprobs,
         prompt_logprobs=max(scored) if scored else None,
     )
-    params = SamplingParams.from_fields(values, {"max_tokens": "max_new_tokens"})
+    constrained = structured_output(doc)
+    if constrained is not None:
+        values[constrained.kind] = constrained.value
+    try:
+        params = SamplingParams.from_fields(values, {"max_tokens": "max_new_tokens"})
+    except InvalidInputError as exc:  # a constraint's error names the field the client sent
+        if constrained is None or exc.input_name != constrained.kind:
+            raise
+        raise constrained.renamed(exc) from exc
     request_id = doc.get("request_id")
     if request_id is not None and (not isinstance(request_id, str) or not 0 < len(request_id) <= 200):
         raise InvalidInputError("'request_id' must be a string of 1 to 200 characters", input_name="request_id")
@@ -316,6 +331,7 @@ def _parse(doc: dict[str, Any], prompts: list[Any], chat: bool) -> CompletionReq
         truncation_side=side,
         add_special_tokens=_flag(doc, "add_special_tokens", not chat),
         chat=chat,
+        constrained=constrained,
     )
 
 
@@ -327,6 +343,7 @@ def parse_completion_request(
     raises :class:`InvalidInputError` (400) naming the field, :class:`RequestTooLargeError` (413)
     for a text prompt over ``max_prompt_chars`` characters."""
     (policy or _STRICT).check(doc, COMPLETIONS)
+    tool_fields(doc, COMPLETIONS)  # refuses tools here
     prompts = text_or_ids(doc.get("prompt"), "prompt")
     if prompts and isinstance(prompts[0], str):
         prompts = check_texts(prompts, "prompt", None, max_prompt_chars)
@@ -415,13 +432,46 @@ def parse_chat_request(
             "as in transformers' apply_chat_template)",
             input_name="continue_final_message",
         )
-    chat = ChatPrompt(checked, generation_prompt, continue_final, _template_kwargs(doc))
+    tools = ToolRequest.from_openai(*tool_fields(doc, CHAT), template=template)
+    kwargs = _template_kwargs(doc)
+    if tools is not None:
+        kwargs["tools"] = tools.template_tools
+    # assistant tool_calls' arguments (JSON text) become the objects templates read, as vLLM does
+    chat = ChatPrompt(template_messages(checked), generation_prompt, continue_final, kwargs)
     req = _parse(doc, [], chat=True)
+    if tools is not None:  # special tokens kept for the call markers; a call forced by grammar
+        req = dataclasses.replace(req, params=tools.apply(req.params), tools=tools)
     if req.echo:  # vLLM's: the last message, when it has the reply's role
         role = "assistant" if generation_prompt else checked[-1]["role"]
         if checked[-1]["role"] == role:
             req = dataclasses.replace(req, echo_text=checked[-1]["content"] or "")
     return chat, req
+
+
+async def compile_constraints(generator: Any, req: CompletionRequest) -> None:
+    """Compile what constrains ``req``'s output on the generator's grammar thread (cached, so
+    the submit that follows compiles nothing), before anything is submitted: every tool's
+    ``parameters`` schema, the grammar that forces a call, the request's own constraint. One
+    that does not compile is a 400 naming the field as the client sent it
+    (``tools[1].function.parameters``, ``response_format.json_schema.schema``); a server
+    without the grammar engine (or an export without ``tokenizer.json``) answers 501."""
+    named: list[tuple[str, Constraint]] = list(req.tools.constraints()) if req.tools is not None else []
+    own = req.params.constraint
+    if own is not None and all(c != own for _, c in named):
+        named.append((req.constrained.field if req.constrained is not None else own.kind, own))
+    if not named:
+        return
+    grammars = getattr(generator, "grammars", None)
+    if grammars is None:
+        raise UnsupportedError("this server's generator cannot constrain its output (it has no grammar compiler)")
+    futures = [(where, c, grammars.compile_async(c)) for where, c in named]
+    for where, constraint, fut in futures:
+        try:
+            await asyncio.wrap_future(fut)
+        except InvalidInputError as exc:
+            if exc.input_name != constraint.kind:
+                raise
+            raise Constrained(constraint.kind, None, where).renamed(exc) from exc
 
 
 def render_bounded(

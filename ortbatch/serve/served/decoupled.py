@@ -17,7 +17,9 @@ response; ``finish_reason`` (``"stop"`` or ``"length"``) in a choice's last one;
 carries the parameter ``triton_final_response`` (true on the last), as Triton's decoupled
 responses do. The fields follow the same policy and code as ``/v1/completions``
 (:func:`~ortbatch.serve.served.completions.parse_completion_request`), so a request refused
-there is refused here with the same message. Unary ``ModelInfer`` is refused (UNIMPLEMENTED),
+there is refused here with the same message, and the structured-output fields
+(``response_format``, ``guided_json``, ``structured_outputs``, ...) constrain the text the same
+way (compiled before anything is submitted). Unary ``ModelInfer`` is refused (UNIMPLEMENTED),
 as Triton refuses it for a decoupled model.
 """
 
@@ -32,7 +34,14 @@ import numpy as np
 
 from ...errors import InvalidInputError, UnsupportedError
 from .answers import OpenAIAnswer, Piece, whole_pieces
-from .completions import CompletionRequest, parse_completion_request, prepare_prompts, prompt_char_limit, submit_all
+from .completions import (
+    CompletionRequest,
+    compile_constraints,
+    parse_completion_request,
+    prepare_prompts,
+    prompt_char_limit,
+    submit_all,
+)
 from .generator import ServedGenerator
 from .protocol import InferRequest, loads_json
 from .streaming import PieceStream
@@ -158,6 +167,7 @@ class GenerationModel:
                     f"'{key}' is not a sampling parameter here: send it as {instead}", input_name=key
                 )
         req = parse_completion_request({**fields, "prompt": text, "stream": stream}, self.max_chars, self.served.policy)
+        await compile_constraints(self.generator, req)
         prompts = await asyncio.to_thread(prepare_prompts, self.generator, req)
         answer = GenerationAnswer(self, req, prompts)
         await answer._start()

@@ -9,8 +9,13 @@ Chat Completions requests and of vLLM's extra parameters, and what ortbatch does
   a caching hint for a cache this server does not have);
 - **refused**: a 400 naming it and saying why, unless it is null or a value that asks for
   nothing (``n``-like defaults: ``use_beam_search: false``, ``store: false``);
-- **structured output / tool calling** (``response_format``, ``tools``, ``guided_*``, ...):
-  refused by :func:`check_structured`, the one place issue 29 replaces when it implements them.
+- **structured** (structured output and tool calling: ``response_format``, ``guided_*``,
+  ``structured_outputs``, ``tools``, ``tool_choice``, ``parallel_tool_calls``): honoured, mapped
+  here too: :func:`structured_output` turns the first three into one constraint of
+  :class:`~ortbatch.generation.sampling.SamplingParams` (``json_schema``, ``json_object``,
+  ``regex``, ``choice``, ``grammar``) and remembers the field as the client sent it, so an error
+  found later (a schema that does not compile) names it; :func:`tool_fields` hands the tool
+  fields, chat's only, to :class:`~ortbatch.generation.tools.ToolRequest`.
 
 A field in no row is refused as OpenAI refuses one (``Unrecognized request argument supplied:
 X``), or, with ``ortbatch serve --lenient-params``, accepted and logged once per name
@@ -22,6 +27,7 @@ docs/serving.md's table is :func:`parameter_table` (a test keeps the two equal).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,10 +41,13 @@ __all__ = [
     "COMPLETIONS",
     "FIELDS",
     "STRUCTURED_FIELDS",
+    "TOOL_FIELDS",
+    "Constrained",
     "Field",
     "ParameterPolicy",
-    "check_structured",
     "parameter_table",
+    "structured_output",
+    "tool_fields",
 ]
 
 log = logging.getLogger("ortbatch.serve")
@@ -78,7 +87,6 @@ def _f(name: str, apis: frozenset[str], openai: str, vllm: str, handling: str, n
     return Field(name, apis, openai, vllm, handling, note, neutral)
 
 
-_STRUCTURED_NOTE = "not supported yet (structured output and tool calling): 400"
 _FIELDS: list[Field] = [
     # -- OpenAI's fields (both APIs unless said) ----------------------------------------------
     _f("model", _BOTH, "both", "yes", HONOURED, "must name the served model when given (else 404)"),
@@ -157,14 +165,61 @@ _FIELDS: list[Field] = [
         "Chat",
         "yes",
         STRUCTURED,
-        f'`{{"type": "text"}}` accepted; json_object, json_schema: {_STRUCTURED_NOTE}',
+        '`{"type": "json_object"}`: a JSON object; `{"type": "json_schema", "json_schema": {"name", "schema", '
+        '"strict"}}`: JSON valid against `schema`, enforced whether `strict` or not; `{"type": "text"}`: free text',
         {"type": "text"},
     ),
-    _f("tools", _BOTH, "Chat", "yes", STRUCTURED, f"{_STRUCTURED_NOTE} (`[]` accepted)", []),
-    _f("tool_choice", _BOTH, "Chat", "yes", STRUCTURED, f'{_STRUCTURED_NOTE} (`"none"` accepted)', "none"),
-    _f("parallel_tool_calls", _BOTH, "Chat", "yes", STRUCTURED, _STRUCTURED_NOTE),
-    _f("functions", _BOTH, "Chat (deprecated)", "—", STRUCTURED, f"{_STRUCTURED_NOTE} (`[]` accepted)", []),
-    _f("function_call", _BOTH, "Chat (deprecated)", "—", STRUCTURED, f'{_STRUCTURED_NOTE} (`"none"` accepted)', "none"),
+    _f(
+        "tools",
+        _BOTH,
+        "Chat",
+        "yes",
+        STRUCTURED,
+        "Chat: `function` tools, shown to the model through the chat template's `tools` variable; calls parsed "
+        "into `message.tool_calls` in the template's format (`hermes` or `llama3_json`); Completions: 400 "
+        "(`[]` accepted)",
+        [],
+    ),
+    _f(
+        "tool_choice",
+        _BOTH,
+        "Chat",
+        "yes",
+        STRUCTURED,
+        '`"auto"` (default), `"none"` (tools shown, nothing parsed), `"required"` and a named function '
+        "(a call forced by grammar, its arguments valid against the tool's `parameters`)",
+        "none",
+        "auto",
+    ),
+    _f(
+        "parallel_tool_calls",
+        _BOTH,
+        "Chat",
+        "yes",
+        STRUCTURED,
+        "`false`: one call at most (forced: exactly one); default true",
+        True,
+        False,
+    ),
+    _f(
+        "functions",
+        _BOTH,
+        "Chat (deprecated)",
+        "—",
+        REFUSED,
+        "`[]` accepted; refused: OpenAI's deprecated form, send `tools` instead",
+        [],
+    ),
+    _f(
+        "function_call",
+        _BOTH,
+        "Chat (deprecated)",
+        "—",
+        REFUSED,
+        '`"none"` and `"auto"` accepted; refused: OpenAI\'s deprecated form, send `tool_choice` instead',
+        "none",
+        "auto",
+    ),
     _f("audio", _H, "Chat", "—", REFUSED, "refused: audio output is not supported"),
     _f("modalities", _H, "Chat", "—", REFUSED, '`["text"]` accepted; audio refused: text only', ["text"]),
     _f("prediction", _H, "Chat", "—", REFUSED, "refused: predicted outputs are not supported"),
@@ -297,19 +352,40 @@ _FIELDS: list[Field] = [
     _f("repetition_detection", _BOTH, "—", "yes", REFUSED, "refused: not implemented"),
     _f("thinking_token_budget", _BOTH, "—", "yes", REFUSED, "refused: no reasoning models"),
     _f("stream_interval", _BOTH, "—", "yes", REFUSED, "`1` accepted; refused: every token is sent as it comes", 1),
-    _f("structured_outputs", _BOTH, "—", "yes", STRUCTURED, _STRUCTURED_NOTE),
-    *(
-        _f(name, _BOTH, "—", "<= 0.10", STRUCTURED, _STRUCTURED_NOTE)
-        for name in (
-            "guided_json",
-            "guided_regex",
-            "guided_choice",
-            "guided_grammar",
-            "guided_decoding_backend",
-            "guided_whitespace_pattern",
-            "structural_tag",
-        )
+    _f(
+        "structured_outputs",
+        _BOTH,
+        "—",
+        "yes",
+        STRUCTURED,
+        "one of `json` (a JSON schema), `regex`, `choice`, `grammar` (Lark or GBNF), `json_object`; "
+        "`disable_fallback`, `disable_any_whitespace` accepted (output is compact JSON and never falls back); "
+        "`disable_additional_properties: true`, `whitespace_pattern`, `structural_tag`: 400",
     ),
+    _f("guided_json", _BOTH, "—", "<= 0.10", STRUCTURED, "a JSON schema: the output is JSON valid against it"),
+    _f("guided_regex", _BOTH, "—", "<= 0.10", STRUCTURED, "the output matches the regex (Rust regex syntax)"),
+    _f("guided_choice", _BOTH, "—", "<= 0.10", STRUCTURED, "the output is one of the strings"),
+    _f("guided_grammar", _BOTH, "—", "<= 0.10", STRUCTURED, "a Lark (llguidance's) or GBNF grammar"),
+    _f(
+        "guided_decoding_backend",
+        _BOTH,
+        "—",
+        "<= 0.10",
+        REFUSED,
+        '`"auto"`, `"guidance"` and `"llguidance"` accepted; refused: the one engine is llguidance',
+        "auto",
+        "guidance",
+        "llguidance",
+    ),
+    _f(
+        "guided_whitespace_pattern",
+        _BOTH,
+        "—",
+        "<= 0.10",
+        REFUSED,
+        "refused: JSON is written compact (a schema's own `x-guidance` options can change it)",
+    ),
+    _f("structural_tag", _BOTH, "—", "<= 0.10", REFUSED, "refused: structural tags are not implemented"),
     # -- vLLM's chat-only extras -----------------------------------------------------------
     _f("add_generation_prompt", _H, "—", "yes", HONOURED, "the template's assistant header (default true)"),
     _f(
@@ -339,8 +415,33 @@ _FIELDS: list[Field] = [
 
 #: Every field either API takes, by name.
 FIELDS: dict[str, Field] = {f.name: f for f in _FIELDS}
-#: The structured output / tool calling fields: :func:`check_structured` answers them.
+#: The structured output and tool calling fields (:func:`structured_output`, :func:`tool_fields`).
 STRUCTURED_FIELDS: frozenset[str] = frozenset(f.name for f in _FIELDS if f.handling == STRUCTURED)
+#: OpenAI's tool calling fields: only chat takes them (a reply's calls are parsed from a chat turn).
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
+#: The fields that name one constraint, and the :class:`SamplingParams` field each sets.
+_GUIDED = {
+    "guided_json": "json_schema",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+_OUTPUTS = {
+    "json": "json_schema",
+    "regex": "regex",
+    "choice": "choice",
+    "grammar": "grammar",
+    "json_object": "json_object",
+}
+# structured_outputs' options: the values that ask for what ortbatch does anyway
+_OUTPUT_OPTIONS = {
+    "disable_fallback": (True, False),  # nothing ever falls back
+    "disable_any_whitespace": (True, False),  # JSON is compact: it has no whitespace to disable, and may have none
+    "disable_additional_properties": (False,),
+    "whitespace_pattern": (),
+    "structural_tag": (),
+}
+_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def _neutral(value: Any, neutral: Iterable[Any]) -> bool:
@@ -348,17 +449,132 @@ def _neutral(value: Any, neutral: Iterable[Any]) -> bool:
     return value is None or any(type(value) is type(n) and value == n for n in neutral)
 
 
-def check_structured(doc: Mapping[str, Any], api: str) -> None:
-    """Structured output and tool calling: not supported yet, so every such field that asks
-    for something is a 400 naming it. The one place issue 29 replaces (it will return what
-    constrains the completion instead)."""
-    for name in STRUCTURED_FIELDS.intersection(doc):
-        if not _neutral(doc[name], FIELDS[name].neutral):
-            raise InvalidInputError(
-                f"'{name}' is not supported yet: structured output and tool calling are not implemented "
-                "by this server (the request would be answered as free text)",
-                input_name=name,
+def _bad(name: str, message: str) -> InvalidInputError:
+    return InvalidInputError(f"'{name}' {message}", input_name=name)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class Constrained:
+    """What a request's structured-output field asks for: ``kind``, the
+    :class:`~ortbatch.generation.sampling.SamplingParams` field it sets (``json_schema``,
+    ``json_object``, ``regex``, ``choice`` or ``grammar``), its ``value``, and ``field``, the
+    field as the client sent it (``response_format.json_schema.schema``): errors name it."""
+
+    kind: str
+    value: Any
+    field: str
+
+    def renamed(self, exc: InvalidInputError) -> InvalidInputError:
+        """``exc`` (which names :attr:`kind`, as SamplingParams and the grammar compiler name
+        our field) naming :attr:`field` instead; raise it ``from exc``."""
+        return InvalidInputError(str(exc).replace(self.kind, self.field, 1), input_name=self.field)
+
+
+def _response_format(value: Any) -> Constrained | None:
+    """OpenAI's ``response_format``: ``text`` (nothing), ``json_object``, ``json_schema``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _bad("response_format", f'must be an object such as {{"type": "json_object"}}, got {_shown(value)}')
+    kind = value.get("type")
+    allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}.get(str(kind))
+    if allowed is None:
+        raise _bad("response_format.type", f"must be 'text', 'json_object' or 'json_schema', got {_shown(kind)}")
+    _known(value, allowed, "response_format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constrained("json_object", True, "response_format")
+    spec = value.get("json_schema")
+    where = "response_format.json_schema"
+    if not isinstance(spec, Mapping):
+        raise _bad(where, 'must be an object: {"name": ..., "schema": {...}, "strict": true}')
+    _known(spec, {"name", "description", "schema", "strict"}, where)
+    name = spec.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+        raise _bad(f"{where}.name", f"must match ^[a-zA-Z0-9_-]{{1,64}}$, got {_shown(name)}")
+    if spec.get("description") is not None and not isinstance(spec["description"], str):
+        raise _bad(f"{where}.description", "must be a string")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise _bad(f"{where}.strict", f"must be true or false, got {_shown(spec['strict'])}")
+    if spec.get("schema") is None:
+        raise _bad(f"{where}.schema", "is required: the JSON schema the reply follows")
+    # strict or not, the schema is enforced by the grammar: strict's promise, kept either way
+    return Constrained("json_schema", spec["schema"], f"{where}.schema")
+
+
+def _structured_outputs(value: Any) -> Constrained | None:
+    """vLLM's ``structured_outputs``: one constraint and options ortbatch's output already meets."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _bad("structured_outputs", f'must be an object such as {{"json": {{...}}}}, got {_shown(value)}')
+    _known(value, set(_OUTPUTS) | set(_OUTPUT_OPTIONS), "structured_outputs")
+    for option, neutral in _OUTPUT_OPTIONS.items():
+        if not _neutral(value.get(option), neutral):
+            raise _bad(
+                f"structured_outputs.{option}",
+                f"is not supported: {_shown(value[option])} asks for what this server does not do "
+                "(JSON is compact, never falls back, and follows the schema's own additionalProperties)",
             )
+    found = [
+        Constrained(kind, value[key], f"structured_outputs.{key}")
+        for key, kind in _OUTPUTS.items()
+        if value.get(key) is not None and value.get(key) is not False
+    ]
+    if len(found) > 1:
+        raise _bad(found[1].field, f"cannot be combined with '{found[0].field}': one constraint per request")
+    if not found:
+        raise _bad("structured_outputs", f"must hold one of {', '.join(_OUTPUTS)}")
+    return found[0]
+
+
+def _known(value: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
+    unknown = sorted(str(k) for k in set(value) - set(allowed))
+    if unknown:
+        raise InvalidInputError(f"Unrecognized request argument supplied: {where}.{unknown[0][:40]}", input_name=where)
+
+
+def structured_output(doc: Mapping[str, Any]) -> Constrained | None:
+    """The constraint a request's fields ask for (``None``: free text): OpenAI's
+    ``response_format``, vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
+    ``guided_grammar`` and ``structured_outputs``, each mapped to one
+    :class:`~ortbatch.generation.sampling.SamplingParams` field. Raises
+    :class:`InvalidInputError` naming the field for a malformed value or for two constraints
+    at once; the constraint's own value is checked (and compiled) later, by SamplingParams and
+    the grammar compiler, whose errors :meth:`Constrained.renamed` gives the client's name."""
+    found = [
+        c
+        for c in (
+            _response_format(doc.get("response_format")),
+            *(Constrained(kind, doc[name], name) for name, kind in _GUIDED.items() if doc.get(name) is not None),
+            _structured_outputs(doc.get("structured_outputs")),
+        )
+        if c is not None
+    ]
+    if len(found) > 1:
+        raise _bad(found[1].field, f"cannot be combined with '{found[0].field}': one constraint per request")
+    return found[0] if found else None
+
+
+def tool_fields(doc: Mapping[str, Any], api: str) -> tuple[Any, Any, Any]:
+    """``tools`` (``None`` when absent or ``[]``), ``tool_choice`` and ``parallel_tool_calls`` as
+    sent, for :meth:`~ortbatch.generation.tools.ToolRequest.from_openai`; only chat takes them
+    (a value that asks for something on Completions is a 400 naming it)."""
+    if api != CHAT:
+        for name in TOOL_FIELDS:
+            if not _neutral(doc.get(name), FIELDS[name].neutral):
+                raise _bad(name, "is only taken by /v1/chat/completions: tool calls are parsed from a chat reply")
+    parallel = doc.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _bad("parallel_tool_calls", f"must be true or false, got {_shown(parallel)}")
+    tools = doc.get("tools")
+    return (None if isinstance(tools, list) and not tools else tools), doc.get("tool_choice"), parallel
 
 
 class ParameterPolicy:
@@ -372,7 +588,8 @@ class ParameterPolicy:
 
     def check(self, doc: Mapping[str, Any], api: str) -> None:
         """Raise :class:`InvalidInputError` naming the first field refused: unknown (as OpenAI
-        says it), refused with its reason, or structured (:func:`check_structured`)."""
+        says it), or refused with its reason. The structured fields are mapped (and their
+        values checked) by :func:`structured_output` and :func:`tool_fields`."""
         for name in doc:
             field = FIELDS.get(name)
             if field is None or api not in field.apis:
@@ -382,7 +599,6 @@ class ParameterPolicy:
             if field is not None and field.handling == REFUSED and not _neutral(value, field.neutral):
                 reason = field.note.split("refused: ", 1)[-1]
                 raise InvalidInputError(f"'{name}' is not supported: {reason}", input_name=name)
-        check_structured(doc, api)
 
     def _unknown(self, name: str) -> None:
         if not self.lenient:
@@ -399,5 +615,6 @@ def parameter_table() -> str:
     lines = ["| field | OpenAI | vLLM | ortbatch |", "|---|---|---|---|"]
     for f in sorted(_FIELDS, key=lambda f: (f.openai == "—", f.name)):
         said = f.handling == REFUSED or f.note.startswith(ACCEPTED)  # the note names its handling itself
-        lines.append(f"| `{f.name}` | {f.openai} | {f.vllm} | {f.note if said else f'{f.handling}: {f.note}'} |")
+        handling = HONOURED if f.handling == STRUCTURED else f.handling
+        lines.append(f"| `{f.name}` | {f.openai} | {f.vllm} | {f.note if said else f'{handling}: {f.note}'} |")
     return "\n".join(lines) + "\n"
