@@ -296,7 +296,7 @@ def _parse(doc: dict[str, Any], prompts: list[Any], chat: bool) -> CompletionReq
     try:
         params = SamplingParams.from_fields(values, {"max_tokens": "max_new_tokens"})
     except InvalidInputError as exc:  # a constraint's error names the field the client sent
-        if constrained is None or exc.input_name != constrained.kind:
+        if constrained is None or constrained.kind not in str(exc):
             raise
         raise constrained.renamed(exc) from exc
     request_id = doc.get("request_id")

@@ -470,9 +470,10 @@ class Constrained:
     field: str
 
     def renamed(self, exc: InvalidInputError) -> InvalidInputError:
-        """``exc`` (which names :attr:`kind`, as SamplingParams and the grammar compiler name
-        our field) naming :attr:`field` instead; raise it ``from exc``."""
-        return InvalidInputError(str(exc).replace(self.kind, self.field, 1), input_name=self.field)
+        """``exc`` in the client's words (raise it ``from exc``): SamplingParams and the grammar
+        compiler call the constraint :attr:`kind`, the client sent :attr:`field`."""
+        named = self.field if exc.input_name == self.kind else exc.input_name
+        return InvalidInputError(str(exc).replace(self.kind, self.field, 1), input_name=named)
 
 
 def _response_format(value: Any) -> Constrained | None:
