@@ -706,3 +706,13 @@ def test_free_rows_beside_constrained_ones_give_their_tokens_alone(local: Local)
             s.result()
     assert together == alone
     assert all(local.generator.shared[tuple(p)] for p in free), local.generator.shared
+
+
+def test_the_docs_example_runs(local: Local) -> None:
+    """docs/serving.md's structured-output example, as written, against the local server."""
+    text = (REPO / "docs" / "serving.md").read_text()
+    start = text.index("```python\n", text.index("<!-- run by tests/generation/test_serve_structured.py -->"))
+    code = text[start + len("```python\n") : text.index("```\n", start + 10)]
+    assert 'base_url="http://127.0.0.1:8000/v1"' in code
+    # dont_inherit: not this module's "from __future__ import annotations" (pydantic reads the hints)
+    exec(compile(code.replace("http://127.0.0.1:8000", local.url), "docs/serving.md", "exec", dont_inherit=True), {})

@@ -49,6 +49,69 @@ _SAMPLING: dict[str, Any] = {
     "stream": {"type": "boolean", "default": False},
     "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
 }
+_SCHEMA_OBJECT = {"type": ["object", "boolean"], "description": "a JSON schema"}
+#: OpenAI's structured output (vLLM's guided_* and structured_outputs are extras, in the description)
+_STRUCTURED: dict[str, Any] = {
+    "response_format": {
+        "oneOf": [
+            {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"]},
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                            "description": _STR,
+                            "schema": _SCHEMA_OBJECT,
+                            "strict": {"type": ["boolean", "null"]},
+                        },
+                        "required": ["name", "schema"],
+                    },
+                },
+                "required": ["type", "json_schema"],
+            },
+        ],
+        "description": "json_object: a JSON object; json_schema: JSON valid against the schema (strict or not)",
+    },
+}
+_FUNCTION_TOOL = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                "description": _STR,
+                "parameters": {"type": "object", "description": "a JSON schema of an object"},
+                "strict": _BOOL,
+            },
+            "required": ["name"],
+        },
+    },
+    "required": ["function"],
+}
+#: tool calling: chat only
+_TOOLS: dict[str, Any] = {
+    "tools": {"type": "array", "items": _FUNCTION_TOOL, "description": "shown through the chat template"},
+    "tool_choice": {
+        "oneOf": [
+            {"enum": ["auto", "none", "required"]},
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {"type": "object", "properties": {"name": _STR}, "required": ["name"]},
+                },
+                "required": ["type", "function"],
+            },
+        ],
+        "description": "required or a named function: a call forced by grammar",
+    },
+    "parallel_tool_calls": {"type": "boolean", "default": True},
+}
 _USAGE = {
     "type": "object",
     "properties": {"prompt_tokens": _INT, "total_tokens": _INT, "completion_tokens": _INT},
@@ -402,8 +465,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "CompletionRequest": {
         "type": "object",
         "description": "OpenAI's fields below; vLLM's extra sampling parameters (min_p, repetition_penalty, "
-        "min_tokens, stop_token_ids, ignore_eos, prompt_logprobs, ...) too: every field is honoured, accepted "
-        "or refused with a 400 naming it, as docs/serving.md's parameter table says",
+        "min_tokens, stop_token_ids, ignore_eos, prompt_logprobs, ...) and structured output (response_format, "
+        "guided_json, guided_regex, guided_choice, guided_grammar, structured_outputs) too: every field is "
+        "honoured, accepted or refused with a 400 naming it, as docs/serving.md's parameter table says",
         "properties": {
             "prompt": {"oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}]},
             "model": _STR,
@@ -418,7 +482,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "ChatCompletionRequest": {
         "type": "object",
         "description": "OpenAI's fields below; vLLM's extras (add_generation_prompt, continue_final_message, "
-        "chat_template_kwargs, min_p, ...) too, as docs/serving.md's parameter table says",
+        "chat_template_kwargs, min_p, guided_json, guided_regex, guided_choice, guided_grammar, "
+        "structured_outputs, ...) too, as docs/serving.md's parameter table says",
         "properties": {
             "messages": {
                 "type": "array",
@@ -429,6 +494,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "role": _STR,
                         "content": {"oneOf": [_STR, {"type": "array"}, {"type": "null"}]},
                         "tool_calls": {"type": "array", "description": "an assistant turn's (its content may be null)"},
+                        "tool_call_id": {"type": "string", "description": "a tool turn's: the call it answers"},
                     },
                     "required": ["role"],
                 },
@@ -439,6 +505,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             **_SAMPLING,
             "logprobs": {"type": "boolean", "default": False},
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            **_STRUCTURED,
+            **_TOOLS,
         },
         "required": ["messages"],
     },
@@ -471,7 +539,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "object": {"enum": ["text_completion", "chat.completion"]},
             "created": _INT,
             "model": _STR,
-            "choices": {"type": "array", "items": {"type": "object"}},
+            "choices": {
+                "type": "array",
+                "items": {"type": "object"},
+                "description": "chat: message (content, and tool_calls with finish_reason tool_calls when the "
+                "model called tools; streamed as delta.tool_calls pieces)",
+            },
             "usage": _USAGE,
         },
         "required": ["id", "object", "model", "choices"],
