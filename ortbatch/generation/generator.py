@@ -93,6 +93,17 @@ class BatchedGenerator:
         compaction_cost: the starting estimates of what a cache copy costs against the
             decode compute that rows which left waste (:class:`CompactionCost`); both
             are learned as it runs.
+        kv_cache: ``"auto"`` (default): the in-place KV cache (the graph's attention
+            rewritten to write each step's keys and values into a preallocated cache, a slot
+            per row; see :mod:`ortbatch.generation.gqa`) on the CPU provider wherever the
+            graph allows it, else the export's own concatenating cache; ``"in-place"``:
+            required (:class:`ModelContractError` saying why when impossible); ``"concat"``:
+            the export's own cache. :attr:`kv_cache` says which runs.
+        prefix_cache: reuse the keys and values of prompt prefixes computed before (blocks
+            of 16 tokens, least recently used evicted first); on the in-place cache only.
+            ``False`` turns it off.
+        prefix_cache_bytes: the prefix cache's memory budget (default: four full contexts'
+            keys and values).
         session_factory: builds the ONNX Runtime session from ``(model, providers,
             session_options=, where=)``; default :func:`ortbatch._ort.build_session` (a seam
             for wrapping the session, e.g. to instrument or to inject failures in tests).
@@ -116,6 +127,9 @@ class BatchedGenerator:
         max_context_length: int | None = None,
         compaction_cost: CompactionCost | None = None,
         session_factory: SessionFactory | None = None,
+        kv_cache: str = "auto",
+        prefix_cache: bool = True,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
         check_positive("max_batch_size", max_batch_size)
         check_positive("max_queue", max_queue)
@@ -123,6 +137,8 @@ class BatchedGenerator:
         check_timeout("timeout_s", timeout_s)
         if max_context_length is not None and max_context_length < 2:
             raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
+        if prefix_cache_bytes is not None and prefix_cache_bytes < 1:
+            raise ValueError(f"prefix_cache_bytes must be positive, got {prefix_cache_bytes}")
         self._dir = Path(export_dir)
         self.layout, manifest = load_layout(self._dir, max_context_length)
         if manifest is not None and manifest.max_batch_size:
@@ -137,8 +153,21 @@ class BatchedGenerator:
             max_batch_size=max_batch_size,
         )
         #: The decoder's session, its contract and the batch's KV cache.
-        self.runner = DecoderRunner(self._dir, self.layout, last_position_logits=last_position_logits, **runner_args)
-        scorer = PromptScorer(lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, **runner_args))
+        self.runner = DecoderRunner(
+            self._dir,
+            self.layout,
+            last_position_logits=last_position_logits,
+            kv_cache=kv_cache,
+            prefix_cache_bytes=(prefix_cache_bytes if prefix_cache else 0),
+            **runner_args,
+        )
+        scorer = PromptScorer(
+            lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, kv_cache="concat", **runner_args)
+        )
+        #: ``"in-place"`` or ``"concat"``: the KV cache that runs (see ``kv_cache=``).
+        self.kv_cache = self.runner.kv_cache
+        #: Why the KV cache is the export's own concatenating one (empty when in place).
+        self.kv_cache_reason = self.runner.kv_cache_reason
         #: The graph rewrites applied (name -> places changed); empty when the export runs as it is.
         self.graph_rewrites = self.runner.graph_rewrites
         #: True when the graph was rewritten to return the last position's logits only.
@@ -163,6 +192,7 @@ class BatchedGenerator:
             stats=self._stats,
             prefill_padding=prefill_padding,
             cost=compaction_cost,
+            slots=self.runner.in_place,
         )
         self._prefill = Prefill(self.runner, self._scheduler, self._stats, scorer)
         # Daemon, so a process that never calls close() still exits; atexit aborts it first.
@@ -345,7 +375,10 @@ class BatchedGenerator:
 
     def stats(self) -> GenerationStats:
         """Counters since construction, and the current queue/batch state."""
-        return self._stats.snapshot(self._scheduler.queued)
+        prefix = self.runner.prefix_cache
+        return self._stats.snapshot(
+            self._scheduler.queued, kv_cache=self.kv_cache, prefix=prefix.stats() if prefix is not None else None
+        )
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting requests. ``drain=True`` finishes queued and active requests
