@@ -195,7 +195,7 @@ def _match_layer(g: _Graph, spec: CacheSpec, i: int) -> _Layer:
     _value_path(g, layer, av)
     layer.out = str(av.output[0])
     layer.replaced.append(av)
-    layer.num_heads = _heads(g, spec, k_input, i)
+    layer.num_heads = _heads(g, spec, [str(qk.output[0]), layer.q, k_input], i)
     return layer
 
 
@@ -311,14 +311,18 @@ def _check_mask(g: _Graph, mask: str, index: int) -> None:
         raise NotRewritable(f"layer {index}: the term added to the scores is not computed from the attention mask")
 
 
-def _heads(g: _Graph, spec: CacheSpec, k_input: str, index: int) -> int:
-    shape = g.shapes.get(k_input)
-    heads = shape[1] if shape is not None and len(shape) == 4 else None
-    if not isinstance(heads, int) or heads <= 0:
-        heads = spec.num_heads
-    if not heads or heads % spec.num_kv_heads:
+def _heads(g: _Graph, spec: CacheSpec, values: list[str], index: int) -> int:
+    """The query's head count: axis 1 of the scores or the query, else the config's, else
+    the keys' after their grouped-KV repeat (multi-query exports broadcast a single key head
+    against the query's, so the keys alone can undercount)."""
+    found = [shape[1] for shape in (g.shapes.get(v) for v in values[:2]) if shape and len(shape) == 4]
+    found.append(spec.num_heads)
+    keys = g.shapes.get(values[2])
+    found.append(keys[1] if keys and len(keys) == 4 else None)
+    heads = next((h for h in found if isinstance(h, int) and h > 0), None)
+    if heads is None or heads % spec.num_kv_heads:
         raise NotRewritable(f"layer {index}: cannot tell the number of query heads ({heads})")
-    return int(heads)
+    return heads
 
 
 def _match_lm_head(g: _Graph, logits: str) -> Any:

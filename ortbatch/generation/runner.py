@@ -111,8 +111,39 @@ class DecoderRunner:
         self._in_place: InPlaceRuns | None = None
         if self.in_place:
             self._in_place = self._in_place_runs(max_batch_size, prefix_cache_bytes)
+            twin = dict(
+                providers=providers,
+                session_options=session_options,
+                io_binding=io_binding,
+                last_position_logits=last_position_logits,
+                attention_rewrite=attention_rewrite,
+                session_factory=session_factory,
+                manifest_providers=manifest_providers,
+                max_batch_size=max_batch_size,
+                kv_cache="concat",
+            )
+            self._verify_in_place(lambda: DecoderRunner(directory, layout, **twin), kv_cache == "in-place")
         if not layout.position_ids:
             self._check_positions_follow_the_mask()
+
+    def _verify_in_place(self, concat_runner: Callable[[], DecoderRunner], required: bool) -> None:
+        """Check once, at load, that the in-place graph computes the export's logits: two rows
+        prefilled and decoded two steps on both caches. Where they differ (an attention the
+        pattern matched, but whose meaning it missed), this runner becomes the export's-cache
+        runner, and :attr:`kv_cache_reason` says why; ``required``: raise instead."""
+        other = concat_runner()
+        try:
+            why = _differ(self, other)
+        except OrtBatchError as exc:
+            why = f"the in-place graph failed a test run: {exc}"
+        if not why:
+            return
+        if required:
+            raise ModelContractError(f"{self._dir}: kv_cache='in-place' is not possible: {why}")
+        log.warning("%s: %s; running the export's own KV cache", self._dir, why)
+        # Become the export's-cache runner (same class, built with the same arguments).
+        self.__dict__.update(other.__dict__)
+        self.kv_cache_reason = why
 
     def _in_place_spec(
         self, kv_cache: str, wanted: list[tuple[str, dict[str, Any]]], last_position_logits: bool | None
@@ -161,12 +192,15 @@ class DecoderRunner:
         in-place graph does not load, the other rewrites; if those do not, the export."""
         last_position_logits, attention_rewrite, spec = asked
         self.graph_rewrites: dict[str, int] = {}
+        self.graph_rewrites_tried = False  # a rewritten graph was refused by ONNX Runtime
         session = None
         if spec is not None or last_position_logits is not False or attention_rewrite:
             session = self._load_rewritten(model_path, wanted, session_options, asked, factory)
         if session is None and spec is not None and (last_position_logits is not False or attention_rewrite):
             session = self._load_rewritten(model_path, wanted, session_options, (*asked[:2], None), factory)
         if session is None:
+            if self.graph_rewrites_tried:
+                log.warning("%s: running the export as it is", model_path)
             self.graph_rewrites = {}
             session = factory(model_path, wanted, session_options=session_options, where=model_path)
         #: True when the graph was rewritten to return the last position's logits only.
@@ -204,6 +238,7 @@ class DecoderRunner:
             session = factory(rewritten.model, wanted, session_options=session_options, where=model_path)
         except ModelLoadError as exc:
             log.warning("%s: the graph rewritten %s did not load: %s", model_path, sorted(rewritten.rewrites), exc)
+            self.graph_rewrites_tried = True
             if IN_PLACE_KV in rewritten.rewrites:
                 self.kv_cache_reason = f"the in-place graph did not load: {exc}"
             return None
@@ -436,6 +471,35 @@ class DecoderRunner:
         self.session.run_with_iobinding(binding)
         outs = binding.get_outputs()
         return outs[0].numpy(), list(outs[1:])
+
+
+def _differ(in_place: DecoderRunner, concat: DecoderRunner) -> str:
+    """How the two runners' logits differ on a short test run (``""``: they agree)."""
+    vocab = max(16, in_place.layout.vocab_size)
+    runs = in_place._in_place
+    assert runs is not None
+    lengths = ((2, 9, 11, 13, 4, 6), (3, 5, 7))[: runs.cache.shape[1]]  # as many rows as there are slots
+    prompts = [np.array([vocab // d for d in ds], np.int64) for ds in lengths]
+    prefix, runs.prefix = runs.prefix, None  # the test run is not a prompt to remember
+    try:
+        a, rows = in_place.prefill(prompts)
+        b, cache = concat.prefill(prompts)
+        in_place.seat(Placement(slots=list(range(len(prompts))), rows=len(prompts), capacity=16), [rows])
+        concat.seat(Placement(rebuild=[], append=True), [cache])
+        worst = [float(np.abs(np.asarray(a[:, -1], np.float64) - b[:, -1]).max())]
+        scale = float(np.abs(b[:, -1]).max())
+        for _ in range(2):
+            tokens = [int(t) for t in np.asarray(b[:, -1]).argmax(-1)]
+            a, b = in_place.decode(tokens), concat.decode(tokens)
+            worst.append(float(np.abs(np.asarray(a[:, -1], np.float64) - b[:, -1]).max()))
+    finally:
+        runs.prefix = prefix
+        in_place.reset_cache()
+        concat.reset_cache()
+    tolerance = (1e-3 if in_place.cache_itemsize >= 4 else 3e-2) * max(1.0, scale)
+    if max(worst) <= tolerance:
+        return ""
+    return f"the in-place graph's logits differ from the export's by up to {max(worst):.3g} (tolerance {tolerance:.3g})"
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
