@@ -108,6 +108,36 @@ class GeneratorCollector:
             "Rows decoded, summed over steps",
             value=round(s.mean_decode_rows * s.decode_steps),
         )
+        yield from _prefix_cache_families(core, s)
+
+
+def _prefix_cache_families(core: Any, s: Any) -> Iterator[Any]:
+    """The prefix cache's counters (zero where it is off or the KV cache is the export's own)."""
+    yield core.CounterMetricFamily(
+        "ortbatch_generation_prefix_cache_lookups",
+        "Prompts looked up in the prefix cache",
+        value=getattr(s, "prefix_cache_lookups", 0),
+    )
+    yield core.CounterMetricFamily(
+        "ortbatch_generation_prefix_cache_hits",
+        "Prompts that reused a cached prefix",
+        value=getattr(s, "prefix_cache_hits", 0),
+    )
+    yield core.CounterMetricFamily(
+        "ortbatch_generation_prefix_cache_tokens_saved",
+        "Prompt tokens not run because their keys and values were cached",
+        value=getattr(s, "prefix_cache_tokens_saved", 0),
+    )
+    yield core.CounterMetricFamily(
+        "ortbatch_generation_prefix_cache_evictions",
+        "Cached prefix blocks evicted (least recently used first) to stay within the budget",
+        value=getattr(s, "prefix_cache_evictions", 0),
+    )
+    yield core.GaugeMetricFamily(
+        "ortbatch_generation_prefix_cache_bytes",
+        "Bytes the prefix cache holds",
+        value=getattr(s, "prefix_cache_bytes", 0),
+    )
 
 
 class _InFlight:
