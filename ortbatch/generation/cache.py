@@ -17,12 +17,26 @@ that join, in one pass. Layer tensors may also be device-resident ``OrtValue`` o
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "PrefilledRows", "SlotCache", "lazy_zeros"]
+
+
+def lazy_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """A zeroed array whose memory the operating system maps one 4 KiB page at a time, as it
+    is first written (an anonymous ``mmap``, unmapped with the array). ``np.zeros`` of a large
+    array asks Linux for transparent huge pages, so that writing one position of it maps
+    2 MiB at once: a sparsely written buffer (a cache sized for the longest row, a prefix
+    pool) would then be resident almost whole."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes < mmap.PAGESIZE:
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
 def _host(t: Any) -> np.ndarray:
@@ -164,8 +178,8 @@ class SlotCache:
     """The batch's cache on the in-place path: one preallocated buffer, a slot per row.
 
     ``arena`` is ``[2 * layers, slots, kv_heads, capacity, head_dim]`` (k0, v0, k1, ...),
-    allocated zeroed, so the operating system maps its pages only when a position is first
-    written: memory follows the tokens held, not the capacity. Slot ``s`` holds its row's
+    allocated by :func:`lazy_zeros`, so the operating system maps its pages only when a
+    position is first written: memory follows the tokens held, not the capacity. Slot ``s`` holds its row's
     ``lens[s]`` positions in columns ``[0, lens[s])`` (right-padded); a slot whose ``lens``
     is 0 is free. A step runs the first ``rows`` slots: tensor ``t`` is ``arena[t, :rows]``,
     contiguous, bound to ONNX Runtime as both past and present, so the model writes its new
@@ -177,7 +191,7 @@ class SlotCache:
     def __init__(self, tensors: int, slots: int, kv_heads: int, head_dim: int, dtype: Any) -> None:
         self.shape = (tensors, slots, kv_heads, head_dim)
         self.dtype = np.dtype(dtype)
-        self.arena = np.zeros((tensors, slots, kv_heads, 0, head_dim), self.dtype)
+        self.arena = lazy_zeros((tensors, slots, kv_heads, 0, head_dim), self.dtype)
         self.lens = np.zeros(0, np.int64)
 
     @property
@@ -222,7 +236,7 @@ class SlotCache:
         if capacity <= self.capacity:
             return False
         tensors, slots, heads, head_dim = self.shape
-        arena = np.zeros((tensors, slots, heads, capacity, head_dim), self.dtype)
+        arena = lazy_zeros((tensors, slots, heads, capacity, head_dim), self.dtype)
         held = self.length
         if held:
             arena[:, : self.rows, :, :held, :] = self.arena[:, : self.rows, :, :held, :]

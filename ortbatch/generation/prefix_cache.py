@@ -8,8 +8,8 @@ copies their keys and values into its cache row and only the rest of it is run t
 the model (at least its last token, whose logits choose the first new token).
 
 The blocks live in one pool, ``[2 * layers, kv_heads, blocks, BLOCK_TOKENS, head_dim]``,
-allocated zeroed (its pages are mapped as blocks are written) and bounded by a byte
-budget. When the pool is full, the least recently used block goes. A lookup touches a
+allocated by :func:`~.cache.lazy_zeros` (its pages are mapped as blocks are written) and
+bounded by a byte budget. When the pool is full, the least recently used block goes. A lookup touches a
 prompt's blocks from its last to its first, so a prefix outlives the blocks that extend it
 (they are evicted first); a prompt being stored never evicts its own earlier blocks, so a
 budget smaller than a prefix keeps the prefix's start instead of thrashing. Pure numpy;
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .cache import lazy_zeros
 
 __all__ = ["BLOCK_TOKENS", "PrefixCache", "PrefixCacheStats"]
 
@@ -61,7 +63,7 @@ class PrefixCache:
         self.capacity = int(budget_bytes // self.block_bytes)
         if self.capacity < 1:
             raise ValueError(f"a prefix cache budget of {budget_bytes} bytes holds no block of {self.block_bytes}")
-        self._pool = np.zeros((tensors, heads, self.capacity, BLOCK_TOKENS, head_dim), self.dtype)
+        self._pool = lazy_zeros((tensors, heads, self.capacity, BLOCK_TOKENS, head_dim), self.dtype)
         # (parent block's serial, the block's tokens) -> (serial, pool index); LRU order, oldest first
         self._blocks: OrderedDict[tuple[int, bytes], tuple[int, int]] = OrderedDict()
         self._free = list(range(self.capacity - 1, -1, -1))
