@@ -129,8 +129,24 @@ def _add_http(parser: argparse.ArgumentParser) -> None:
         "(default: $ORTBATCH_API_KEY)",
     )
     parser.add_argument("--api-key-file", default=None, help="read the API key from this file's first line")
+    parser.add_argument(
+        "--otlp-endpoint",
+        type=_otlp_url,
+        default=None,
+        metavar="URL",
+        help="export OpenTelemetry traces (OTLP; HTTP/protobuf, or gRPC with OTEL_EXPORTER_OTLP_PROTOCOL=grpc) to "
+        "this collector, e.g. http://localhost:4318 (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing). "
+        "Needs the tracing extra",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="PEM certificate: serve HTTPS (and TLS gRPC)")
     parser.add_argument("--ssl-keyfile", default=None, help="PEM private key of --ssl-certfile")
+
+
+def _otlp_url(value: str) -> str:
+    """An http(s) URL of an OTLP collector (argparse refuses anything else, exit 2)."""
+    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {value!r}")
+    return value
 
 
 def _add_limits(limits: Any) -> None:
@@ -306,6 +322,7 @@ def _config(args: argparse.Namespace) -> Any:
         truncate=args.truncate,
         frontends=args.frontends,
         allow_unvalidated=args.allow_unvalidated,
+        otlp_endpoint=args.otlp_endpoint,
     )
 
 

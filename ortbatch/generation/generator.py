@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._lifecycle import check_positive, check_timeout, forget_live, track_live
+from .._observe import BatchRecord, GenerationObserver, StepRecord, next_batch_id, notify, tag_for
 from ..errors import InferenceError, InvalidInputError, OrtBatchError, SessionClosedError
 from .layout import load_layout
 from .prefill import Prefill
@@ -107,6 +108,9 @@ class BatchedGenerator:
         session_factory: builds the ONNX Runtime session from ``(model, providers,
             session_options=, where=)``; default :func:`ortbatch._ort.build_session` (a seam
             for wrapping the session, e.g. to instrument or to inject failures in tests).
+        observer: told of each request (queued, its prefill, its end) and of one decode step
+            in every ``observer.step_every``: a :class:`~ortbatch._observe.GenerationObserver`,
+            such as ``ortbatch serve``'s tracing. Also settable as ``generator.observer``.
     """
 
     def __init__(
@@ -127,10 +131,14 @@ class BatchedGenerator:
         max_context_length: int | None = None,
         compaction_cost: CompactionCost | None = None,
         session_factory: SessionFactory | None = None,
+        observer: GenerationObserver | None = None,
         kv_cache: str = "auto",
         prefix_cache: bool = True,
         prefix_cache_bytes: int | None = None,
     ) -> None:
+        #: told of requests, prefills and sampled steps (see ``observer`` above)
+        self.observer = observer
+        self._steps = 0
         check_positive("max_batch_size", max_batch_size)
         check_positive("max_queue", max_queue)
         check_positive("max_new_tokens", max_new_tokens)
@@ -274,7 +282,14 @@ class BatchedGenerator:
             raise SessionClosedError("the generator is closed")
         how = sampling_params(params, max_new_tokens, sampling)
         reqs = self._requests.build_choices(prompt, how, timeout_s, on_token, self._scheduler.clock())
+        observer = self.observer
+        tag = tag_for(observer) if observer is not None else None
+        for r in reqs:
+            r.tag = tag
         self._scheduler.put_many(reqs)
+        if observer is not None and tag is not None:
+            for r in reqs:
+                r.future.add_done_callback(lambda f: notify(observer.on_done, tag, f))
         return [r.future for r in reqs]
 
     def generate_choices(
@@ -410,7 +425,10 @@ class BatchedGenerator:
                 if stop:
                     break
                 keep = sched.reap()
+                wall, t0 = (time.time_ns(), time.perf_counter()) if self.observer is not None else (0, 0.0)
                 joining, joined = self._prefill.run(admitted) if admitted else ([], [])
+                if admitted and self.observer is not None:
+                    self._observe_prefill(admitted, wall, time.perf_counter() - t0)
                 lens = [int(n) for c in joining for n in c.lens]
                 plan = sched.place(keep, joined, lens, runner.cache.length, runner.cache_bytes)
                 if (copy_s := runner.seat(plan, joining)) is not None:  # learn what a copy costs
@@ -429,6 +447,24 @@ class BatchedGenerator:
             runner.reset_cache()
             sched.publish(0)
             sched.stopped()
+
+    def _observe_prefill(self, admitted: list[Any], wall: int, elapsed: float) -> None:
+        """Tell the observer of the prefill that admitted ``admitted`` (one batch id for all)."""
+        assert self.observer is not None
+        now = self._scheduler.clock()
+        lengths = [int(r.prompt.shape[0]) for r in admitted]
+        record = BatchRecord(
+            batch_id=next_batch_id(),
+            rows=len(admitted),
+            requests=len(admitted),
+            padded_tokens=len(admitted) * max(lengths),
+            real_tokens=sum(lengths),
+            started_ns=wall,
+            duration_ns=int(elapsed * 1e9),
+            tags=[r.tag for r in admitted],
+            waits_ns=[max(0, int((now - elapsed - r.submitted_at) * 1e9)) for r in admitted],
+        )
+        notify(self.observer.on_prefill, record)
 
     def _decode_step(self) -> None:
         sched, cache = self._scheduler, self.runner.cache
@@ -450,6 +486,13 @@ class BatchedGenerator:
             elapsed = time.perf_counter() - t0
             self._stats.decode_time(elapsed)
         sched.cost.step_s = elapsed
+        self._steps += 1
+        observer = self.observer
+        if observer is not None and (self._steps - 1) % max(1, observer.step_every) == 0:
+            tags = [rows[i].tag for i in live]
+            padded = cache.rows * cache.length
+            started = time.time_ns() - int(elapsed * 1e9)
+            notify(observer.on_step, StepRecord(self._steps, len(live), padded, started, int(elapsed * 1e9), tags))
         # Finished rows are settled now; at the next step boundary their slots go to rows
         # that join, or are dropped when that is worth a copy (see Scheduler.place).
         sched.next_tokens([rows[i] for i in live], logits[:, -1], live)

@@ -152,6 +152,8 @@ class GenerationRequest:
     leader: GenerationRequest | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    #: what the generator's observer said of it when it was queued (``ortbatch._observe``)
+    tag: Any = None
 
     @property
     def reserved_tokens(self) -> int:

@@ -85,6 +85,9 @@ class ServeConfig:
     #: serve an export whose recorded accuracy checks failed (``validation.passed`` false);
     #: refused otherwise, however it is loaded (one export, a list, a repository, front ends, Ray)
     allow_unvalidated: bool = False
+    #: OTLP collector to export OpenTelemetry traces to (None: the OTEL_EXPORTER_OTLP_*
+    #: variables', else no tracing; see :mod:`ortbatch.serve.tracing`)
+    otlp_endpoint: str | None = None
 
     def generator_kwargs(self) -> dict[str, Any]:
         """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""

@@ -36,6 +36,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ...errors import InvalidInputError, ModelNotFoundError, RequestTooLargeError
+from .. import tracing
 from ..served.completions import (
     CompletionRequest,
     admitted,
@@ -181,7 +182,8 @@ class _CompletionsEndpoint:
         if isinstance(req.prompts[0], str):  # tokenized here, off the event loop ("" is refused by submit)
             texts: list[Any] = list(req.prompts)
             encode = self.generator.encode
-            ids = await asyncio.to_thread(lambda: [encode(t) if t else t for t in texts])
+            with tracing.span("ortbatch.tokenize", {"ortbatch.texts": len(texts)}):
+                ids = await asyncio.to_thread(lambda: [encode(t) if t else t for t in texts])
             req = dataclasses.replace(req, prompts=ids)
         return await self._answer(request, req, _AnswerShape(False, self.served.name))
 
@@ -195,7 +197,8 @@ class _CompletionsEndpoint:
             text = render_bounded(template, messages, CHAT_RENDER_TIMEOUT_S, self.max_chars)
             return list(self.generator.encode(text, add_special_tokens=False))
 
-        req = with_prompt(await asyncio.to_thread(prompt_ids))
+        with tracing.span("ortbatch.tokenize", {"ortbatch.texts": 1}):
+            req = with_prompt(await asyncio.to_thread(prompt_ids))
         return await self._answer(request, req, _AnswerShape(True, self.served.name))
 
     def _check_count(self, count: int) -> None:

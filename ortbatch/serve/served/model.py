@@ -20,6 +20,7 @@ import numpy as np
 from ..._extras import require
 from ...errors import InvalidInputError, NonFiniteOutputError, RequestTimeoutError, RequestTooLargeError
 from ...manifest import MANIFEST_NAME, Manifest
+from .. import tracing
 from ..config import DEFAULT_MAX_TEXT_CHARS
 from .protocol import DATATYPES, InferRequest, ort_type_to_datatype
 
@@ -420,9 +421,10 @@ class ServedModel:
             raise InvalidInputError(f"this model takes no text: {self.text_disabled_reason}")
         self.check_count(len(texts), field)
         bounded = check_texts(texts, field, self._cut_at, self.max_text_chars)
-        if sum(map(len, bounded)) <= _INLINE_TOKENIZE_CHARS:
-            return self.tokenize(bounded)
-        return await asyncio.to_thread(self.tokenize, bounded)
+        with tracing.span("ortbatch.tokenize", {"ortbatch.texts": len(bounded)}):
+            if sum(map(len, bounded)) <= _INLINE_TOKENIZE_CHARS:
+                return self.tokenize(bounded)
+            return await asyncio.to_thread(self.tokenize, bounded)
 
     def check_count(self, count: int, field: str) -> None:
         """Refuse (413) a request of more items than the session can ever queue at once."""
@@ -461,9 +463,10 @@ class ServedModel:
     async def encode_async(self, items: Sequence[str | tuple[str, str]], truncate: bool, field: str) -> list[Any]:
         """:meth:`encode`, in a thread when the request is large."""
         chars = sum(len(x) if isinstance(x, str) else len(x[0]) + len(x[1]) for x in items)
-        if chars <= _INLINE_TOKENIZE_CHARS:
-            return self.encode(items, truncate, field)
-        return await asyncio.to_thread(self.encode, items, truncate, field)
+        with tracing.span("ortbatch.tokenize", {"ortbatch.texts": len(items)}):
+            if chars <= _INLINE_TOKENIZE_CHARS:
+                return self.encode(items, truncate, field)
+            return await asyncio.to_thread(self.encode, items, truncate, field)
 
     def _feed_from_ids(
         self, ids: Sequence[int], mask: Sequence[int] | None = None, type_ids: Sequence[int] | None = None
