@@ -92,13 +92,28 @@ class DecoderRunner:
         # ONNX Runtime's own defaults unless the user gave options (as before the _ort layer)
         options = session_options if session_options is not None else ort.SessionOptions()
         spec = self._in_place_spec(kv_cache, wanted, last_position_logits)
-        self.session = self._load(
-            model_path,
-            wanted,
-            options,
-            (last_position_logits, attention_rewrite, spec),
-            session_factory or build_session,
+        twin = dict(
+            providers=providers,
+            session_options=session_options,
+            io_binding=io_binding,
+            last_position_logits=last_position_logits,
+            attention_rewrite=attention_rewrite,
+            session_factory=session_factory,
+            manifest_providers=manifest_providers,
+            max_batch_size=max_batch_size,
+            kv_cache="concat",
         )
+        make_twin: Callable[[], DecoderRunner] = lambda: DecoderRunner(directory, layout, **twin)  # noqa: E731
+        # An in-place graph is checked against the export's own cache unless the manifest
+        # says `ortbatch export` checked it (see layout.generation_section).
+        reference = _Reference(make_twin()) if spec is not None and layout.kv_cache != "in-place" else None
+        asked = (last_position_logits, attention_rewrite, spec)
+        session = self._load(model_path, wanted, options, asked, session_factory or build_session, reference)
+        if session is None:  # the rewrite did not apply: the reference runner is this runner
+            assert reference is not None and reference.runner is not None
+            self._become(reference.runner, self.kv_cache_reason, kv_cache == "in-place")
+            return
+        self.session = session
         if kv_cache == "in-place" and not self.in_place:
             raise ModelContractError(f"{model_path}: kv_cache='in-place' is not possible: {self.kv_cache_reason}")
         self._check_session()
@@ -111,39 +126,36 @@ class DecoderRunner:
         self._in_place: InPlaceRuns | None = None
         if self.in_place:
             self._in_place = self._in_place_runs(max_batch_size, prefix_cache_bytes)
-            twin = dict(
-                providers=providers,
-                session_options=session_options,
-                io_binding=io_binding,
-                last_position_logits=last_position_logits,
-                attention_rewrite=attention_rewrite,
-                session_factory=session_factory,
-                manifest_providers=manifest_providers,
-                max_batch_size=max_batch_size,
-                kv_cache="concat",
-            )
-            self._verify_in_place(lambda: DecoderRunner(directory, layout, **twin), kv_cache == "in-place")
+            why = self._verify_in_place(reference) if reference is not None else ""
+            if why:
+                self._become(make_twin(), why, kv_cache == "in-place")
+                return
         if not layout.position_ids:
             self._check_positions_follow_the_mask()
 
-    def _verify_in_place(self, concat_runner: Callable[[], DecoderRunner], required: bool) -> None:
-        """Check once, at load, that the in-place graph computes the export's logits: two rows
-        prefilled and decoded two steps on both caches. Where they differ (an attention the
-        pattern matched, but whose meaning it missed), this runner becomes the export's-cache
-        runner, and :attr:`kv_cache_reason` says why; ``required``: raise instead."""
-        other = concat_runner()
-        try:
-            why = _differ(self, other)
-        except OrtBatchError as exc:
-            why = f"the in-place graph failed a test run: {exc}"
-        if not why:
-            return
+    def _become(self, other: DecoderRunner, why: str, required: bool) -> None:
+        """Be ``other``, the export's-cache runner built with the same arguments, because the
+        in-place cache cannot run (``why``); ``required``: raise instead."""
         if required:
             raise ModelContractError(f"{self._dir}: kv_cache='in-place' is not possible: {why}")
-        log.warning("%s: %s; running the export's own KV cache", self._dir, why)
-        # Become the export's-cache runner (same class, built with the same arguments).
+        if self.in_place:
+            log.warning("%s: %s; running the export's own KV cache", self._dir, why)
         self.__dict__.update(other.__dict__)
         self.kv_cache_reason = why
+
+    def _verify_in_place(self, reference: _Reference) -> str:
+        """How the in-place graph's logits differ from the export's on a short test run
+        (``""``: they agree): an attention the pattern matched but whose meaning it missed."""
+        try:
+            logits, _ = _test_run(self, reference.tokens)
+        except OrtBatchError as exc:
+            return f"the in-place graph failed a test run: {exc}"
+        worst = max(float(np.abs(np.asarray(a, np.float64) - b).max()) for a, b in zip(logits, reference.logits, strict=True))
+        scale = max(float(np.abs(b).max()) for b in reference.logits)
+        tolerance = (1e-3 if self.cache_itemsize >= 4 else 3e-2) * max(1.0, scale)
+        if worst <= tolerance:
+            return ""
+        return f"the in-place graph's logits differ from the export's by up to {worst:.3g} (tolerance {tolerance:.3g})"
 
     def _in_place_spec(
         self, kv_cache: str, wanted: list[tuple[str, dict[str, Any]]], last_position_logits: bool | None
@@ -187,15 +199,20 @@ class DecoderRunner:
         session_options: Any,
         asked: tuple[bool | None, bool, CacheSpec | None],
         factory: SessionFactory,
+        reference: _Reference | None = None,
     ) -> Any:
         """The session, on the rewritten graph when the rewrites apply and it loads; if the
-        in-place graph does not load, the other rewrites; if those do not, the export."""
+        in-place graph does not load, the other rewrites; if those do not, the export.
+        ``None`` when the in-place rewrite does not apply and ``reference`` (the export's
+        cache, already built) is to be the runner."""
         last_position_logits, attention_rewrite, spec = asked
         self.graph_rewrites: dict[str, int] = {}
         self.graph_rewrites_tried = False  # a rewritten graph was refused by ONNX Runtime
         session = None
         if spec is not None or last_position_logits is not False or attention_rewrite:
-            session = self._load_rewritten(model_path, wanted, session_options, asked, factory)
+            session = self._load_rewritten(model_path, wanted, session_options, asked, factory, reference)
+            if session is None and reference is not None and reference.runner is not None:
+                return None
         if session is None and spec is not None and (last_position_logits is not False or attention_rewrite):
             session = self._load_rewritten(model_path, wanted, session_options, (*asked[:2], None), factory)
         if session is None:
@@ -219,9 +236,11 @@ class DecoderRunner:
         session_options: Any,
         asked: tuple[bool | None, bool, CacheSpec | None],
         factory: SessionFactory,
+        reference: _Reference | None = None,
     ) -> Any:
         """A session on the graph rewritten as ``asked``; ``None`` when nothing applies, or
-        the rewritten graph does not load (a rewrite must never cost a working export)."""
+        the rewritten graph does not load (a rewrite must never cost a working export), or
+        (with a ``reference`` runner) the in-place rewrite does not apply."""
         last_position_logits, attention_rewrite, spec = asked
         rewritten = rewrite_decoder(
             model_path,
@@ -232,8 +251,12 @@ class DecoderRunner:
         )
         if spec is not None:
             self.kv_cache_reason = rewritten.not_in_place if rewritten else "the graph could not be rewritten"
-        if rewritten is None:
+        if rewritten is None or (reference is not None and IN_PLACE_KV not in rewritten.rewrites):
+            if rewritten is not None:
+                rewritten.close()
             return None
+        if reference is not None:
+            reference.release()  # never two sessions in memory at once
         try:
             session = factory(rewritten.model, wanted, session_options=session_options, where=model_path)
         except ModelLoadError as exc:
@@ -473,33 +496,44 @@ class DecoderRunner:
         return outs[0].numpy(), list(outs[1:])
 
 
-def _differ(in_place: DecoderRunner, concat: DecoderRunner) -> str:
-    """How the two runners' logits differ on a short test run (``""``: they agree)."""
-    vocab = max(16, in_place.layout.vocab_size)
-    runs = in_place._in_place
-    assert runs is not None
-    lengths = ((2, 9, 11, 13, 4, 6), (3, 5, 7))[: runs.cache.shape[1]]  # as many rows as there are slots
+class _Reference:
+    """The export's-cache runner, built to check an in-place graph against: its logits and
+    tokens on :func:`_test_run`, and the runner itself until :meth:`release`."""
+
+    def __init__(self, runner: DecoderRunner) -> None:
+        self.runner: DecoderRunner | None = runner
+        self.logits, self.tokens = _test_run(runner)
+
+    def release(self) -> None:
+        self.runner = None
+
+
+def _test_run(runner: DecoderRunner, tokens: list[list[int]] | None = None) -> tuple[list[np.ndarray], list[list[int]]]:
+    """Two prompts prefilled, then two decode steps (of ``tokens``, else of the argmax): each
+    run's last-position logits, and the tokens fed."""
+    vocab = max(16, runner.layout.vocab_size)
+    rows = runner._in_place.cache.shape[1] if runner._in_place is not None else 2
+    lengths = ((2, 9, 11, 13, 4, 6), (3, 5, 7))[:rows]  # as many rows as there are slots
     prompts = [np.array([vocab // d for d in ds], np.int64) for ds in lengths]
-    prefix, runs.prefix = runs.prefix, None  # the test run is not a prompt to remember
+    prefix = runner.prefix_cache
+    if runner._in_place is not None:
+        runner._in_place.prefix = None  # the test run is no prompt to remember
+    fed: list[list[int]] = []
     try:
-        a, rows = in_place.prefill(prompts)
-        b, cache = concat.prefill(prompts)
-        in_place.seat(Placement(slots=list(range(len(prompts))), rows=len(prompts), capacity=16), [rows])
-        concat.seat(Placement(rebuild=[], append=True), [cache])
-        worst = [float(np.abs(np.asarray(a[:, -1], np.float64) - b[:, -1]).max())]
-        scale = float(np.abs(b[:, -1]).max())
-        for _ in range(2):
-            tokens = [int(t) for t in np.asarray(b[:, -1]).argmax(-1)]
-            a, b = in_place.decode(tokens), concat.decode(tokens)
-            worst.append(float(np.abs(np.asarray(a[:, -1], np.float64) - b[:, -1]).max()))
+        logits, joining = runner.prefill(prompts)
+        if runner.in_place:
+            runner.seat(Placement(slots=list(range(len(prompts))), rows=len(prompts), capacity=16), [joining])
+        else:
+            runner.seat(Placement(rebuild=[], append=True), [joining])
+        out = [np.asarray(logits[:, -1], np.float64)]
+        for step in range(2):
+            fed.append(tokens[step] if tokens is not None else [int(t) for t in out[-1].argmax(-1)])
+            out.append(np.asarray(runner.decode(fed[-1])[:, -1], np.float64))
     finally:
-        runs.prefix = prefix
-        in_place.reset_cache()
-        concat.reset_cache()
-    tolerance = (1e-3 if in_place.cache_itemsize >= 4 else 3e-2) * max(1.0, scale)
-    if max(worst) <= tolerance:
-        return ""
-    return f"the in-place graph's logits differ from the export's by up to {max(worst):.3g} (tolerance {tolerance:.3g})"
+        if runner._in_place is not None:
+            runner._in_place.prefix = prefix
+        runner.reset_cache()
+    return out, fed
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
