@@ -148,7 +148,9 @@ def cache_spec(layout: Any, config: Mapping[str, Any]) -> CacheSpec:
     window = config.get("sliding_window")
     if isinstance(window, int) and window < layout.max_context_length and config.get("use_sliding_window", True):
         raise NotRewritable(f"sliding-window attention ({window} positions)")
-    heads = next((config[k] for k in ("num_attention_heads", "n_head", "num_heads") if isinstance(config.get(k), int)), None)
+    heads = next(
+        (config[k] for k in ("num_attention_heads", "n_head", "num_heads") if isinstance(config.get(k), int)), None
+    )
     return CacheSpec(
         layout.past_keys,
         layout.past_values,
@@ -369,7 +371,9 @@ def _attention_nodes(helper: Any, spec: CacheSpec, layer: _Layer) -> list[Any]:
         q = f"{p}/q_scaled{j}"
     packed = []
     for what, bnsh in (("q", q), ("k", layer.k_new), ("v", layer.v_new)):
-        nodes.append(helper.make_node("Transpose", [bnsh], [f"{p}/{what}_bsnh"], name=f"{p}/{what}T", perm=[0, 2, 1, 3]))
+        nodes.append(
+            helper.make_node("Transpose", [bnsh], [f"{p}/{what}_bsnh"], name=f"{p}/{what}T", perm=[0, 2, 1, 3])
+        )
         nodes.append(helper.make_node("Reshape", [f"{p}/{what}_bsnh", f"{_PREFIX}_bsd"], [f"{p}/{what}_bsd"]))
         packed.append(f"{p}/{what}_bsd")
     gqa_inputs = [*packed, layer.past_k, layer.past_v, SEQLENS_K, TOTAL_LENGTH, *[""] * 9, QUERY_LENGTHS]

@@ -113,7 +113,9 @@ class InPlaceRuns:
         cached = np.array([len(h) * BLOCK_TOKENS for h in hits], np.int64)
         new = np.array([len(p) for p in prompts], np.int64) - cached
         longest = int(new.max())
-        buffer = np.zeros((len(self._past), g, lay.num_kv_heads, int(cached.max()) + longest, lay.head_dim), self.cache_dtype)
+        buffer = np.zeros(
+            (len(self._past), g, lay.num_kv_heads, int(cached.max()) + longest, lay.head_dim), self.cache_dtype
+        )
         ids = np.full((g, longest), lay.pad_token_id, self._ids_dtype)
         positions = np.zeros((g, longest), self._pos_dtype)
         for j, prompt in enumerate(prompts):

@@ -248,7 +248,9 @@ def _kv_cache(path: Path, layout: GenerationLayout) -> str | None:
 
     checked = dataclasses.replace(layout, model=path.name, kv_cache=None)
     try:
-        DecoderRunner(path.parent, checked, kv_cache="in-place", providers="cpu", prefix_cache_bytes=0, max_batch_size=2)
+        DecoderRunner(
+            path.parent, checked, kv_cache="in-place", providers="cpu", prefix_cache_bytes=0, max_batch_size=2
+        )
     except ModelContractError:
         return "concat"
     except OrtBatchError:

@@ -101,7 +101,7 @@ class PrefixCache:
 
     def read(self, blocks: Sequence[int], out: np.ndarray) -> None:
         """Copy ``blocks`` into ``out``, ``[2 * layers, kv_heads, len(blocks) * BLOCK_TOKENS, head_dim]``."""
-        tensors, heads, n, head_dim = out.shape
+        tensors, heads, _, head_dim = out.shape
         out.reshape(tensors, heads, len(blocks), BLOCK_TOKENS, head_dim)[...] = self._pool[:, :, list(blocks)]
 
     def store(self, prompt: np.ndarray, row: np.ndarray) -> None:

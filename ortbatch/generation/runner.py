@@ -150,7 +150,9 @@ class DecoderRunner:
             logits, _ = _test_run(self, reference.tokens)
         except OrtBatchError as exc:
             return f"the in-place graph failed a test run: {exc}"
-        worst = max(float(np.abs(np.asarray(a, np.float64) - b).max()) for a, b in zip(logits, reference.logits, strict=True))
+        worst = max(
+            float(np.abs(np.asarray(a, np.float64) - b).max()) for a, b in zip(logits, reference.logits, strict=True)
+        )
         scale = max(float(np.abs(b).max()) for b in reference.logits)
         tolerance = (1e-3 if self.cache_itemsize >= 4 else 3e-2) * max(1.0, scale)
         if worst <= tolerance:

@@ -34,7 +34,12 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any], str | None]] = {
         dict(hidden_size=32, ffn_dim=64, word_embed_proj_dim=32, **SMALL),
         IN_PLACE_KV,
     ),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=32, intermediate_size=64, **SMALL), IN_PLACE_KV),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(hidden_size=32, intermediate_size=64, **SMALL),
+        IN_PLACE_KV,
+    ),
     "falcon": (
         "FalconConfig",
         "FalconForCausalLM",

@@ -234,7 +234,7 @@ def test_serve_flag_and_metrics(tiny_gpt2: TinyModel) -> None:
     prefix = random_prompts([BLOCK_TOKENS + 3], seed=3)[0]
     with BatchedGenerator(tiny_gpt2.export, max_batch_size=2) as gen:
         gen.generate(prefix, 2)
-        gen.generate(prefix[:-1] + [7], 2)
+        gen.generate([*prefix[:-1], 7], 2)
         text = generate_latest(ServerMetrics(generator_stats=gen.stats).registry).decode()
     assert "ortbatch_generation_prefix_cache_hits_total 1.0" in text
     assert f"ortbatch_generation_prefix_cache_tokens_saved_total {float(BLOCK_TOKENS)}" in text

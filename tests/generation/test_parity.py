@@ -120,7 +120,10 @@ def test_greedy_on_the_unmodified_graph(tiny: TinyModel, no_thread_leak: None) -
         assert set(gen.graph_rewrites) == {LAST_POSITION_LOGITS, IN_PLACE_KV}
     with BatchedGenerator(tiny.export, max_batch_size=4, kv_cache="concat") as gen:
         assert set(gen.graph_rewrites) == {LAST_POSITION_LOGITS, ATTENTION_SCALE}
-    kinds = ({"last_position_logits": False, "attention_rewrite": False}, {"attention_rewrite": False, "kv_cache": "concat"})
+    kinds = (
+        {"last_position_logits": False, "attention_rewrite": False},
+        {"attention_rewrite": False, "kv_cache": "concat"},
+    )
     for kwargs in kinds:
         with BatchedGenerator(tiny.export, max_batch_size=4, **kwargs) as gen:  # type: ignore[arg-type]
             assert ATTENTION_SCALE not in gen.graph_rewrites and gen.kv_cache == "concat"

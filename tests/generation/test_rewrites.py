@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortbatch.generation.rewrites import IN_PLACE_KV, ATTENTION_SCALE, LAST_POSITION_LOGITS, rewrite_decoder
+from ortbatch.generation.rewrites import ATTENTION_SCALE, IN_PLACE_KV, LAST_POSITION_LOGITS, rewrite_decoder
 
 from .conftest import TinyModel
 
@@ -156,7 +156,10 @@ def test_generator_on_an_external_data_export(external_export: Path, tiny_gpt2: 
     from ortbatch import BatchedGenerator
 
     before = sorted(p.name for p in external_export.iterdir())
-    for kv_cache, rewrites in (("auto", {LAST_POSITION_LOGITS, IN_PLACE_KV}), ("concat", {LAST_POSITION_LOGITS, ATTENTION_SCALE})):
+    for kv_cache, rewrites in (
+        ("auto", {LAST_POSITION_LOGITS, IN_PLACE_KV}),
+        ("concat", {LAST_POSITION_LOGITS, ATTENTION_SCALE}),
+    ):
         with BatchedGenerator(external_export, max_batch_size=2, kv_cache=kv_cache) as gen:
             assert set(gen.graph_rewrites) == rewrites
             prompt = [5, 9, 40, 41, 7]

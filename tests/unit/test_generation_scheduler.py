@@ -182,7 +182,9 @@ class Harness:
                 sched.record_token(sched.rows[i], tokens[i])
         if not sched.live():
             sched.rows = []
-            runner.cache = SlotCache(2, runner.slots, 1, 1, np.float64) if sched.slots else KVCache.empty(1, 1, 1, np.float64)
+            runner.cache = (
+                SlotCache(2, runner.slots, 1, 1, np.float64) if sched.slots else KVCache.empty(1, 1, 1, np.float64)
+            )
         sched.publish(runner.cache.length)
         return True
 
