@@ -126,6 +126,8 @@ class ModeResult:
     same_as_sequential: int | None = None
     cpu_s: float = 0.0  # this process's CPU time during the mode (all its threads)
     peak_rss_mb: float | None = None  # high-water mark while serving (None: not measurable here)
+    load_peak_rss_mb: float | None = None  # high-water mark before serving (loading the model, for continuous modes)
+    serve_cpu_s: float = 0.0  # this process's CPU time while serving only (no model loading)
     kv_cache: str = ""
     note: str = ""
     outputs_sha256: str = ""
@@ -159,13 +161,6 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
-
-
-def peak_rss_mb_total() -> float:
-    """This process's resident-memory peak since it started (``ru_maxrss``), in MiB."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def peak_rss_mb() -> float | None:
@@ -407,7 +402,9 @@ def run_continuous(
     logprobs = 5 if mode == "continuous-logprobs" else None
     with BatchedGenerator(export, max_batch_size=batch, providers=providers, session_options=so, **options) as gen:
         gen.generate(work.prompts[0][:4], 2)  # warm-up, as the baselines' first run is
+        load_peak = peak_rss_mb()
         measured = reset_peak_rss()
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         futs = [
             gen.submit(p, params=SamplingParams(max_new_tokens=n, logprobs=logprobs))
@@ -415,6 +412,7 @@ def run_continuous(
         ]
         results = [f.result() for f in futs]
         wall = time.perf_counter() - t0
+        serve_cpu = time.process_time() - cpu0
         peak = peak_rss_mb() if measured else None
         stats = gen.stats()
     ttft = [r.time_to_first_token_s for r in results]
@@ -434,7 +432,8 @@ def run_continuous(
         assert all(r.logprobs is not None and len(r.logprobs) == len(r.token_ids) for r in results)
         note = f"logprobs={logprobs} on every row; " + note
     result = _summarise(mode, wall, [list(r.token_ids) for r in results], ttft, done, note=note)
-    result.peak_rss_mb, result.kv_cache = peak, kv_cache
+    result.peak_rss_mb, result.load_peak_rss_mb, result.kv_cache = peak, load_peak, kv_cache
+    result.serve_cpu_s = serve_cpu
     return result
 
 
@@ -502,8 +501,8 @@ def markdown(results: list[ModeResult], header: str) -> str:
     lines = [
         header,
         "",
-        "| mode | tokens/s | vs sequential | vs static | tokens per CPU-s | TTFT mean / p50 / p99 (s) "
-        "| latency p50 / p99 (s) | peak RSS serving (MiB) | same tokens as sequential | notes |",
+        "| mode | tokens/s | vs sequential | vs static | tokens per serving CPU-s | TTFT mean / p50 / p99 (s) "
+        "| latency p50 / p99 (s) | peak RSS serving / loading (MiB) | same tokens as sequential | notes |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -511,8 +510,10 @@ def markdown(results: list[ModeResult], header: str) -> str:
         vs_static = f"{r.tokens_per_s / static.tokens_per_s:.2f}x" if static else "-"
         same = "-" if r.same_as_sequential is None else f"{r.same_as_sequential}/{len(r.outputs)}"
         rss = "-" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}"
+        if r.load_peak_rss_mb is not None:
+            rss += f" / {r.load_peak_rss_mb:.0f}"
         lines.append(
-            f"| {r.mode} | {r.tokens_per_s:.1f} | {vs_seq} | {vs_static} | {r.tokens / r.cpu_s:.1f} | "
+            f"| {r.mode} | {r.tokens_per_s:.1f} | {vs_seq} | {vs_static} | {r.tokens / r.serve_cpu_s:.1f} | "
             f"{r.ttft_mean_s:.2f} / {r.ttft_p50_s:.2f} / {r.ttft_p99_s:.2f} | "
             f"{r.latency_p50_s:.2f} / {r.latency_p99_s:.2f} | {rss} | {same} | {r.note} |"
         )
@@ -615,6 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"unknown mode {mode!r}")
         if results and results[-1].mode == mode:
             results[-1].cpu_s = time.process_time() - cpu0
+            results[-1].serve_cpu_s = results[-1].serve_cpu_s or results[-1].cpu_s
             if results[-1].peak_rss_mb is None and measured:
                 results[-1].peak_rss_mb = peak_rss_mb()
             print(f"  {mode}: {results[-1].tokens_per_s:.1f} tokens/s", file=sys.stderr)
@@ -632,8 +634,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Model: {args.model or args.preset} (random weights), {args.requests} requests, prompts of "
         f"{shared}{args.prompt_lengths[0]}-{args.prompt_lengths[1]} tokens, new tokens {args.new_tokens[0]}-"
         f"{args.new_tokens[1]}, greedy, all arriving at t=0; KV cache {token_bytes} bytes per token; "
-        f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs ({platform.machine()}); "
-        f"peak RSS of the whole process {peak_rss_mb_total():.0f} MiB."
+        f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs ({platform.machine()}); load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end."
     )
     text = markdown(results, header)
     for mode, why in skipped.items():

@@ -1,4 +1,9 @@
-"""The batch's KV cache: one row per active sequence, left-padded. Pure numpy.
+"""The batch's KV cache, of either kind. Pure numpy.
+
+:class:`SlotCache` (with :class:`PrefilledRows`, rows waiting for their slots) is the in-place
+cache: one preallocated buffer the model writes into, a slot per row, right-padded (see its
+docstring). :class:`KVCache` is the export's own concatenating cache, one row per active
+sequence, left-padded, replaced by each step's ``present`` outputs:
 
 Every row's tokens are right-aligned: row ``i`` holds its ``lens[i]`` real positions in
 the last ``lens[i]`` columns and padding before them. Each decode step appends one
