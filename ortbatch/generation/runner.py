@@ -106,7 +106,8 @@ class DecoderRunner:
         make_twin: Callable[[], DecoderRunner] = lambda: DecoderRunner(directory, layout, **twin)  # noqa: E731
         # An in-place graph is checked against the export's own cache unless the manifest
         # says `ortbatch export` checked it (see layout.generation_section).
-        reference = _Reference(make_twin()) if spec is not None and layout.kv_cache != "in-place" else None
+        checked = spec is not None and layout.kv_cache != "in-place"
+        reference = _Reference(make_twin(), min(2, max_batch_size)) if checked else None
         asked = (last_position_logits, attention_rewrite, spec)
         session = self._load(model_path, wanted, options, asked, session_factory or build_session, reference)
         if session is None:  # the rewrite did not apply: the reference runner is this runner
@@ -147,7 +148,7 @@ class DecoderRunner:
         """How the in-place graph's logits differ from the export's on a short test run
         (``""``: they agree): an attention the pattern matched but whose meaning it missed."""
         try:
-            logits, _ = _test_run(self, reference.tokens)
+            logits, _ = _test_run(self, len(reference.tokens[0]), reference.tokens)
         except OrtBatchError as exc:
             return f"the in-place graph failed a test run: {exc}"
         worst = max(
@@ -502,20 +503,21 @@ class _Reference:
     """The export's-cache runner, built to check an in-place graph against: its logits and
     tokens on :func:`_test_run`, and the runner itself until :meth:`release`."""
 
-    def __init__(self, runner: DecoderRunner) -> None:
+    def __init__(self, runner: DecoderRunner, rows: int) -> None:
         self.runner: DecoderRunner | None = runner
-        self.logits, self.tokens = _test_run(runner)
+        self.logits, self.tokens = _test_run(runner, rows)
 
     def release(self) -> None:
         self.runner = None
 
 
-def _test_run(runner: DecoderRunner, tokens: list[list[int]] | None = None) -> tuple[list[np.ndarray], list[list[int]]]:
-    """Two prompts prefilled, then two decode steps (of ``tokens``, else of the argmax): each
-    run's last-position logits, and the tokens fed."""
+def _test_run(
+    runner: DecoderRunner, rows: int, tokens: list[list[int]] | None = None
+) -> tuple[list[np.ndarray], list[list[int]]]:
+    """``rows`` (1 or 2) prompts prefilled, then two decode steps (of ``tokens``, else of the
+    argmax): each run's last-position logits, and the tokens fed."""
     vocab = max(16, runner.layout.vocab_size)
-    rows = runner._in_place.cache.shape[1] if runner._in_place is not None else 2
-    lengths = ((2, 9, 11, 13, 4, 6), (3, 5, 7))[:rows]  # as many rows as there are slots
+    lengths = ((2, 9, 11, 13, 4, 6), (3, 5, 7))[:rows]
     prompts = [np.array([vocab // d for d in ds], np.int64) for ds in lengths]
     prefix = runner.prefix_cache
     if runner._in_place is not None:

@@ -140,7 +140,7 @@ def test_a_shared_prefix_is_computed_once_with_the_same_tokens(tiny: TinyModel, 
             together = submit_together(gen, prompts, news)
             alone = gen.generate(later, 10)
             results[cached] = [list(r.token_ids) for r in [*together, alone]]
-            stats = gen.stats()
+        stats = gen.stats()  # once the step loop has ended
         if cached:
             assert stats.prefix_cache_hits == 6 and stats.prefix_cache_tokens_saved == 6 * 3 * BLOCK_TOKENS
             assert stats.prefix_cache_lookups == 8  # the blocker, the six, the later one
@@ -161,7 +161,7 @@ def test_a_budget_smaller_than_the_prefix_evicts_and_answers_correctly(
     prompts = [prefixes[i % 2] + p for i, p in enumerate(random_prompts([4, 6, 2, 5, 3, 7], seed=12))]
     with BatchedGenerator(tiny_gpt2.export, max_batch_size=2, prefix_cache_bytes=2 * BLOCK_TOKENS * token_bytes) as gen:
         outs = [list(gen.generate(p, 9).token_ids) for p in prompts]  # one at a time: each can reuse the last
-        stats = gen.stats()
+    stats = gen.stats()
     for prompt, out in zip(prompts, outs, strict=True):
         assert out == tiny_gpt2.reference(prompt, 9)
     assert stats.prefix_cache_budget_bytes == 2 * BLOCK_TOKENS * token_bytes

@@ -57,11 +57,13 @@ def test_greedy_batched_mixed_lengths_matches_alone(tiny: TinyModel, no_thread_l
     prompts = PROMPTS
     with BatchedGenerator(tiny.export, max_batch_size=len(prompts)) as gen:
         results = submit_together(gen, prompts, NEW)
-        stats = gen.stats()
+    # read once the step loop has ended: the last row's future settles before the step that
+    # finished it publishes the batch's state, so a read right after it may see that step's
+    stats = gen.stats()
     for prompt, n, out in zip(prompts, NEW, results, strict=True):
         assert list(out.token_ids) == tiny.reference(prompt, n), (len(prompt), n)
     assert stats.max_decode_rows == len(prompts)
-    assert stats.cache_padding_fraction > 0.1  # rows really were left-padded together
+    assert stats.cache_padding_fraction > 0.1  # rows of other lengths were padded together
     assert (stats.active_rows, stats.reserved_tokens, stats.cache_length, stats.queued) == (0, 0, 0, 0)
 
 
@@ -77,7 +79,7 @@ def test_greedy_join_and_leave_mid_flight(tiny: TinyModel, no_thread_leak: None)
         early[0].result(30)
         late = [gen.submit(p, n) for p, n in zip(prompts[8:], news[8:], strict=True)]
         results = [f.result(30) for f in early + late]
-        stats = gen.stats()
+    stats = gen.stats()  # once the step loop has ended (see above)
     for prompt, n, out in zip(prompts, news, results, strict=True):
         assert list(out.token_ids) == tiny.reference(prompt, n), (len(prompt), n)
     assert stats.max_decode_rows == 3
