@@ -164,18 +164,20 @@ def cache_spec(layout: Any, config: Mapping[str, Any]) -> CacheSpec:
     )
 
 
-def rewrite_in_place(model: Any, spec: CacheSpec, shapes: dict[str, list[int | None]]) -> int:
+def rewrite_in_place(model: Any, spec: CacheSpec, shapes: dict[str, list[int | None]], check_only: bool = False) -> int:
     """Rewrite every layer's attention of ``model`` (a ``ModelProto``, changed in place) into
     ``GroupQueryAttention`` over a shared cache buffer, and its LM head onto
     :data:`LAST_INDEX`; returns the number of layers. ``shapes``: static shapes of the
     graph's values (shape inference with data propagation). Raises :class:`NotRewritable`,
-    leaving ``model`` unchanged, when any layer does not match."""
+    leaving ``model`` unchanged, when any layer does not match. ``check_only``: match, but
+    leave ``model`` as it is."""
     g = _Graph(model.graph, shapes)
     layers = [_match_layer(g, spec, i) for i in range(len(spec.past_keys))]
     head = _match_lm_head(g, spec.logits)
     nodes = _new_nodes(g, spec, layers)
     _check_dead(g, spec, nodes, layers)
-    _commit(model, spec, nodes, layers, head)
+    if not check_only:
+        _commit(model, spec, nodes, layers, head)
     return len(layers)
 
 

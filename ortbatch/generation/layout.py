@@ -14,11 +14,11 @@ beside it) and returns the plain dict the exporter stores as ``manifest.generati
      "bos_token_id": 50256, "max_context_length": 1024,
      "padding_side": "left", "tokenizer": "tokenizer.json", "kv_cache": "in-place"}
 
-``kv_cache`` says which KV cache the graph allows: ``"in-place"`` when its attention can be
-rewritten to write into a preallocated cache (:mod:`.gqa`) and the rewritten graph gives the
-export's logits (the generator then runs it so on the CPU provider without checking again),
-``"concat"`` when only the export's own concatenating cache can run (also a way to keep the
-generator off the in-place path), ``None`` when it was not checked.
+``kv_cache`` says which KV cache the graph allows: ``"in-place"`` when its attention matches
+the rewrite into a preallocated cache (:mod:`.gqa`; the generator then runs it so on the CPU
+provider, once its logits are checked against the export's at load), ``"concat"`` when only the
+export's own concatenating cache can run (also a way to keep the generator off the in-place
+path), ``None`` when it was not checked.
 
 :class:`GenerationLayout` is the parsed, checked form the generator runs on. Only the
 standard library (plus onnx or onnxruntime to read the graph's inputs) is used.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ManifestError, ModelContractError, OrtBatchError
+from ..errors import ManifestError, ModelContractError
 from ..manifest import MANIFEST_NAME, Manifest
 
 __all__ = [
@@ -205,9 +205,8 @@ def generation_section(
     tokenizer files. Raises :class:`ModelContractError` when the graph is not a
     decoder with a KV cache (``--task text-generation-with-past``).
     ``max_context_length`` replaces the context length ``config.json`` gives (or lacks).
-    ``check_kv_cache``: find out whether the generator can run the graph on the in-place
-    KV cache (``kv_cache``; needs ``onnx`` and onnxruntime, and loads the model twice to
-    compare the two caches' logits).
+    ``check_kv_cache``: find out whether the graph allows the in-place KV cache
+    (``kv_cache``; needs ``onnx``, and reads the graph once more).
     """
     d = Path(export_dir)
     path = d / model
@@ -232,30 +231,24 @@ def generation_section(
     data["model"] = model
     data["tokenizer"] = tokenizer
     if check_kv_cache:
-        data["kv_cache"] = _kv_cache(path, layout)
+        data["kv_cache"] = _kv_cache(path, layout, config)
     return data
 
 
-def _kv_cache(path: Path, layout: GenerationLayout) -> str | None:
-    """``"in-place"`` when the generator can run the graph on the in-place KV cache, its
-    logits checked against the export's own cache's (loading the model twice), else
-    ``"concat"``; ``None`` without ``onnx`` (the rewrite needs it) or when it cannot tell."""
+def _kv_cache(path: Path, layout: GenerationLayout, config: Mapping[str, Any]) -> str | None:
+    """``"in-place"`` when the graph's attention matches the in-place KV cache rewrite, else
+    ``"concat"``; ``None`` without ``onnx`` (the rewrite needs it)."""
+    from .gqa import NotRewritable, cache_spec
+    from .rewrites import check_in_place
+
     try:
         import onnx  # noqa: F401
     except ImportError:
         return None
-    from .runner import DecoderRunner
-
-    checked = dataclasses.replace(layout, model=path.name, kv_cache=None)
     try:
-        DecoderRunner(
-            path.parent, checked, kv_cache="in-place", providers="cpu", prefix_cache_bytes=0, max_batch_size=2
-        )
-    except ModelContractError:
+        return "concat" if check_in_place(path, cache_spec(layout, config)) else "in-place"
+    except NotRewritable:
         return "concat"
-    except OrtBatchError:
-        return None
-    return "in-place"
 
 
 def layout_from_io(

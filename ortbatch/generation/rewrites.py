@@ -53,6 +53,7 @@ __all__ = [
     "IN_PLACE_KV",
     "LAST_POSITION_LOGITS",
     "RewrittenGraph",
+    "check_in_place",
     "rewrite_decoder",
 ]
 
@@ -154,6 +155,23 @@ def rewrite_decoder(
         log.info("cannot write a rewritten graph beside %s (%s): it runs as it is", path, exc)
         return None
     return RewrittenGraph(tmp, done, not_in_place)
+
+
+def check_in_place(model_path: str | Path, spec: CacheSpec) -> str:
+    """Why the in-place KV cache rewrite would not apply to the graph (``""``: it would),
+    rewriting nothing. Needs ``onnx`` (without it: a reason saying so)."""
+    try:
+        import onnx
+    except ImportError:
+        return "the onnx package is not installed"
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+        rewrite_in_place(model, spec, _inferred_shapes(model, data_prop=True), check_only=True)
+    except NotRewritable as exc:
+        return str(exc)
+    except Exception as exc:  # a graph onnx cannot read: ONNX Runtime judges it at load
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 def _last_position_logits(model: Any, logits: str) -> bool:

@@ -104,10 +104,8 @@ class DecoderRunner:
             kv_cache="concat",
         )
         make_twin: Callable[[], DecoderRunner] = lambda: DecoderRunner(directory, layout, **twin)  # noqa: E731
-        # An in-place graph is checked against the export's own cache unless the manifest
-        # says `ortbatch export` checked it (see layout.generation_section).
-        checked = spec is not None and layout.kv_cache != "in-place"
-        reference = _Reference(make_twin(), min(2, max_batch_size)) if checked else None
+        # An in-place graph is checked against the export's own cache, built first.
+        reference = _Reference(make_twin(), min(2, max_batch_size)) if spec is not None else None
         asked = (last_position_logits, attention_rewrite, spec)
         session = self._load(model_path, wanted, options, asked, session_factory or build_session, reference)
         if session is None:  # the rewrite did not apply: the reference runner is this runner
@@ -500,14 +498,20 @@ class DecoderRunner:
 
 
 class _Reference:
-    """The export's-cache runner, built to check an in-place graph against: its logits and
-    tokens on :func:`_test_run`, and the runner itself until :meth:`release`."""
+    """The export's-cache runner, built to check an in-place graph against (and to be the
+    runner where the rewrite does not apply); once the rewrite applies, its logits and tokens
+    on :func:`_test_run` (:meth:`release`)."""
 
     def __init__(self, runner: DecoderRunner, rows: int) -> None:
         self.runner: DecoderRunner | None = runner
-        self.logits, self.tokens = _test_run(runner, rows)
+        self.rows = rows
+        self.logits: list[np.ndarray] = []
+        self.tokens: list[list[int]] = []
 
     def release(self) -> None:
+        """Take the reference logits, then let the runner go (the in-place graph applies)."""
+        assert self.runner is not None
+        self.logits, self.tokens = _test_run(self.runner, self.rows)
         self.runner = None
 
 
