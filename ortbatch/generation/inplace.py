@@ -72,7 +72,7 @@ class InPlaceRuns:
         n = len(prompts)
         logits: list[Any] = [None] * n
         sources: list[tuple[np.ndarray, int]] = [(np.zeros(0), 0)] * n
-        pending, waited = list(range(n)), set()
+        pending, waited = list(range(n)), set[int]()
         while pending:
             hits = {i: self.prefix.match(prompts[i]) if self.prefix else [] for i in pending}
             wave = self._wave(prompts, pending, hits, waited)

@@ -88,8 +88,8 @@ class PrefixCache:
                 break
             found.append(((parent, key), entry))
             parent = entry[0]
-        for key, _ in reversed(found):  # the first block ends most recent: extensions go first
-            self._blocks.move_to_end(key)
+        for block, _ in reversed(found):  # the first block ends most recent: extensions go first
+            self._blocks.move_to_end(block)
         return [index for _, (_, index) in found]
 
     def count(self, blocks: int) -> None:
@@ -124,8 +124,8 @@ class PrefixCache:
                     self._counts["stored_blocks"] += 1
             chain.append((parent, key))
             parent = entry[0]
-        for key in reversed(chain):
-            self._blocks.move_to_end(key)
+        for block in reversed(chain):
+            self._blocks.move_to_end(block)
 
     def clear(self) -> None:
         self._blocks.clear()

@@ -16,10 +16,12 @@ of two kinds (:attr:`DecoderRunner.kv_cache`):
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ from .gqa import LAST_INDEX, QUERY_LENGTHS, SEQLENS_K, TOTAL_LENGTH, CacheSpec, 
 from .inplace import InPlaceRuns
 from .layout import GenerationLayout
 from .prefix_cache import PrefixCache
-from .rewrites import IN_PLACE_KV, LAST_POSITION_LOGITS, rewrite_decoder
+from .rewrites import IN_PLACE_KV, LAST_POSITION_LOGITS, check_in_place, rewrite_decoder
 from .scheduler import Placement
 
 log = logging.getLogger("ortbatch")
@@ -104,14 +106,19 @@ class DecoderRunner:
             kv_cache="concat",
         )
         make_twin: Callable[[], DecoderRunner] = lambda: DecoderRunner(directory, layout, **twin)  # noqa: E731
-        # An in-place graph is checked against the export's own cache, built first.
-        reference = _Reference(make_twin(), min(2, max_batch_size)) if spec is not None else None
+        reference = None
+        if spec is not None:
+            self.kv_cache_reason = check_in_place(model_path, spec)
+            if self.kv_cache_reason:
+                spec = None
+            else:
+                # What the in-place graph must compute: the export's own cache's logits on a
+                # short run, that runner freed before the in-place one loads (one copy of the
+                # weights in memory at a time).
+                reference = _Reference(*_test_run(make_twin(), min(2, max_batch_size)))
+                gc.collect()
         asked = (last_position_logits, attention_rewrite, spec)
-        session = self._load(model_path, wanted, options, asked, session_factory or build_session, reference)
-        if session is None:  # the rewrite did not apply: the reference runner is this runner
-            assert reference is not None and reference.runner is not None
-            self._become(reference.runner, self.kv_cache_reason, kv_cache == "in-place")
-            return
+        session = self._load(model_path, wanted, options, asked, session_factory or build_session)
         self.session = session
         if kv_cache == "in-place" and not self.in_place:
             raise ModelContractError(f"{model_path}: kv_cache='in-place' is not possible: {self.kv_cache_reason}")
@@ -200,20 +207,15 @@ class DecoderRunner:
         session_options: Any,
         asked: tuple[bool | None, bool, CacheSpec | None],
         factory: SessionFactory,
-        reference: _Reference | None = None,
     ) -> Any:
         """The session, on the rewritten graph when the rewrites apply and it loads; if the
-        in-place graph does not load, the other rewrites; if those do not, the export.
-        ``None`` when the in-place rewrite does not apply and ``reference`` (the export's
-        cache, already built) is to be the runner."""
+        in-place graph does not load, the other rewrites; if those do not, the export."""
         last_position_logits, attention_rewrite, spec = asked
         self.graph_rewrites: dict[str, int] = {}
         self.graph_rewrites_tried = False  # a rewritten graph was refused by ONNX Runtime
         session = None
         if spec is not None or last_position_logits is not False or attention_rewrite:
-            session = self._load_rewritten(model_path, wanted, session_options, asked, factory, reference)
-            if session is None and reference is not None and reference.runner is not None:
-                return None
+            session = self._load_rewritten(model_path, wanted, session_options, asked, factory)
         if session is None and spec is not None and (last_position_logits is not False or attention_rewrite):
             session = self._load_rewritten(model_path, wanted, session_options, (*asked[:2], None), factory)
         if session is None:
@@ -237,11 +239,9 @@ class DecoderRunner:
         session_options: Any,
         asked: tuple[bool | None, bool, CacheSpec | None],
         factory: SessionFactory,
-        reference: _Reference | None = None,
     ) -> Any:
         """A session on the graph rewritten as ``asked``; ``None`` when nothing applies, or
-        the rewritten graph does not load (a rewrite must never cost a working export), or
-        (with a ``reference`` runner) the in-place rewrite does not apply."""
+        the rewritten graph does not load (a rewrite must never cost a working export)."""
         last_position_logits, attention_rewrite, spec = asked
         rewritten = rewrite_decoder(
             model_path,
@@ -252,12 +252,8 @@ class DecoderRunner:
         )
         if spec is not None:
             self.kv_cache_reason = rewritten.not_in_place if rewritten else "the graph could not be rewritten"
-        if rewritten is None or (reference is not None and IN_PLACE_KV not in rewritten.rewrites):
-            if rewritten is not None:
-                rewritten.close()
+        if rewritten is None:
             return None
-        if reference is not None:
-            reference.release()  # never two sessions in memory at once
         try:
             session = factory(rewritten.model, wanted, session_options=session_options, where=model_path)
         except ModelLoadError as exc:
@@ -497,22 +493,12 @@ class DecoderRunner:
         return outs[0].numpy(), list(outs[1:])
 
 
+@dataclass(frozen=True)
 class _Reference:
-    """The export's-cache runner, built to check an in-place graph against (and to be the
-    runner where the rewrite does not apply); once the rewrite applies, its logits and tokens
-    on :func:`_test_run` (:meth:`release`)."""
+    """The export's own cache's logits and the tokens fed on :func:`_test_run`."""
 
-    def __init__(self, runner: DecoderRunner, rows: int) -> None:
-        self.runner: DecoderRunner | None = runner
-        self.rows = rows
-        self.logits: list[np.ndarray] = []
-        self.tokens: list[list[int]] = []
-
-    def release(self) -> None:
-        """Take the reference logits, then let the runner go (the in-place graph applies)."""
-        assert self.runner is not None
-        self.logits, self.tokens = _test_run(self.runner, self.rows)
-        self.runner = None
+    logits: list[np.ndarray]
+    tokens: list[list[int]]
 
 
 def _test_run(
