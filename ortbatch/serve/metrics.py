@@ -111,28 +111,25 @@ class GeneratorCollector:
         yield from _prefix_cache_families(core, s)
 
 
+#: the prefix cache's counters: (family, ``GenerationStats`` field, help)
+_PREFIX_COUNTERS = (
+    ("lookups", "prefix_cache_lookups", "Prompts looked up in the prefix cache"),
+    ("hits", "prefix_cache_hits", "Prompts that reused a cached prefix"),
+    ("tokens_saved", "prefix_cache_tokens_saved", "Prompt tokens not run because their keys and values were cached"),
+    (
+        "evictions",
+        "prefix_cache_evictions",
+        "Cached prefix blocks evicted (least recently used first) to stay within budget",
+    ),
+)
+
+
 def _prefix_cache_families(core: Any, s: Any) -> Iterator[Any]:
     """The prefix cache's counters (zero where it is off or the KV cache is the export's own)."""
-    yield core.CounterMetricFamily(
-        "ortbatch_generation_prefix_cache_lookups",
-        "Prompts looked up in the prefix cache",
-        value=getattr(s, "prefix_cache_lookups", 0),
-    )
-    yield core.CounterMetricFamily(
-        "ortbatch_generation_prefix_cache_hits",
-        "Prompts that reused a cached prefix",
-        value=getattr(s, "prefix_cache_hits", 0),
-    )
-    yield core.CounterMetricFamily(
-        "ortbatch_generation_prefix_cache_tokens_saved",
-        "Prompt tokens not run because their keys and values were cached",
-        value=getattr(s, "prefix_cache_tokens_saved", 0),
-    )
-    yield core.CounterMetricFamily(
-        "ortbatch_generation_prefix_cache_evictions",
-        "Cached prefix blocks evicted (least recently used first) to stay within the budget",
-        value=getattr(s, "prefix_cache_evictions", 0),
-    )
+    for name, field, help_text in _PREFIX_COUNTERS:
+        yield core.CounterMetricFamily(
+            f"ortbatch_generation_prefix_cache_{name}", help_text, value=getattr(s, field, 0)
+        )
     yield core.GaugeMetricFamily(
         "ortbatch_generation_prefix_cache_bytes",
         "Bytes the prefix cache holds",
