@@ -50,6 +50,12 @@ def _add_models(parser: argparse.ArgumentParser) -> None:
         help="text endpoints cut inputs longer than the model's limit by default (else 400 unless the "
         'request says "truncate": true)',
     )
+    parser.add_argument(
+        "--lenient-params",
+        action="store_true",
+        help="generation exports: accept request fields that neither OpenAI nor vLLM defines (a vendor's), "
+        "logging each name once, instead of a 400 naming it",
+    )
     parser.add_argument("--name", default=None, help="model name in URLs (default: the directory name)")
     parser.add_argument(
         "--allow-unvalidated",
@@ -322,6 +328,7 @@ def _config(args: argparse.Namespace) -> Any:
         truncate=args.truncate,
         frontends=args.frontends,
         allow_unvalidated=args.allow_unvalidated,
+        lenient_params=args.lenient_params,
         otlp_endpoint=args.otlp_endpoint,
     )
 

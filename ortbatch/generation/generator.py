@@ -26,6 +26,7 @@ import numpy as np
 from .._lifecycle import check_positive, check_timeout, forget_live, track_live
 from .._observe import BatchRecord, GenerationObserver, StepRecord, next_batch_id, notify, tag_for
 from ..errors import InferenceError, InvalidInputError, OrtBatchError, SessionClosedError
+from .constrained import CompiledGrammar, GrammarCompiler
 from .layout import load_layout
 from .prefill import Prefill
 from .requests import (
@@ -190,7 +191,11 @@ class BatchedGenerator:
         self.prefill_padding = prefill_padding
         self._tokenizer = ExportTokenizer(self._dir, self.layout.tokenizer)
         limits = (self.layout.vocab_size, context, self.max_tokens_in_flight, max_new_tokens, timeout_s)
-        self._requests = RequestFactory(self._tokenizer, *limits, eos_token_ids=tuple(self.layout.eos_token_ids))
+        tokenizer_json = self._dir / self.layout.tokenizer if self.layout.tokenizer else None
+        #: Compiles constrained requests' grammars (cached; on its own thread): see :meth:`compile_grammar`.
+        self.grammars = GrammarCompiler(tokenizer_json, self.layout.vocab_size, self.layout.eos_token_ids)
+        eos = tuple(self.layout.eos_token_ids)
+        self._requests = RequestFactory(self._tokenizer, *limits, eos_token_ids=eos, grammars=self.grammars)
         self._stats = GenerationStatsRecorder()
         self._scheduler = Scheduler(
             max_batch_size=max_batch_size,
@@ -227,6 +232,20 @@ class BatchedGenerator:
         """Each token's own bytes (OpenAI's logprobs ``bytes``; their concatenation is the
         UTF-8 of the text, which a single token may split mid-character)."""
         return self._tokenizer.token_bytes(ids)
+
+    def compile_grammar(self, params: SamplingParams) -> Future[CompiledGrammar | None]:
+        """Compile ``params``' constraint (``json_schema``, ``regex``, ...) on the grammar
+        compiler's thread; the future's result is cached, so a ``submit`` of the same
+        constraint afterwards compiles nothing. For callers on an event loop: ``await
+        asyncio.wrap_future(gen.compile_grammar(params))`` before ``submit``. The future fails
+        with :class:`InvalidInputError` naming the field for a grammar that does not compile,
+        or :class:`UnsupportedError` without the ``structured`` extra; its result is ``None``
+        when there is no constraint."""
+        if params.constraint is None:
+            done: Future[CompiledGrammar | None] = Future()
+            done.set_result(None)
+            return done
+        return self.grammars.compile_async(params.constraint)  # type: ignore[return-value]
 
     # -- public API --------------------------------------------------------------------
     def submit(
@@ -402,6 +421,7 @@ class BatchedGenerator:
         self._scheduler.close(drain)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+            self.grammars.close()
         if not self._thread.is_alive():
             forget_live(self)
 

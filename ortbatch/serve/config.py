@@ -85,6 +85,9 @@ class ServeConfig:
     #: serve an export whose recorded accuracy checks failed (``validation.passed`` false);
     #: refused otherwise, however it is loaded (one export, a list, a repository, front ends, Ray)
     allow_unvalidated: bool = False
+    #: generation exports: accept request fields that no API defines (a vendor's), logging
+    #: each name once, instead of OpenAI's 400 "Unrecognized request argument supplied"
+    lenient_params: bool = False
     #: OTLP collector to export OpenTelemetry traces to (None: the OTEL_EXPORTER_OTLP_*
     #: variables', else no tracing; see :mod:`ortbatch.serve.tracing`)
     otlp_endpoint: str | None = None

@@ -202,7 +202,7 @@ def test_the_openai_request_schemas_name_the_openai_clients_fields():
             out |= set(getattr(cls, "__annotations__", {}))
         return out
 
-    extensions = {"truncate", "top_k"}  # ortbatch's own, as TEI's and vLLM's
+    extensions = {"truncate", "top_k", "prompt_name", "prompt"}  # ortbatch's own, as TEI's and vLLM's
     assert set(SCHEMAS["EmbeddingRequest"]["properties"]) - extensions <= fields(EmbeddingCreateParams)
     assert set(SCHEMAS["CompletionRequest"]["properties"]) - extensions <= fields(CompletionCreateParams)
     assert set(SCHEMAS["ChatCompletionRequest"]["properties"]) - extensions <= fields(ChatCreateParams)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import SessionClosedError
+from ...errors import InvalidInputError, SessionClosedError
 from ...generation.requests import ExportTokenizer, RequestFactory, StreamToken, sampling_params
 
 __all__ = ["GenerationFuture", "GeneratorInfo", "ProxyGenerator"]
@@ -99,8 +99,11 @@ class ProxyGenerator:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(ids)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens)
+
+    def token_bytes(self, ids: Sequence[int]) -> list[bytes]:
+        return self._tokenizer.token_bytes(ids)
 
     def stats(self) -> Any:
         """The engine's ``BatchedGenerator.stats()`` (asked over the link)."""
@@ -118,9 +121,56 @@ class ProxyGenerator:
     ) -> GenerationFuture:
         """As ``BatchedGenerator.submit``: a bad prompt or parameter raises here; a full
         queue fails the future (and its ``admitted``) once the engine says so."""
+        how = sampling_params(params, max_new_tokens, sampling)
+        if how.n != 1:
+            raise InvalidInputError(f"n={how.n}: use submit_choices or generate_choices", input_name="n")
+        return self.submit_choices(prompt, params=how, timeout_s=timeout_s, on_token=on_token)[0]
+
+    def submit_choices(
+        self,
+        prompt: Any,
+        max_new_tokens: int | None = None,
+        *,
+        params: Any = None,
+        timeout_s: float | None = None,
+        on_token: Callable[[StreamToken], None] | None = None,
+        **sampling: Any,
+    ) -> list[GenerationFuture]:
+        """As ``BatchedGenerator.submit_choices``: the ``n`` choices go to the engine as one
+        request (prefilled once there) and come back together; each future settles with its
+        choice, and cancelling one cancels them all."""
         if self.closed:
             raise SessionClosedError("the generator is closed")
         how = sampling_params(params, max_new_tokens, sampling)
         ids, n_new, _ = self._requests.check(prompt, how, timeout_s)  # raises what submit raises
         request = (ids.tolist(), dataclasses.replace(how, max_new_tokens=n_new), timeout_s)
-        return self._link._submit_generation(self._key, request, on_token)
+        whole = self._link._submit_generation(self._key, request, on_token)
+        if how.n == 1:
+            return [whole]
+        return _choices_of(whole, how.n)
+
+
+def _choices_of(whole: GenerationFuture, n: int) -> list[GenerationFuture]:
+    """One future per choice of ``whole`` (whose result is the list of the ``n`` completions)."""
+    parts = [GenerationFuture() for _ in range(n)]
+
+    def settle(done: concurrent.futures.Future[Any]) -> None:
+        for i, part in enumerate(parts):
+            if part.done():
+                continue
+            if done.cancelled():
+                part.cancel()
+            elif (exc := done.exception()) is not None:
+                part.set_exception(exc)
+            else:
+                part.set_result(done.result()[i])
+
+    def cancel_whole(part: concurrent.futures.Future[Any]) -> None:
+        if part.cancelled():
+            whole.cancel()
+
+    for part in parts:
+        part.admitted = whole.admitted
+        part.add_done_callback(cancel_whole)
+    whole.add_done_callback(settle)
+    return parts

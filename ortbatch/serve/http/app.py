@@ -39,6 +39,7 @@ __all__ = [
 #: by that name: :mod:`.repository_routes`)
 BODY_ROUTES = {
     "/v1/embeddings": "embeddings",
+    "/embed_sparse": "embed_sparse",
     "/v1/rerank": "rerank",
     "/rerank": "rerank",
     "/v1/classify": "classify",
@@ -73,7 +74,7 @@ def routes_for(served: ServedModel | ServedGenerator, body: BodyLimits) -> list[
     """The protocol routes serving ``served`` (without health, ``/v1/models`` and
     ``/metrics``, which :func:`~ortbatch.serve.http.plumbing.assemble_app` adds)."""
     if isinstance(served, ServedGenerator):
-        return [*completion_routes(served, body), *generation_routes(served), *_wrong_kind_routes(served)]
+        return [*completion_routes(served, body), *generation_routes(served, body), *_wrong_kind_routes(served)]
     own = [*kserve_routes(served, body), *embedding_routes(served, body), *task_routes(served, body)]
     return [*own, *_wrong_kind_routes(served)]
 

@@ -34,6 +34,21 @@ _TRUNCATE = {
     "description": "cut an input longer than the model's limit to the limit instead of a 400 "
     "(default: the server's --truncate)",
 }
+#: the sampling fields both OpenAI completion APIs take
+_SAMPLING: dict[str, Any] = {
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "description": "an extension (vLLM's); 0 or -1: off"},
+    "stop": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
+    "seed": _INT,
+    "n": {"type": "integer", "minimum": 1, "maximum": 128, "default": 1},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2, "default": 0},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2, "default": 0},
+    "logit_bias": {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+    "user": _STR,
+    "stream": {"type": "boolean", "default": False},
+    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
+}
 _USAGE = {
     "type": "object",
     "properties": {"prompt_tokens": _INT, "total_tokens": _INT, "completion_tokens": _INT},
@@ -192,8 +207,20 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}],
             },
             "model": _STR,
-            "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
-            "dimensions": {"type": "integer", "description": "must equal the model's own width"},
+            "encoding_format": {
+                "type": "string",
+                "enum": ["float", "base64", "int8", "uint8", "binary", "ubinary"],
+                "default": "float",
+                "description": "base64: little-endian float32 bytes; int8, uint8, binary, ubinary: "
+                "sentence-transformers' quantize_embeddings, as lists of integers",
+            },
+            "dimensions": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "the first N values (Matryoshka), re-normalized when the model normalizes",
+            },
+            "prompt_name": {"type": "string", "description": "one of the model's prompts, put before each text"},
+            "prompt": {"type": "string", "description": "a prompt put before each text (wins over prompt_name)"},
             "truncate": _TRUNCATE,
             "user": _STR,
         },
@@ -211,7 +238,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "object": {"const": "embedding"},
                         "index": _INT,
                         "embedding": {
-                            "description": "floats, or base64 of little-endian float32",
+                            "description": "floats, integers (a quantized encoding_format), or base64 of "
+                            "little-endian float32",
                             "oneOf": [{"type": "array", "items": _NUM}, _STR],
                         },
                     },
@@ -222,6 +250,31 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "usage": _USAGE,
         },
         "required": ["object", "data", "model", "usage"],
+    },
+    "EmbedSparseRequest": {
+        "type": "object",
+        "properties": {
+            "inputs": {**_TEXTS, "description": "a text or texts"},
+            "model": _STR,
+            "truncate": _TRUNCATE,
+            "prompt_name": {"type": "string", "description": "one of the model's prompts, put before each text"},
+            "prompt": {"type": "string", "description": "a prompt put before each text"},
+            "top_k": {"type": "integer", "minimum": 1, "description": "keep the k largest weights"},
+            "threshold": {"type": "number", "minimum": 0, "default": 0, "description": "keep the weights above it"},
+        },
+        "required": ["inputs"],
+    },
+    "EmbedSparseResponse": {
+        "description": "per input, its non-zero weights in vocabulary order",
+        "type": "array",
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"index": _INT, "value": _NUM},
+                "required": ["index", "value"],
+            },
+        },
     },
     # -- tasks ---------------------------------------------------------------------------
     "RerankRequest": {
@@ -348,44 +401,67 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # -- OpenAI completions ---------------------------------------------------------------
     "CompletionRequest": {
         "type": "object",
+        "description": "OpenAI's fields below; vLLM's extra sampling parameters (min_p, repetition_penalty, "
+        "min_tokens, stop_token_ids, ignore_eos, prompt_logprobs, ...) too: every field is honoured, accepted "
+        "or refused with a 400 naming it, as docs/serving.md's parameter table says",
         "properties": {
             "prompt": {"oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}]},
             "model": _STR,
-            "max_tokens": {"type": "integer", "minimum": 1, "default": 16},
-            "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1},
-            "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-            "top_k": {"type": "integer", "description": "an extension; 0 or -1: off"},
-            "stop": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
-            "seed": _INT,
-            "stream": {"type": "boolean", "default": False},
-            "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
+            "max_tokens": {"type": "integer", "minimum": 0, "default": 16, "description": "0 only with echo"},
+            **_SAMPLING,
+            "best_of": {"type": "integer", "minimum": 1, "maximum": 128},
+            "echo": {"type": "boolean", "default": False},
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         },
         "required": ["prompt"],
     },
     "ChatCompletionRequest": {
         "type": "object",
+        "description": "OpenAI's fields below; vLLM's extras (add_generation_prompt, continue_final_message, "
+        "chat_template_kwargs, min_p, ...) too, as docs/serving.md's parameter table says",
         "properties": {
             "messages": {
                 "type": "array",
                 "minItems": 1,
                 "items": {
                     "type": "object",
-                    "properties": {"role": _STR, "content": {"oneOf": [_STR, {"type": "array"}]}},
-                    "required": ["role", "content"],
+                    "properties": {
+                        "role": _STR,
+                        "content": {"oneOf": [_STR, {"type": "array"}, {"type": "null"}]},
+                        "tool_calls": {"type": "array", "description": "an assistant turn's (its content may be null)"},
+                    },
+                    "required": ["role"],
                 },
             },
             "model": _STR,
             "max_completion_tokens": {"type": "integer", "minimum": 1},
             "max_tokens": {"type": "integer", "minimum": 1},
-            "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1},
-            "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-            "top_k": _INT,
-            "stop": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
-            "seed": _INT,
-            "stream": {"type": "boolean", "default": False},
-            "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
+            **_SAMPLING,
+            "logprobs": {"type": "boolean", "default": False},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         },
         "required": ["messages"],
+    },
+    "GenerateRequest": {
+        "type": "object",
+        "description": "KServe v2's generate extension (as Triton's)",
+        "properties": {
+            "text_input": _STR,
+            "parameters": {"type": "object", "description": "/v1/completions fields (but prompt and stream)"},
+        },
+        "required": ["text_input"],
+    },
+    "GenerateResponse": {
+        "type": "object",
+        "description": "with n > 1, text_output, finish_reason and logprobs are lists, one per choice",
+        "properties": {
+            "model_name": _STR,
+            "model_version": _STR,
+            "text_output": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
+            "finish_reason": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
+            "logprobs": {"oneOf": [{"type": "object"}, {"type": "array"}], "description": "as /v1/completions'"},
+        },
+        "required": ["model_name", "model_version", "text_output"],
     },
     "CompletionResponse": {
         "type": "object",
@@ -443,6 +519,20 @@ def _v2_model_routes(base: str, which: str) -> dict[tuple[str, str], Operation]:
             description="Tensors in the model's own inputs, or (on the `{name}_text` entry) texts as one BYTES "
             "input; the examples are made from this model's metadata.",
         ),
+        ("POST", base + "/generate"): Operation(
+            f"Generate text{which} (a text-generation export)",
+            _V2,
+            "GenerateRequest",
+            "GenerateResponse",
+            {"text_input": "Once upon a time", "parameters": {"max_tokens": 16, "temperature": 0}},
+        ),
+        ("POST", base + "/generate_stream"): Operation(
+            f"Generate text, streamed{which} (server-sent events of generate's answer, piece by piece)",
+            _V2,
+            "GenerateRequest",
+            example={"text_input": "Once upon a time", "parameters": {"max_tokens": 16, "temperature": 0}},
+            media="text/event-stream",
+        ),
     }
 
 
@@ -464,7 +554,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "EmbeddingRequest",
         "EmbeddingResponse",
         {"input": ["The quick brown fox jumps over the lazy dog."], "model": "{model}"},
-        description="Pooled, by default L2-normalized embeddings (as sentence-transformers' encode).",
+        description="The export's own sentence-transformers pipeline (as its encode), with dimensions, "
+        "prompts and quantized encodings.",
+    ),
+    ("POST", "/embed_sparse"): Operation(
+        "Sparse embeddings of a SPLADE export (text-embeddings-inference shape)",
+        _TASKS,
+        "EmbedSparseRequest",
+        "EmbedSparseResponse",
+        {"inputs": ["The quick brown fox jumps over the lazy dog."], "top_k": 16, "model": "{model}"},
     ),
     ("POST", "/v1/completions"): Operation(
         "Completions (OpenAI)",

@@ -51,7 +51,9 @@ def load_served(
         gen_kw = config.generator_kwargs()
         if session_options is not None:
             gen_kw["session_options"] = session_options(True)
-        served = ServedGenerator.load(directory, name=name, generator_kwargs=gen_kw)
+        served = ServedGenerator.load(
+            directory, name=name, generator_kwargs=gen_kw, lenient_params=config.lenient_params
+        )
         tracing.observe(served, tracing.active())  # when tracing is on (ortbatch.serve.tracing)
         return served
     kw = config.session_kwargs()
