@@ -51,6 +51,24 @@ __all__ = ["BatchedGenerator", "Completion", "GenerationStats", "SamplingParams"
 Prompt = str | Sequence[int] | np.ndarray
 
 
+def _check_arguments(
+    max_batch_size: int,
+    max_queue: int,
+    max_new_tokens: int,
+    timeout_s: float | None,
+    max_context_length: int | None,
+    prefix_cache_bytes: int | None,
+) -> None:
+    check_positive("max_batch_size", max_batch_size)
+    check_positive("max_queue", max_queue)
+    check_positive("max_new_tokens", max_new_tokens)
+    check_timeout("timeout_s", timeout_s)
+    if max_context_length is not None and max_context_length < 2:
+        raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
+    if prefix_cache_bytes is not None and prefix_cache_bytes < 1:
+        raise ValueError(f"prefix_cache_bytes must be positive, got {prefix_cache_bytes}")
+
+
 class BatchedGenerator:
     """Continuous-batching text generation over a decoder-with-past ONNX export.
 
@@ -140,14 +158,7 @@ class BatchedGenerator:
         #: told of requests, prefills and sampled steps (see ``observer`` above)
         self.observer = observer
         self._steps = 0
-        check_positive("max_batch_size", max_batch_size)
-        check_positive("max_queue", max_queue)
-        check_positive("max_new_tokens", max_new_tokens)
-        check_timeout("timeout_s", timeout_s)
-        if max_context_length is not None and max_context_length < 2:
-            raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
-        if prefix_cache_bytes is not None and prefix_cache_bytes < 1:
-            raise ValueError(f"prefix_cache_bytes must be positive, got {prefix_cache_bytes}")
+        _check_arguments(max_batch_size, max_queue, max_new_tokens, timeout_s, max_context_length, prefix_cache_bytes)
         self._dir = Path(export_dir)
         self.layout, manifest = load_layout(self._dir, max_context_length)
         if manifest is not None and manifest.max_batch_size:
@@ -173,6 +184,26 @@ class BatchedGenerator:
         scorer = PromptScorer(
             lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, kv_cache="concat", **runner_args)
         )
+        self._describe_runner()
+        self._start(max_batch_size, max_tokens_in_flight, max_queue, timeout_s, max_new_tokens, prefill_padding)
+        self._scheduler = Scheduler(
+            max_batch_size=max_batch_size,
+            max_tokens_in_flight=self.max_tokens_in_flight,
+            max_queue=max_queue,
+            eos_token_ids=self.layout.eos_token_ids,
+            stats=self._stats,
+            prefill_padding=prefill_padding,
+            cost=compaction_cost,
+            slots=self.runner.in_place,
+        )
+        self._prefill = Prefill(self.runner, self._scheduler, self._stats, scorer)
+        # Daemon, so a process that never calls close() still exits; atexit aborts it first.
+        self._thread = threading.Thread(target=self._loop, name="ortbatch-generator", daemon=True)
+        self._thread.start()
+        track_live(self)
+
+    def _describe_runner(self) -> None:
+        """The runner's facts, as the generator's attributes."""
         #: ``"in-place"`` or ``"concat"``: the KV cache that runs (see ``kv_cache=``).
         self.kv_cache = self.runner.kv_cache
         #: Why the KV cache is the export's own concatenating one (empty when in place).
@@ -181,6 +212,17 @@ class BatchedGenerator:
         self.graph_rewrites = self.runner.graph_rewrites
         #: True when the graph was rewritten to return the last position's logits only.
         self.last_position_logits = self.runner.last_position_logits
+
+    def _start(
+        self,
+        max_batch_size: int,
+        max_tokens_in_flight: int | None,
+        max_queue: int,
+        timeout_s: float | None,
+        max_new_tokens: int,
+        prefill_padding: float,
+    ) -> None:
+        """The limits, the tokenizer, the grammar compiler, the request factory and the stats."""
         self.max_batch_size = max_batch_size
         context = self.layout.max_context_length
         self.max_tokens_in_flight = max_batch_size * context if max_tokens_in_flight is None else max_tokens_in_flight
@@ -197,21 +239,6 @@ class BatchedGenerator:
         eos = tuple(self.layout.eos_token_ids)
         self._requests = RequestFactory(self._tokenizer, *limits, eos_token_ids=eos, grammars=self.grammars)
         self._stats = GenerationStatsRecorder()
-        self._scheduler = Scheduler(
-            max_batch_size=max_batch_size,
-            max_tokens_in_flight=self.max_tokens_in_flight,
-            max_queue=max_queue,
-            eos_token_ids=self.layout.eos_token_ids,
-            stats=self._stats,
-            prefill_padding=prefill_padding,
-            cost=compaction_cost,
-            slots=self.runner.in_place,
-        )
-        self._prefill = Prefill(self.runner, self._scheduler, self._stats, scorer)
-        # Daemon, so a process that never calls close() still exits; atexit aborts it first.
-        self._thread = threading.Thread(target=self._loop, name="ortbatch-generator", daemon=True)
-        self._thread.start()
-        track_live(self)
 
     @property
     def export_dir(self) -> Path:
