@@ -100,6 +100,13 @@ def _add_runtime(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="generation exports: most positions a sequence may reach (default: the export's)",
     )
+    parser.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="generation exports: do not reuse the keys and values of prompt prefixes seen before "
+        "(default: reused, on the in-place KV cache)",
+    )
 
 
 def _add_http(parser: argparse.ArgumentParser) -> None:
@@ -306,6 +313,7 @@ def _config(args: argparse.Namespace) -> Any:
         log_level=args.log_level,
         access_log=not args.no_access_log,
         max_context_length=args.max_context_length,
+        prefix_cache=args.prefix_cache,
         grpc_port=args.grpc_port,
         api_key=resolve_api_key(args.api_key, args.api_key_file),
         ssl_certfile=args.ssl_certfile,

@@ -51,6 +51,24 @@ __all__ = ["BatchedGenerator", "Completion", "GenerationStats", "SamplingParams"
 Prompt = str | Sequence[int] | np.ndarray
 
 
+def _check_arguments(
+    max_batch_size: int,
+    max_queue: int,
+    max_new_tokens: int,
+    timeout_s: float | None,
+    max_context_length: int | None,
+    prefix_cache_bytes: int | None,
+) -> None:
+    check_positive("max_batch_size", max_batch_size)
+    check_positive("max_queue", max_queue)
+    check_positive("max_new_tokens", max_new_tokens)
+    check_timeout("timeout_s", timeout_s)
+    if max_context_length is not None and max_context_length < 2:
+        raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
+    if prefix_cache_bytes is not None and prefix_cache_bytes < 1:
+        raise ValueError(f"prefix_cache_bytes must be positive, got {prefix_cache_bytes}")
+
+
 class BatchedGenerator:
     """Continuous-batching text generation over a decoder-with-past ONNX export.
 
@@ -95,6 +113,17 @@ class BatchedGenerator:
         compaction_cost: the starting estimates of what a cache copy costs against the
             decode compute that rows which left waste (:class:`CompactionCost`); both
             are learned as it runs.
+        kv_cache: ``"auto"`` (default): the in-place KV cache (the graph's attention
+            rewritten to write each step's keys and values into a preallocated cache, a slot
+            per row; see :mod:`ortbatch.generation.gqa`) on the CPU provider wherever the
+            graph allows it, else the export's own concatenating cache; ``"in-place"``:
+            required (:class:`ModelContractError` saying why when impossible); ``"concat"``:
+            the export's own cache. :attr:`kv_cache` says which runs.
+        prefix_cache: reuse the keys and values of prompt prefixes computed before (blocks
+            of 16 tokens, least recently used evicted first); on the in-place cache only.
+            ``False`` turns it off.
+        prefix_cache_bytes: the prefix cache's memory budget (default: four full contexts'
+            keys and values).
         session_factory: builds the ONNX Runtime session from ``(model, providers,
             session_options=, where=)``; default :func:`ortbatch._ort.build_session` (a seam
             for wrapping the session, e.g. to instrument or to inject failures in tests).
@@ -122,16 +151,14 @@ class BatchedGenerator:
         compaction_cost: CompactionCost | None = None,
         session_factory: SessionFactory | None = None,
         observer: GenerationObserver | None = None,
+        kv_cache: str = "auto",
+        prefix_cache: bool = True,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
         #: told of requests, prefills and sampled steps (see ``observer`` above)
         self.observer = observer
         self._steps = 0
-        check_positive("max_batch_size", max_batch_size)
-        check_positive("max_queue", max_queue)
-        check_positive("max_new_tokens", max_new_tokens)
-        check_timeout("timeout_s", timeout_s)
-        if max_context_length is not None and max_context_length < 2:
-            raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
+        _check_arguments(max_batch_size, max_queue, max_new_tokens, timeout_s, max_context_length, prefix_cache_bytes)
         self._dir = Path(export_dir)
         self.layout, manifest = load_layout(self._dir, max_context_length)
         if manifest is not None and manifest.max_batch_size:
@@ -146,12 +173,56 @@ class BatchedGenerator:
             max_batch_size=max_batch_size,
         )
         #: The decoder's session, its contract and the batch's KV cache.
-        self.runner = DecoderRunner(self._dir, self.layout, last_position_logits=last_position_logits, **runner_args)
-        scorer = PromptScorer(lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, **runner_args))
+        self.runner = DecoderRunner(
+            self._dir,
+            self.layout,
+            last_position_logits=last_position_logits,
+            kv_cache=kv_cache,
+            prefix_cache_bytes=(prefix_cache_bytes if prefix_cache else 0),
+            **runner_args,
+        )
+        scorer = PromptScorer(
+            lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, kv_cache="concat", **runner_args)
+        )
+        self._describe_runner()
+        self._start(max_batch_size, max_tokens_in_flight, max_queue, timeout_s, max_new_tokens, prefill_padding)
+        self._scheduler = Scheduler(
+            max_batch_size=max_batch_size,
+            max_tokens_in_flight=self.max_tokens_in_flight,
+            max_queue=max_queue,
+            eos_token_ids=self.layout.eos_token_ids,
+            stats=self._stats,
+            prefill_padding=prefill_padding,
+            cost=compaction_cost,
+            slots=self.runner.in_place,
+        )
+        self._prefill = Prefill(self.runner, self._scheduler, self._stats, scorer)
+        # Daemon, so a process that never calls close() still exits; atexit aborts it first.
+        self._thread = threading.Thread(target=self._loop, name="ortbatch-generator", daemon=True)
+        self._thread.start()
+        track_live(self)
+
+    def _describe_runner(self) -> None:
+        """The runner's facts, as the generator's attributes."""
+        #: ``"in-place"`` or ``"concat"``: the KV cache that runs (see ``kv_cache=``).
+        self.kv_cache = self.runner.kv_cache
+        #: Why the KV cache is the export's own concatenating one (empty when in place).
+        self.kv_cache_reason = self.runner.kv_cache_reason
         #: The graph rewrites applied (name -> places changed); empty when the export runs as it is.
         self.graph_rewrites = self.runner.graph_rewrites
         #: True when the graph was rewritten to return the last position's logits only.
         self.last_position_logits = self.runner.last_position_logits
+
+    def _start(
+        self,
+        max_batch_size: int,
+        max_tokens_in_flight: int | None,
+        max_queue: int,
+        timeout_s: float | None,
+        max_new_tokens: int,
+        prefill_padding: float,
+    ) -> None:
+        """The limits, the tokenizer, the grammar compiler, the request factory and the stats."""
         self.max_batch_size = max_batch_size
         context = self.layout.max_context_length
         self.max_tokens_in_flight = max_batch_size * context if max_tokens_in_flight is None else max_tokens_in_flight
@@ -168,20 +239,6 @@ class BatchedGenerator:
         eos = tuple(self.layout.eos_token_ids)
         self._requests = RequestFactory(self._tokenizer, *limits, eos_token_ids=eos, grammars=self.grammars)
         self._stats = GenerationStatsRecorder()
-        self._scheduler = Scheduler(
-            max_batch_size=max_batch_size,
-            max_tokens_in_flight=self.max_tokens_in_flight,
-            max_queue=max_queue,
-            eos_token_ids=self.layout.eos_token_ids,
-            stats=self._stats,
-            prefill_padding=prefill_padding,
-            cost=compaction_cost,
-        )
-        self._prefill = Prefill(self.runner, self._scheduler, self._stats, scorer)
-        # Daemon, so a process that never calls close() still exits; atexit aborts it first.
-        self._thread = threading.Thread(target=self._loop, name="ortbatch-generator", daemon=True)
-        self._thread.start()
-        track_live(self)
 
     @property
     def export_dir(self) -> Path:
@@ -379,7 +436,10 @@ class BatchedGenerator:
 
     def stats(self) -> GenerationStats:
         """Counters since construction, and the current queue/batch state."""
-        return self._stats.snapshot(self._scheduler.queued)
+        prefix = self.runner.prefix_cache
+        return self._stats.snapshot(
+            self._scheduler.queued, kv_cache=self.kv_cache, prefix=prefix.stats() if prefix is not None else None
+        )
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting requests. ``drain=True`` finishes queued and active requests

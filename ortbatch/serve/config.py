@@ -45,6 +45,9 @@ class ServeConfig:
     backlog: int = 2048
     #: generation exports: most positions a sequence may reach (None: the export's)
     max_context_length: int | None = None
+    #: generation exports: reuse the keys and values of prompt prefixes seen before (the
+    #: in-place KV cache's prefix cache; ``--no-prefix-cache`` turns it off)
+    prefix_cache: bool = True
     #: port of the KServe v2 gRPC service on ``host`` (None: no gRPC; Triton's default is 8001)
     grpc_port: int | None = None
     #: bearer key every route but the health checks needs (HTTP and gRPC; None: open)
@@ -97,6 +100,8 @@ class ServeConfig:
             "timeout_s": self.timeout_s,
             "max_context_length": self.max_context_length,
         }
+        if not self.prefix_cache:
+            kw["prefix_cache"] = False
         if self.providers is not None:
             kw["providers"] = self.providers
         return kw
