@@ -133,6 +133,23 @@ def tiny_gpt2_long(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return _build("gpt2", tmp_path_factory.mktemp("gen-gpt2-long"), context=2048)
 
 
+@pytest.fixture(scope="session")
+def tool_exports(tiny_gpt2_long: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tiny_gpt2_long's export with each tool template (tool_templates.py) as its chat template:
+    ``{"hermes": DIR, "llama3": DIR}``."""
+    import shutil
+
+    from .tool_templates import HERMES, LLAMA3
+
+    out = {}
+    for name, source in (("hermes", HERMES), ("llama3", LLAMA3)):
+        d = tmp_path_factory.mktemp(f"tools-{name}") / "export"
+        shutil.copytree(tiny_gpt2_long.export, d)
+        (d / "chat_template.jinja").write_text(source)
+        out[name] = d
+    return out
+
+
 @pytest.fixture(params=["gpt2", "llama"])
 def tiny(request: pytest.FixtureRequest) -> TinyModel:
     return request.getfixturevalue(f"tiny_{request.param}")

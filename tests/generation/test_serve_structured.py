@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from ortbatch.errors import InvalidInputError
 
 from .conftest import TinyModel, random_prompts
 from .test_tools import CONVERSATION, TOOLS
-from .tool_templates import HERMES, LLAMA3
+from .tool_templates import HERMES
 
 pytest.importorskip("starlette")
 pytest.importorskip("jinja2")
@@ -102,18 +101,6 @@ STRICT_TOOLS = [openai.pydantic_function_tool(GetWeather), openai.pydantic_funct
 
 
 # -- the servers ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def exports(tiny_gpt2_long: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The long-context tiny GPT-2 (room for prompts that list tools) with each tool template."""
-    out = {}
-    for name, source in (("hermes", HERMES), ("llama3", LLAMA3)):
-        d = tmp_path_factory.mktemp(f"structured-{name}") / "export"
-        shutil.copytree(tiny_gpt2_long.export, d)
-        (d / "chat_template.jinja").write_text(source)
-        out[name] = d
-    return out
-
-
 class Watched:
     """The generator behind the server, watched: every request's tokens are seen on the scheduler
     thread in step order, so a free row's token that comes while a constrained row is between its
@@ -158,21 +145,21 @@ def _local(export: Path) -> Iterator[Local]:
 
 
 @pytest.fixture(scope="module")
-def local(exports: dict[str, Path]) -> Iterator[Local]:
-    yield from _local(exports["hermes"])
+def local(tool_exports: dict[str, Path]) -> Iterator[Local]:
+    yield from _local(tool_exports["hermes"])
 
 
 @pytest.fixture(scope="module")
-def local_llama3(exports: dict[str, Path]) -> Iterator[Local]:
-    yield from _local(exports["llama3"])
+def local_llama3(tool_exports: dict[str, Path]) -> Iterator[Local]:
+    yield from _local(tool_exports["llama3"])
 
 
 @pytest.fixture(scope="module")
-def frontends(exports: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def frontends(tool_exports: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``ortbatch serve tiny=DIR --frontends 2`` as users run it: a repository of one generation
     export served by two front-end processes over one engine."""
     log = tmp_path_factory.mktemp("structured-fe") / "serve.log"
-    cmd = [sys.executable, "-m", "ortbatch.cli", "serve", f"{NAME}={exports['hermes']}", "--frontends", "2"]
+    cmd = [sys.executable, "-m", "ortbatch.cli", "serve", f"{NAME}={tool_exports['hermes']}", "--frontends", "2"]
     cmd += ["--port", "0", "--log-level", "warning", "--no-access-log"]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ))
@@ -410,7 +397,7 @@ def test_required_calls_in_each_format_validate(request: pytest.FixtureRequest, 
         assert _ask(served.url, CHAT, fields, stream=True, messages=CONVERSATION[:2]) == whole
 
 
-def test_a_two_turn_tool_conversation_completes(url: str, exports: dict[str, Path], tiny_gpt2_long: TinyModel) -> None:
+def test_a_two_turn_tool_conversation_completes(url: str, tiny_gpt2_long: TinyModel) -> None:
     """Turn one forces calls; turn two sends them back with ``role: "tool"`` results and completes.
     The second prompt's token ids are those of transformers' ``apply_chat_template`` (the
     arguments as objects, as templates read them)."""

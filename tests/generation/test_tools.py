@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -246,18 +245,6 @@ def test_streamed_content_never_shows_a_call_marker() -> None:
 
 
 # -- on a model ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def exports(tiny_gpt2_long: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The long-context tiny GPT-2 with each tool template as its chat template."""
-    out = {}
-    for name, source in (("hermes", HERMES), ("llama3", LLAMA3)):
-        d = tmp_path_factory.mktemp(f"tools-{name}") / "export"
-        shutil.copytree(tiny_gpt2_long.export, d)
-        (d / "chat_template.jinja").write_text(source)
-        out[name] = d
-    return out
-
-
 def _schema_of(name: str) -> dict[str, Any]:
     return next(t["function"].get("parameters", {}) for t in [*TOOLS, NOARGS] if t["function"]["name"] == name)
 
@@ -270,13 +257,13 @@ def _schema_of(name: str) -> dict[str, Any]:
     ids=["required", "required-parallel", "named"],
 )
 def test_forced_calls_validate_and_stream_the_same(
-    exports: dict[str, Path], fmt: str, choice: Any, parallel: Any
+    tool_exports: dict[str, Path], fmt: str, choice: Any, parallel: Any
 ) -> None:
-    template = ChatTemplate.from_export(exports[fmt])
+    template = ChatTemplate.from_export(tool_exports[fmt])
     assert template is not None
     request = ToolRequest.from_openai(TOOLS, choice, parallel, template=template)
     assert request is not None
-    with BatchedGenerator(exports[fmt], max_batch_size=8) as gen:
+    with BatchedGenerator(tool_exports[fmt], max_batch_size=8) as gen:
         request.check(gen.grammars)
         prompt = gen.encode(request.render(template, CONVERSATION[:2]), add_special_tokens=False)
         counts = []
@@ -301,12 +288,12 @@ def test_forced_calls_validate_and_stream_the_same(
 
 
 @pytest.mark.slow
-def test_a_two_turn_tool_conversation_renders_and_continues(exports: dict[str, Path]) -> None:
-    template = ChatTemplate.from_export(exports["hermes"])
+def test_a_two_turn_tool_conversation_renders_and_continues(tool_exports: dict[str, Path]) -> None:
+    template = ChatTemplate.from_export(tool_exports["hermes"])
     assert template is not None
     request = ToolRequest.from_openai(TOOLS, "auto", template=template)
     assert request is not None
-    with BatchedGenerator(exports["hermes"], max_batch_size=4) as gen:
+    with BatchedGenerator(tool_exports["hermes"], max_batch_size=4) as gen:
         prompt = request.render(template, CONVERSATION)
         assert "<tool_response>\n12:00\n</tool_response>" in prompt
         assert '"arguments": {"city": "Oslo", "unit": "C"}' in prompt
@@ -365,11 +352,11 @@ def test_bad_tool_definitions_name_the_field(fields: dict[str, Any], named: str)
 @pytest.mark.slow
 @pytest.mark.parametrize(("parameters", "why"), BAD_PARAMETERS, ids=[b[1] for b in BAD_PARAMETERS])
 def test_bad_parameter_schemas_are_refused_before_anything_runs(
-    exports: dict[str, Path], parameters: dict[str, Any], why: str
+    tool_exports: dict[str, Path], parameters: dict[str, Any], why: str
 ) -> None:
     tools = [WEATHER, {"type": "function", "function": {"name": "bad", "parameters": parameters}}]
     template = ChatTemplate(HERMES)
-    with BatchedGenerator(exports["hermes"], max_batch_size=2) as gen:
+    with BatchedGenerator(tool_exports["hermes"], max_batch_size=2) as gen:
         for choice in ("auto", "required"):
             request = ToolRequest.from_openai(tools, choice, template=template)
             assert request is not None

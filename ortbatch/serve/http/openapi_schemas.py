@@ -50,6 +50,7 @@ _SAMPLING: dict[str, Any] = {
     "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
 }
 _SCHEMA_OBJECT = {"type": ["object", "boolean"], "description": "a JSON schema"}
+_NAME = {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}  # a schema's or a function's, as OpenAI checks it
 #: OpenAI's structured output (vLLM's guided_* and structured_outputs are extras, in the description)
 _STRUCTURED: dict[str, Any] = {
     "response_format": {
@@ -62,7 +63,7 @@ _STRUCTURED: dict[str, Any] = {
                     "json_schema": {
                         "type": "object",
                         "properties": {
-                            "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                            "name": _NAME,
                             "description": _STR,
                             "schema": _SCHEMA_OBJECT,
                             "strict": {"type": ["boolean", "null"]},
@@ -83,7 +84,7 @@ _FUNCTION_TOOL = {
         "function": {
             "type": "object",
             "properties": {
-                "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                "name": _NAME,
                 "description": _STR,
                 "parameters": {"type": "object", "description": "a JSON schema of an object"},
                 "strict": _BOOL,
