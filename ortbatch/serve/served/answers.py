@@ -6,8 +6,11 @@ and on the last one the finish reason and the :class:`~ortbatch.generation.reque
 :func:`whole_pieces` makes one per answered choice from finished completions (``best_of``
 picks its ``n`` there); :class:`~ortbatch.serve.served.streaming.PieceStream` makes them as the
 tokens come. :class:`OpenAIAnswer` turns them into the JSON of ``/v1/completions`` and
-``/v1/chat/completions`` (vLLM's and the ``openai`` package's shapes); gRPC and KServe v2
-``generate`` use :func:`completion_logprobs` for their ``logprobs`` output.
+``/v1/chat/completions`` (vLLM's and the ``openai`` package's shapes); with chat's tools, each
+choice's text is parsed into ``message.tool_calls`` (``finish_reason: "tool_calls"``), or, streamed,
+fed to that choice's own :class:`~ortbatch.generation.tools.ToolStreamParser`, whose pieces become
+``delta.tool_calls`` as OpenAI streams them. gRPC and KServe v2 ``generate`` use
+:func:`completion_logprobs` for their ``logprobs`` output.
 
 Logprobs are the generator's (the model's float32 logits before temperature, penalties and
 bias); a token is named by its own text, decoded alone with special tokens kept (as vLLM

@@ -1,11 +1,15 @@
 """What the OpenAI completion endpoints do, transport-free: check a ``/v1/completions`` or
 ``/v1/chat/completions`` body against the parameter policy (:mod:`.parameters`) and map it onto
 :class:`~ortbatch.generation.sampling.SamplingParams` (:func:`parse_completion_request`,
-:func:`parse_chat_request`), render a chat bounded in time and size (:func:`render_bounded`),
-tokenize the prompts (:func:`prepare_prompts`) and submit them to the generator, ``n`` choices
-each (:func:`submit_all`, :func:`admitted`). What the answers look like is :mod:`.answers`.
-HTTP (:mod:`ortbatch.serve.http.openai_api`), gRPC and KServe v2 ``generate`` (through
-:mod:`ortbatch.serve.served.decoupled`) all call it, so a field means the same on each.
+:func:`parse_chat_request`: structured output becomes one constraint, chat's tools a
+:class:`~ortbatch.generation.tools.ToolRequest` that renders, forces and parses calls), compile
+what constrains the output before anything is queued (:func:`compile_constraints`: a schema that
+does not compile is a 400 naming the field as sent), render a chat bounded in time and size
+(:func:`render_bounded`), tokenize the prompts (:func:`prepare_prompts`) and submit them to the
+generator, ``n`` choices each (:func:`submit_all`, :func:`admitted`). What the answers look like
+is :mod:`.answers`. HTTP (:mod:`ortbatch.serve.http.openai_api`), gRPC and KServe v2
+``generate`` (through :mod:`ortbatch.serve.served.decoupled`) all call it, so a field means the
+same on each.
 """
 
 from __future__ import annotations
