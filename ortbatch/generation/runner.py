@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._extras import require
-from .._ort import build_session, device_of, resolve_providers
+from .._ort import CPU, build_session, device_of, resolve_providers
 from .._ort.trt import check_generation_profiles
 from ..errors import InferenceError, ModelContractError, ModelLoadError, OrtBatchError, map_ort_error
 from .cache import KVCache, SlotCache
@@ -177,7 +177,7 @@ class DecoderRunner:
             self.kv_cache_reason = "the manifest's generation.kv_cache is 'concat'"
         elif last_position_logits is False:
             self.kv_cache_reason = "last_position_logits=False (the in-place graph returns one position per row)"
-        elif wanted[0][0] != "CPUExecutionProvider":
+        elif wanted[0][0] != CPU:
             self.kv_cache_reason = f"the in-place cache runs on the CPU provider only, not {wanted[0][0]}"
         if self.kv_cache_reason:
             return None
