@@ -201,11 +201,14 @@ class ParsedMessage:
 
     content: str | None
     tool_calls: tuple[ToolCall, ...] = ()
+    #: the finish reason of a call made: ``"stop"`` when ``tool_choice`` named the function, as
+    #: OpenAI (and vLLM) answer it; ``"tool_calls"`` otherwise
+    called_reason: str = "tool_calls"
 
     def finish_reason(self, reason: str) -> str:
-        """OpenAI's finish reason: ``"tool_calls"`` when the model called a tool and stopped by
-        itself, else the completion's own (``"length"`` stays ``"length"``)."""
-        return "tool_calls" if self.tool_calls and reason == "stop" else reason
+        """OpenAI's finish reason: :attr:`called_reason` when the model called a tool and stopped
+        by itself, else the completion's own (``"length"`` stays ``"length"``)."""
+        return self.called_reason if self.tool_calls and reason == "stop" else reason
 
 
 @dataclass(frozen=True)
@@ -510,9 +513,10 @@ class ToolStreamParser:
     arguments' text as it arrives. The deltas join into what :meth:`ToolRequest.parse`
     returns for the whole text (ids aside), for every well-formed call."""
 
-    def __init__(self, fmt: _Format | None, parallel: bool = True) -> None:
+    def __init__(self, fmt: _Format | None, parallel: bool = True, called_reason: str = "tool_calls") -> None:
         self._format = fmt
         self._parallel = parallel
+        self._called_reason = called_reason
         self._text = ""
         self._content_sent = 0
         self._ids: list[str] = []
@@ -525,7 +529,7 @@ class ToolStreamParser:
 
     def finish_reason(self, reason: str) -> str:
         """The stream's finish reason as OpenAI gives it (see :meth:`ParsedMessage.finish_reason`)."""
-        return "tool_calls" if self._ids and reason == "stop" else reason
+        return self._called_reason if self._ids and reason == "stop" else reason
 
     def feed(self, text: str) -> MessageDelta | None:
         """What ``text`` (the next piece of the completion) adds, or ``None`` when nothing yet."""
@@ -676,9 +680,14 @@ class ToolRequest:
         if not calls or not all(c.valid for c in calls):
             return ParsedMessage(text or None)
         kept = calls if self.parallel else calls[:1]
-        return ParsedMessage(content or None, tuple(ToolCall(new_call_id(), c.name or "", c.arguments) for c in kept))
+        made = tuple(ToolCall(new_call_id(), c.name or "", c.arguments) for c in kept)
+        return ParsedMessage(content or None, made, self._called_reason)
+
+    @property
+    def _called_reason(self) -> str:
+        return "stop" if self.mode == "function" else "tool_calls"
 
     def stream_parser(self) -> ToolStreamParser:
         """A parser of this request's streamed text (see :class:`ToolStreamParser`)."""
         fmt = None if self.mode == "none" or self.format is None else FORMATS[self.format]
-        return ToolStreamParser(fmt, self.parallel)
+        return ToolStreamParser(fmt, self.parallel, self._called_reason)
