@@ -8,6 +8,7 @@ import asyncio
 import gc
 import threading
 import time
+import weakref
 
 import numpy as np
 import onnxruntime as ort
@@ -193,12 +194,22 @@ def test_many_loops_on_many_threads_each_get_their_own_rows(echo_path):
 
 
 def test_closed_loops_leave_nothing_behind(echo_path):
+    # this test's own loops, by weak reference: the mailboxes are shared by the whole process,
+    # so loops other tests left alive must not decide it
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
     with BatchedSession(str(echo_path), workers=1) as s:
         for i in range(5):
-            asyncio.run(s.run_async(None, feed(i)))
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(s.run_async(None, feed(i)))
+            finally:
+                loop.close()
+            loops.append(weakref.ref(loop))
+            del loop
         gc.collect()
         assert len(s._outboxes) == 0
-        assert not any(isinstance(k, asyncio.AbstractEventLoop) and k.is_closed() for k in bridge._mailboxes)
+        # nothing of the session's or the bridge's (outbox, mailbox, slot) keeps a closed loop
+        assert [ref() for ref in loops] == [None] * 5
 
 
 def test_submit_each_admits_or_refuses_each_request_on_its_own(echo_path):
