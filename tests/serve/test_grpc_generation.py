@@ -156,7 +156,7 @@ BAD = [
     ({"sampling": {"temperature": 5}}, None),  # the /v1/completions message, checked below
     ({"sampling": {"max_tokens": 0}}, None),
     ({"sampling": {"use_beam_search": True}}, None),
-    ({"sampling": {"guided_json": {}}}, None),
+    ({"sampling": {"guided_json": {}}}, None),  # this generator has no grammar engine: 501 there
     ({"sampling": {"frobnicate": 1}}, "Unrecognized request argument supplied: frobnicate"),
     ({"sampling": {"prompt": "x"}}, "'prompt' is not a sampling parameter here"),
     ({"prompt": ""}, None),
@@ -180,7 +180,7 @@ def test_bad_requests_get_the_completions_message_and_the_stream_goes_on(gen_srv
     if text is None:  # the same words as /v1/completions answers the same fields with
         body = {"prompt": prompt, **(sampling or {})}
         r = httpx.post(gen_srv.url + "/v1/completions", json=body)
-        assert r.status_code == 400
+        assert r.status_code in (400, 501), r.text
         text = r.json()["error"]["message"]
     stream = _Stream(gen_srv)
     try:
