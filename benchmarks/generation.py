@@ -18,20 +18,32 @@ mixed new-token counts, greedy), all arriving at t=0, on the same machine in one
 - ``continuous-export-graph`` (opt-in): the same with both graph rewrites off
   (``last_position_logits=False, attention_rewrite=False``), i.e. on the unmodified graph
   the baselines run, to separate scheduling from the rewrites.
+- ``continuous-concat`` (opt-in): the same on the export's own concatenating KV cache
+  (``kv_cache="concat"``) instead of the in-place one, in the same process.
+- ``continuous-no-prefix-cache`` (opt-in): the same with ``prefix_cache=False``.
+
+``--shared-prefix N`` puts the same N random tokens before every prompt (a system prompt);
+``--prompt-lengths`` then sizes each request's own part. Run against older code (e.g. a
+worktree of main on ``PYTHONPATH``), ``continuous`` runs that code's defaults; options it
+does not know are not passed.
 
 By default the baselines run the graph :class:`BatchedGenerator` runs
 (:func:`ortbatch.generation.rewrites.rewrite_decoder`), so the ratios measure batching alone;
 ``--baseline-graph export`` runs them on the export as it is (what a plain ORT loop has).
 
-Reported per mode: generated tokens/s (wall clock), time to first token p50/p99 and
-request latency p50/p99 (from t=0), and how many requests produced exactly the tokens
-the sequential run produced. Models are random (built from a transformers config),
+Reported per mode: generated tokens/s (wall clock), time to first token mean/p50/p99 and
+request latency p50/p99 (from t=0), the peak resident memory while serving (the process's
+high-water mark, reset after the model is loaded, where Linux allows), and how many requests
+produced exactly the tokens the sequential run produced (``outputs_sha256`` in the JSON
+compares runs of separate processes). Models are random (built from a transformers config),
 exported once into ``--workdir`` and reused.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
 import json
 import os
 import platform
@@ -83,14 +95,21 @@ class Workload:
 
     @classmethod
     def make(
-        cls, n: int, vocab: int, prompt_lengths: tuple[int, int], new_tokens: tuple[int, int], seed: int
+        cls,
+        n: int,
+        vocab: int,
+        prompt_lengths: tuple[int, int],
+        new_tokens: tuple[int, int],
+        seed: int,
+        shared_prefix: int = 0,
     ) -> Workload:
         rs = np.random.RandomState(seed)
         lens = rs.randint(prompt_lengths[0], prompt_lengths[1] + 1, size=n)
         news = rs.randint(new_tokens[0], new_tokens[1] + 1, size=n)
         # Avoid the lowest/highest ids, where special tokens usually sit.
         prompts = [rs.randint(10, vocab - 10, size=int(k)).tolist() for k in lens]
-        return cls(prompts, [int(x) for x in news])
+        prefix = np.random.RandomState(seed + 1).randint(10, vocab - 10, size=shared_prefix).tolist()
+        return cls([prefix + p for p in prompts], [int(x) for x in news])
 
 
 @dataclass
@@ -103,9 +122,15 @@ class ModeResult:
     ttft_p99_s: float
     latency_p50_s: float
     latency_p99_s: float
+    ttft_mean_s: float = 0.0
     same_as_sequential: int | None = None
     cpu_s: float = 0.0  # this process's CPU time during the mode (all its threads)
+    peak_rss_mb: float | None = None  # high-water mark while serving (None: not measurable here)
+    load_peak_rss_mb: float | None = None  # high-water mark before serving (loading the model, for continuous modes)
+    serve_cpu_s: float = 0.0  # this process's CPU time while serving only (no model loading)
+    kv_cache: str = ""
     note: str = ""
+    outputs_sha256: str = ""
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
 
@@ -118,6 +143,8 @@ def _summarise(
         wall_s=wall,
         tokens=tokens,
         tokens_per_s=tokens / wall,
+        ttft_mean_s=float(np.mean(ttft)),
+        outputs_sha256=hashlib.sha256(json.dumps(outputs).encode()).hexdigest(),
         ttft_p50_s=float(np.percentile(ttft, 50)),
         ttft_p99_s=float(np.percentile(ttft, 99)),
         latency_p50_s=float(np.percentile(done, 50)),
@@ -125,6 +152,26 @@ def _summarise(
         note=note,
         outputs=outputs,
     )
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's resident-memory high-water mark (Linux: ``/proc/self/clear_refs``)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_mb() -> float | None:
+    """This process's resident-memory high-water mark (``VmHWM``), in MiB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -322,14 +369,22 @@ def run_static(loop: DirectLoop, work: Workload, batch: int) -> ModeResult:
     )
 
 
+CONTINUOUS_MODES: dict[str, dict[str, Any]] = {
+    "continuous": {},
+    "continuous-logprobs": {},
+    "continuous-export-graph": {"last_position_logits": False, "attention_rewrite": False},
+    "continuous-concat": {"kv_cache": "concat"},
+    "continuous-no-prefix-cache": {"prefix_cache": False},
+}
+
+
 def run_continuous(
     export: Path,
     work: Workload,
     batch: int,
     threads: int | None = None,
-    rewrites: bool = True,
     providers: str = "cpu",
-    logprobs: int | None = None,
+    mode: str = "continuous",
 ) -> ModeResult:
     import onnxruntime as ort
 
@@ -340,15 +395,16 @@ def run_continuous(
     if threads:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
-    with BatchedGenerator(
-        export,
-        max_batch_size=batch,
-        providers=providers,
-        session_options=so,
-        last_position_logits=None if rewrites else False,
-        attention_rewrite=rewrites,
-    ) as gen:
+    options = CONTINUOUS_MODES[mode]
+    known = inspect.signature(BatchedGenerator).parameters
+    if any(k not in known for k in options):  # older code on PYTHONPATH
+        raise RuntimeError(f"this ortbatch's BatchedGenerator has no {sorted(set(options) - set(known))}")
+    logprobs = 5 if mode == "continuous-logprobs" else None
+    with BatchedGenerator(export, max_batch_size=batch, providers=providers, session_options=so, **options) as gen:
         gen.generate(work.prompts[0][:4], 2)  # warm-up, as the baselines' first run is
+        load_peak = peak_rss_mb()
+        measured = reset_peak_rss()
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         futs = [
             gen.submit(p, params=SamplingParams(max_new_tokens=n, logprobs=logprobs))
@@ -356,20 +412,29 @@ def run_continuous(
         ]
         results = [f.result() for f in futs]
         wall = time.perf_counter() - t0
+        serve_cpu = time.process_time() - cpu0
+        peak = peak_rss_mb() if measured else None
         stats = gen.stats()
     ttft = [r.time_to_first_token_s for r in results]
     done = [r.total_time_s for r in results]
+    kv_cache = getattr(stats, "kv_cache", "concat")
     note = (
-        f"max_batch_size {batch}; mean decode rows {stats.mean_decode_rows:.1f}, "
+        f"max_batch_size {batch}; kv cache {kv_cache}; mean decode rows {stats.mean_decode_rows:.1f}, "
         f"{stats.prefill_runs} prefills, padding {stats.cache_padding_fraction:.0%}, "
-        f"{stats.cache_copies} cache copies, {stats.slot_reuses} joins in place; " + _graph_note(gen.graph_rewrites)
+        f"{stats.cache_copies} cache copies, {stats.slot_reuses} joins in place"
     )
-    mode = "continuous" if rewrites else "continuous-export-graph"
+    if getattr(stats, "row_moves", 0):
+        note += f", {stats.row_moves} rows moved"
+    if getattr(stats, "prefix_cache_lookups", 0):
+        note += f"; prefix cache {stats.prefix_cache_hits} hits, {stats.prefix_cache_tokens_saved} tokens saved"
+    note += "; " + _graph_note(gen.graph_rewrites)
     if logprobs is not None:
-        mode = "continuous-logprobs"
         assert all(r.logprobs is not None and len(r.logprobs) == len(r.token_ids) for r in results)
         note = f"logprobs={logprobs} on every row; " + note
-    return _summarise(mode, wall, [list(r.token_ids) for r in results], ttft, done, note=note)
+    result = _summarise(mode, wall, [list(r.token_ids) for r in results], ttft, done, note=note)
+    result.peak_rss_mb, result.load_peak_rss_mb, result.kv_cache = peak, load_peak, kv_cache
+    result.serve_cpu_s = serve_cpu
+    return result
 
 
 def _graph_note(rewrites: dict[str, int]) -> str:
@@ -436,20 +501,32 @@ def markdown(results: list[ModeResult], header: str) -> str:
     lines = [
         header,
         "",
-        "| mode | tokens/s | vs sequential | vs static | tokens per CPU-s | TTFT p50 / p99 (s) "
-        "| latency p50 / p99 (s) | same tokens as sequential | notes |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mode | tokens/s | vs sequential | vs static | tokens per serving CPU-s | TTFT mean / p50 / p99 (s) "
+        "| latency p50 / p99 (s) | peak RSS serving / loading (MiB) | same tokens as sequential | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         vs_seq = f"{r.tokens_per_s / seq.tokens_per_s:.2f}x" if seq else "-"
         vs_static = f"{r.tokens_per_s / static.tokens_per_s:.2f}x" if static else "-"
         same = "-" if r.same_as_sequential is None else f"{r.same_as_sequential}/{len(r.outputs)}"
+        rss = "-" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}"
+        if r.load_peak_rss_mb is not None:
+            rss += f" / {r.load_peak_rss_mb:.0f}"
         lines.append(
-            f"| {r.mode} | {r.tokens_per_s:.1f} | {vs_seq} | {vs_static} | {r.tokens / r.cpu_s:.1f} | "
-            f"{r.ttft_p50_s:.2f} / {r.ttft_p99_s:.2f} | {r.latency_p50_s:.2f} / {r.latency_p99_s:.2f} | "
-            f"{same} | {r.note} |"
+            f"| {r.mode} | {r.tokens_per_s:.1f} | {vs_seq} | {vs_static} | {r.tokens / r.serve_cpu_s:.1f} | "
+            f"{r.ttft_mean_s:.2f} / {r.ttft_p50_s:.2f} / {r.ttft_p99_s:.2f} | "
+            f"{r.latency_p50_s:.2f} / {r.latency_p99_s:.2f} | {rss} | {same} | {r.note} |"
         )
     plain = next((r for r in results if r.mode == "continuous"), None)
+    for other in ("continuous-concat", "continuous-no-prefix-cache"):
+        base = next((r for r in results if r.mode == other), None)
+        if plain and base:
+            lines += [
+                "",
+                f"continuous / {other}: tokens/s {plain.tokens_per_s / base.tokens_per_s:.2f}x, mean TTFT "
+                f"{base.ttft_mean_s / max(plain.ttft_mean_s, 1e-9):.2f}x lower, same tokens "
+                f"{sum(a == b for a, b in zip(plain.outputs, base.outputs, strict=True))}/{len(plain.outputs)}",
+            ]
     scored = next((r for r in results if r.mode == "continuous-logprobs"), None)
     if plain and scored:  # issue 28's acceptance 4: logprobs on every row cost at most 15%
         ratio = scored.tokens_per_s / plain.tokens_per_s
@@ -472,6 +549,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "ortbatch-bench")
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--prompt-lengths", type=_range, default=(16, 64))
+    p.add_argument(
+        "--shared-prefix", type=int, default=0, help="tokens of a prefix every prompt starts with (a system prompt)"
+    )
     p.add_argument("--new-tokens", type=_range, default=(8, 96))
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=None, help="intra-op threads for every mode (default ORT's)")
@@ -492,7 +572,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     export = args.model or build_model(args.preset, args.workdir)
     loop = DirectLoop(export, args.threads, rewritten=args.baseline_graph == "rewritten", providers=args.providers)
-    work = Workload.make(args.requests, loop.layout.vocab_size, args.prompt_lengths, args.new_tokens, args.seed)
+    work = Workload.make(
+        args.requests, loop.layout.vocab_size, args.prompt_lengths, args.new_tokens, args.seed, args.shared_prefix
+    )
     # Warm-up, so no mode pays for first-run allocations.
     loop.run_batch([work.prompts[0][:4]], [2], time.perf_counter(), [], [])
 
@@ -501,22 +583,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for mode in modes:
         print(f"running {mode} ...", file=sys.stderr, flush=True)
         cpu0 = time.process_time()
+        measured = reset_peak_rss()
         if mode == "sequential":
             results.append(run_sequential(loop, work))
         elif mode == "static":
             results.append(run_static(loop, work, args.max_batch_size))
-        elif mode == "continuous":
-            results.append(run_continuous(export, work, args.max_batch_size, args.threads, providers=args.providers))
-        elif mode == "continuous-logprobs":  # the same, with logprobs=5 on every row
-            results.append(
-                run_continuous(export, work, args.max_batch_size, args.threads, providers=args.providers, logprobs=5)
-            )
-        elif mode == "continuous-export-graph":  # the same, without the graph rewrites
-            results.append(
-                run_continuous(
-                    export, work, args.max_batch_size, args.threads, rewrites=False, providers=args.providers
-                )
-            )
+        elif mode in CONTINUOUS_MODES:
+            try:
+                results.append(run_continuous(export, work, args.max_batch_size, args.threads, args.providers, mode))
+            except RuntimeError as exc:  # an option older code does not have: said, not dropped
+                skipped[mode] = str(exc)
         elif mode == "genai":
             if args.model:
                 skipped[mode] = (
@@ -540,6 +616,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"unknown mode {mode!r}")
         if results and results[-1].mode == mode:
             results[-1].cpu_s = time.process_time() - cpu0
+            results[-1].serve_cpu_s = results[-1].serve_cpu_s or results[-1].cpu_s
+            if results[-1].peak_rss_mb is None and measured:
+                results[-1].peak_rss_mb = peak_rss_mb()
             print(f"  {mode}: {results[-1].tokens_per_s:.1f} tokens/s", file=sys.stderr)
     seq = next((r for r in results if r.mode == "sequential"), None)
     if seq:
@@ -548,11 +627,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import onnxruntime
 
+    lay = loop.layout
+    token_bytes = 2 * lay.num_layers * lay.num_kv_heads * lay.head_dim * np.dtype(loop.cache_dtype).itemsize
+    shared = f"a shared {args.shared_prefix}-token prefix then " if args.shared_prefix else ""
     header = (
-        f"Model: {args.model or args.preset} (random weights), {args.requests} requests, prompt lengths "
-        f"{args.prompt_lengths[0]}-{args.prompt_lengths[1]}, new tokens {args.new_tokens[0]}-"
-        f"{args.new_tokens[1]}, greedy, all arriving at t=0; onnxruntime {onnxruntime.__version__}, "
-        f"{os.cpu_count()} CPUs ({platform.machine()})."
+        f"Model: {args.model or args.preset} (random weights), {args.requests} requests, prompts of "
+        f"{shared}{args.prompt_lengths[0]}-{args.prompt_lengths[1]} tokens, new tokens {args.new_tokens[0]}-"
+        f"{args.new_tokens[1]}, greedy, all arriving at t=0; KV cache {token_bytes} bytes per token; "
+        f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs ({platform.machine()}); load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end."
     )
     text = markdown(results, header)
     for mode, why in skipped.items():

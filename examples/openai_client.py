@@ -40,6 +40,29 @@ def chat(base_url: str, model: str, question: str, max_tokens: int = 32) -> str:
     return reply.choices[0].message.content or ""
 
 
+def loglikelihood(base_url: str, model: str, context: str, continuation: str) -> float:
+    """log P(continuation | context): the prompt scored, nothing generated (``echo`` +
+    ``logprobs`` + ``max_tokens: 0``, what lm-evaluation-harness's loglikelihood sends). The
+    continuation's tokens are those that start where the context ends (``text_offset``)."""
+    client = OpenAI(base_url=base_url + "/v1", api_key="unused")
+    out = client.completions.create(model=model, prompt=context + continuation, max_tokens=0, echo=True, logprobs=0)
+    lp = out.choices[0].logprobs
+    assert lp is not None and lp.text_offset is not None and lp.token_logprobs is not None
+    return sum(
+        v for at, v in zip(lp.text_offset, lp.token_logprobs, strict=True) if at >= len(context) and v is not None
+    )
+
+
+def samples(
+    base_url: str, model: str, prompt: str, n: int = 3, max_tokens: int = 16, seed: int = 0
+) -> list[tuple[str, float]]:
+    """``n`` sampled completions of one prompt (prefilled once), each with the sum of its tokens'
+    logprobs; the same ``seed`` gives the same ``n`` again."""
+    client = OpenAI(base_url=base_url + "/v1", api_key="unused")
+    out = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, n=n, seed=seed, logprobs=1)
+    return [(c.text, sum(c.logprobs.token_logprobs or []) if c.logprobs else 0.0) for c in out.choices]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(
@@ -52,6 +75,9 @@ def main(argv: list[str]) -> int:
     url, name = argv
     print(complete(url, name, "Once upon a time"))
     stream(url, name, "The quick brown fox")
+    print(loglikelihood(url, name, "Once upon a time", " there was"))
+    for text, logprob in samples(url, name, "Once upon a time"):
+        print(f"{logprob:8.3f} {text!r}")
     return 0
 
 

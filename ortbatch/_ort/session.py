@@ -21,6 +21,7 @@ from typing import Any
 
 from .._extras import require
 from ..errors import ModelLoadError, OrtBatchError, ProviderError
+from .cpus import cpu_count
 from .providers import CPU, CUDA, GPU_PROVIDERS, TRT, ProviderChain
 
 __all__ = [
@@ -37,13 +38,6 @@ __all__ = [
 # onnxruntime.capi.onnxruntime_pybind11_state exceptions that can only mean the model file
 _MODEL_ERRORS = frozenset({"InvalidProtobuf", "NoSuchFile", "NoModel"})
 _GPU_WORDS = ("ExecutionProvider", "CUDA", "cuda", "TensorRT", "tensorrt", "cuDNN", "cudnn", "cublas", "GPU")
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def on_gpu(providers: Sequence[Any]) -> bool:

@@ -50,6 +50,12 @@ def _add_models(parser: argparse.ArgumentParser) -> None:
         help="text endpoints cut inputs longer than the model's limit by default (else 400 unless the "
         'request says "truncate": true)',
     )
+    parser.add_argument(
+        "--lenient-params",
+        action="store_true",
+        help="generation exports: accept request fields that neither OpenAI nor vLLM defines (a vendor's), "
+        "logging each name once, instead of a 400 naming it",
+    )
     parser.add_argument("--name", default=None, help="model name in URLs (default: the directory name)")
     parser.add_argument(
         "--allow-unvalidated",
@@ -94,6 +100,13 @@ def _add_runtime(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="generation exports: most positions a sequence may reach (default: the export's)",
     )
+    parser.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="generation exports: do not reuse the keys and values of prompt prefixes seen before "
+        "(default: reused, on the in-place KV cache)",
+    )
 
 
 def _add_http(parser: argparse.ArgumentParser) -> None:
@@ -122,8 +135,24 @@ def _add_http(parser: argparse.ArgumentParser) -> None:
         "(default: $ORTBATCH_API_KEY)",
     )
     parser.add_argument("--api-key-file", default=None, help="read the API key from this file's first line")
+    parser.add_argument(
+        "--otlp-endpoint",
+        type=_otlp_url,
+        default=None,
+        metavar="URL",
+        help="export OpenTelemetry traces (OTLP; HTTP/protobuf, or gRPC with OTEL_EXPORTER_OTLP_PROTOCOL=grpc) to "
+        "this collector, e.g. http://localhost:4318 (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing). "
+        "Needs the tracing extra",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="PEM certificate: serve HTTPS (and TLS gRPC)")
     parser.add_argument("--ssl-keyfile", default=None, help="PEM private key of --ssl-certfile")
+
+
+def _otlp_url(value: str) -> str:
+    """An http(s) URL of an OTLP collector (argparse refuses anything else, exit 2)."""
+    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {value!r}")
+    return value
 
 
 def _add_limits(limits: Any) -> None:
@@ -284,6 +313,7 @@ def _config(args: argparse.Namespace) -> Any:
         log_level=args.log_level,
         access_log=not args.no_access_log,
         max_context_length=args.max_context_length,
+        prefix_cache=args.prefix_cache,
         grpc_port=args.grpc_port,
         api_key=resolve_api_key(args.api_key, args.api_key_file),
         ssl_certfile=args.ssl_certfile,
@@ -298,6 +328,8 @@ def _config(args: argparse.Namespace) -> Any:
         truncate=args.truncate,
         frontends=args.frontends,
         allow_unvalidated=args.allow_unvalidated,
+        lenient_params=args.lenient_params,
+        otlp_endpoint=args.otlp_endpoint,
     )
 
 

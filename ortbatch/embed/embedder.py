@@ -4,7 +4,8 @@ The export's graph already computes the whole sentence-transformers pipeline (ou
 ``sentence_embedding``); this face tokenizes with the export's tokenizer, prepends the
 prompt, sends each text as its own request through a :class:`~ortbatch.BatchedSession`
 (so texts from many threads share batches) and applies ``dimensions`` and the encoding
-format. Nobody pools by hand.
+format. Nobody pools by hand. A SPLADE export (output ``sparse_embedding``) answers
+:meth:`Embedder.embed_sparse` the same way.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import numpy as np
 from ..errors import InvalidInputError, ManifestError
 from ..manifest import Manifest
 from . import ops
+from .options import EmbedOptions
 from .pipeline import EmbeddingPipeline
 
-__all__ = ["Embedder", "Embeddings", "embed"]
+__all__ = ["Embedder", "Embeddings", "SparseEmbeddings", "embed"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,19 @@ class Embeddings:
     prompt included (what ``usage`` counts)."""
 
     vectors: np.ndarray
+    tokens: tuple[int, ...]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.tokens)
+
+
+@dataclass(frozen=True)
+class SparseEmbeddings:
+    """A SPLADE call's answer: per text its ``(indices, values)`` (vocabulary order) and
+    the tokens the model saw."""
+
+    rows: tuple[tuple[np.ndarray, np.ndarray], ...]
     tokens: tuple[int, ...]
 
     @property
@@ -86,14 +101,8 @@ class Embedder:
         return self.pipeline.dimension
 
     def _prompt_length(self, prompt: str) -> int:
-        # sentence-transformers: the prompt's tokens with the tokenizer's special tokens,
-        # less a trailing special token (SEP/EOS), which the text keeps for itself.
         if prompt not in self._prompt_lengths:
-            enc = self._tokenizer.encode(prompt)
-            n = len(enc.ids)
-            if n and enc.special_tokens_mask[-1]:
-                n -= 1
-            self._prompt_lengths[prompt] = n
+            self._prompt_lengths[prompt] = ops.prompt_length(self._tokenizer, prompt)
         return self._prompt_lengths[prompt]
 
     def _feed(self, text: str, prompt: str | None) -> dict[str, np.ndarray]:
@@ -109,6 +118,25 @@ class Embedder:
             feed["prompt_length"] = np.array([n], dtype=np.int64)
         return feed
 
+    def _run(
+        self, texts: Sequence[str], prompt_name: str | None, prompt: str | None
+    ) -> tuple[np.ndarray, tuple[int, ...]]:
+        """The pipeline's output for ``texts`` (each its own request) and their token counts."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if any(not isinstance(t, str) for t in texts):
+            raise InvalidInputError("texts must be strings")
+        text_prompt = ops.resolve_prompt(self.pipeline, prompt_name, prompt) or None  # "" is no prompt
+        feeds = [self._feed(t, text_prompt) for t in texts]
+        futures = [self.session.submit(f, [self.pipeline.output]) for f in feeds]
+        rows = [fut.result()[0][0] for fut in futures]
+        vectors = (
+            np.stack(rows).astype(np.float32, copy=False)
+            if rows
+            else np.zeros((0, self.pipeline.dimension), dtype=np.float32)
+        )
+        return vectors, tuple(int(f["input_ids"].shape[1]) for f in feeds)
+
     def embed(
         self,
         texts: Sequence[str],
@@ -119,29 +147,45 @@ class Embedder:
         encoding_format: str = "float",
     ) -> Embeddings:
         """Embed ``texts`` as sentence-transformers' ``encode(texts, prompt_name=...,
-        prompt=..., truncate_dim=...)`` would, then quantize as ``quantize_embeddings``
-        when ``encoding_format`` is int8/uint8/binary/ubinary."""
-        if isinstance(texts, str):
-            texts = [texts]
-        if any(not isinstance(t, str) for t in texts):
-            raise InvalidInputError("texts must be strings")
-        if encoding_format not in ("float", *ops.QUANTIZED_FORMATS):
-            raise InvalidInputError(
-                f"encoding_format must be one of {['float', *ops.QUANTIZED_FORMATS]}, got {encoding_format!r}"
-            )
-        text_prompt = ops.resolve_prompt(self.pipeline, prompt_name, prompt)
-        feeds = [self._feed(t, text_prompt) for t in texts]
-        futures = [self.session.submit(f, [self.pipeline.output]) for f in feeds]
-        rows = [fut.result()[0][0] for fut in futures]
-        vectors = (
-            np.stack(rows).astype(np.float32, copy=False)
-            if rows
-            else np.zeros((0, self.pipeline.dimension), dtype=np.float32)
+        prompt=..., truncate_dim=...)`` would (re-normalized after truncation when the
+        pipeline normalizes), then quantize as ``quantize_embeddings`` when
+        ``encoding_format`` is int8/uint8/binary/ubinary. For a SPLADE export: its dense
+        vocabulary-wide vectors (``SparseEncoder.encode``, densified); see :meth:`embed_sparse`."""
+        opts = EmbedOptions.parse(
+            {"dimensions": dimensions, "encoding_format": encoding_format}, formats=("float", *ops.QUANTIZED_FORMATS)
         )
-        vectors = ops.truncate(vectors, dimensions, normalize=self.pipeline.normalize)
-        if encoding_format != "float":
-            vectors = ops.quantize(vectors, encoding_format, self.pipeline.quantization_ranges)
-        return Embeddings(vectors, tuple(int(f["input_ids"].shape[1]) for f in feeds))
+        if self.pipeline.is_sparse:
+            opts.refuse_for_sparse()
+        vectors, tokens = self._run(texts, prompt_name, prompt)
+        if not self.pipeline.is_sparse:
+            pipe = self.pipeline
+            vectors = ops.finish(
+                vectors,
+                opts.dimensions,
+                opts.encoding_format,
+                normalize=pipe.normalize,
+                calibration=pipe.calibration,
+                ranges=pipe.quantization_ranges,
+            )
+        return Embeddings(vectors, tokens)
+
+    def embed_sparse(
+        self,
+        texts: Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        top_k: int | None = None,
+        threshold: float = 0.0,
+    ) -> SparseEmbeddings:
+        """A SPLADE export's embeddings of ``texts`` as ``(indices, values)`` per text: the
+        entries above ``threshold`` (default: the non-zero ones), the ``top_k`` largest
+        when given (``SparseEncoder.encode(max_active_dims=top_k)``)."""
+        if not self.pipeline.is_sparse:
+            raise InvalidInputError(f"{self.directory} is not a sparse (SPLADE) export: use embed()")
+        opts = EmbedOptions.parse({"top_k": top_k, "threshold": threshold})
+        vectors, tokens = self._run(texts, prompt_name, prompt)
+        return SparseEmbeddings(tuple(ops.sparsify(vectors, top_k=opts.top_k, threshold=opts.threshold)), tokens)
 
     def encode(self, texts: Sequence[str], **kwargs: Any) -> np.ndarray:
         """:meth:`embed`'s vectors only."""

@@ -10,7 +10,17 @@ the exporter appends everything after the transformer to the ONNX graph (output
                   "bias": true, "activation": "tanh"}], "normalize": true, "dimension": 128,
                   "prompts": {"query": "query: "}, "default_prompt_name": null,
                   "similarity": "cosine", "output": "sentence_embedding",
-                  "quantization_ranges": [[...mins], [...maxs]]}
+                  "calibration": [[...], ...], "quantization_ranges": [[...mins], [...maxs]]}
+
+``calibration`` holds the export's sample embeddings (after the default prompt, as
+``encode`` gives them): int8/uint8 buckets are computed from them as
+``quantize_embeddings(..., calibration_embeddings=...)`` does, after the same
+``dimensions`` truncation as the request's vectors. ``quantization_ranges`` (their
+per-dimension min and max) is what older exports record instead.
+
+A SPLADE checkpoint (sentence-transformers' ``SparseEncoder``: a masked-LM transformer and
+``SpladePooling``) records ``"sparse": {"pooling": "max", "activation": "relu"}`` instead of
+pooling modes and Dense layers; its graph's output is ``sparse_embedding`` [batch, vocabulary].
 
 Standard library only (plus nothing): the runtime reads it without torch.
 """
@@ -28,8 +38,11 @@ __all__ = [
     "EMBEDDING_KEY",
     "POOLING_MODES",
     "SIMILARITY_FUNCTIONS",
+    "SPARSE_ACTIVATIONS",
+    "SPARSE_POOLING",
     "DenseSpec",
     "EmbeddingPipeline",
+    "SparseSpec",
 ]
 
 # The key in ortbatch.json.
@@ -39,6 +52,9 @@ POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "
 # Activations a Dense module may name, by ortbatch's short name.
 ACTIVATIONS = ("identity", "tanh", "relu", "sigmoid", "gelu", "silu")
 SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
+# sentence-transformers' SpladePooling: pooling_strategy and activation_function
+SPARSE_POOLING = ("max", "sum")
+SPARSE_ACTIVATIONS = ("relu", "log1p_relu")
 
 
 @dataclass(frozen=True)
@@ -60,11 +76,35 @@ class DenseSpec:
 
 
 @dataclass(frozen=True)
+class SparseSpec:
+    """SPLADE pooling of a masked-LM head's logits: ``log(1 + relu(x))`` (twice for
+    ``log1p_relu``), padding left out, then ``max`` or ``sum`` over the tokens."""
+
+    pooling: str = "max"
+    activation: str = "relu"
+
+    def __post_init__(self) -> None:
+        if self.pooling not in SPARSE_POOLING:
+            raise ValueError(
+                f"unknown SPLADE pooling {self.pooling!r}; sentence-transformers has {list(SPARSE_POOLING)}"
+            )
+        if self.activation not in SPARSE_ACTIVATIONS:
+            raise ValueError(
+                f"unknown SPLADE activation {self.activation!r}; sentence-transformers has {list(SPARSE_ACTIVATIONS)}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pooling": self.pooling, "activation": self.activation}
+
+
+@dataclass(frozen=True)
 class EmbeddingPipeline:
     """What follows the transformer: pooling, dense layers, normalization, prompts.
 
     ``source`` is ``"sentence-transformers"`` (read from the checkpoint's modules.json) or
-    ``"pooling-flag"`` (a plain transformer, pooled as ``--pooling`` said).
+    ``"pooling-flag"`` (a plain transformer, pooled as ``--pooling`` said). With
+    ``sparse`` set it is a SPLADE pipeline: ``pooling`` is empty, ``token_dimension`` is
+    the vocabulary size and the output ``sparse_embedding``.
     """
 
     pooling: tuple[str, ...]
@@ -79,12 +119,18 @@ class EmbeddingPipeline:
     output: str = "sentence_embedding"
     # int8/uint8 calibration: per-dimension (mins, maxs) of the export's sample embeddings
     quantization_ranges: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    sparse: SparseSpec | None = None
+    # int8/uint8 calibration: the export's sample embeddings themselves, one row each
+    calibration: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         for mode in self.pooling:
             if mode not in POOLING_MODES:
                 raise ValueError(f"unknown pooling mode {mode!r}; sentence-transformers has {list(POOLING_MODES)}")
-        if not self.pooling:
+        if self.sparse is not None:
+            if self.pooling or self.dense or self.normalize:
+                raise ValueError("a sparse (SPLADE) pipeline has no pooling modes, Dense layers or Normalize")
+        elif not self.pooling:
             raise ValueError("a pipeline needs at least one pooling mode")
         width = self.token_dimension * len(self.pooling)
         for i, d in enumerate(self.dense):
@@ -101,8 +147,15 @@ class EmbeddingPipeline:
             raise ValueError(f"unknown similarity {self.similarity!r}; known: {list(SIMILARITY_FUNCTIONS)}")
 
     @property
+    def is_sparse(self) -> bool:
+        """A SPLADE pipeline (output ``sparse_embedding``, one weight per vocabulary entry)."""
+        return self.sparse is not None
+
+    @property
     def dimension(self) -> int:
-        """Width of ``sentence_embedding``."""
+        """Width of the output (``sentence_embedding``, or the vocabulary for ``sparse_embedding``)."""
+        if self.sparse is not None:
+            return self.token_dimension
         if self.dense:
             return self.dense[-1].out_features
         return self.token_dimension * len(self.pooling)
@@ -126,6 +179,10 @@ class EmbeddingPipeline:
             "similarity": self.similarity,
             "output": self.output,
         }
+        if self.sparse is not None:
+            d["sparse"] = self.sparse.to_dict()
+        if self.calibration is not None:
+            d["calibration"] = [list(row) for row in self.calibration]
         if self.quantization_ranges is not None:
             d["quantization_ranges"] = [list(self.quantization_ranges[0]), list(self.quantization_ranges[1])]
         return d
@@ -141,6 +198,8 @@ class EmbeddingPipeline:
                 for x in data.get("dense", [])
             )
             ranges = data.get("quantization_ranges")
+            sparse = data.get("sparse")
+            calibration = data.get("calibration")
             pipe = cls(
                 pooling=tuple(str(m) for m in data["pooling"]),
                 token_dimension=int(data["token_dimension"]),
@@ -155,6 +214,8 @@ class EmbeddingPipeline:
                 quantization_ranges=None
                 if ranges is None
                 else (tuple(float(v) for v in ranges[0]), tuple(float(v) for v in ranges[1])),
+                sparse=None if sparse is None else SparseSpec(str(sparse["pooling"]), str(sparse["activation"])),
+                calibration=None if calibration is None else tuple(tuple(float(v) for v in r) for r in calibration),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ManifestError(f"{where}: {type(exc).__name__}: {exc}") from exc
@@ -165,6 +226,10 @@ class EmbeddingPipeline:
             len(pipe.quantization_ranges[0]) == len(pipe.quantization_ranges[1]) == pipe.dimension
         ):
             raise ManifestError(f"{where}: quantization_ranges must be two rows of {pipe.dimension} values")
+        if pipe.calibration is not None and (
+            not pipe.calibration or any(len(r) != pipe.dimension for r in pipe.calibration)
+        ):
+            raise ManifestError(f"{where}: calibration must be rows of {pipe.dimension} values")
         return pipe
 
     @classmethod

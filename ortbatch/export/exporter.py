@@ -316,10 +316,14 @@ def _build(
     tokenizer.save_pretrained(out)
     manifest = _write_manifest(out, resolved, rcp, tokenizer, onnx_files, max_seq)
     if embedding is not None:  # the pipeline, and int8 calibration ranges from the samples
-        vectors = st_pipeline.graph_embeddings(out / "model.onnx", tokenizer, list(rcp.samples), max_seq)
-        pipe = dataclasses.replace(embedding.pipeline, quantization_ranges=calibration_ranges(vectors))
+        pipe = embedding.pipeline
+        if not pipe.is_sparse:
+            default = pipe.prompts[pipe.default_prompt_name] if pipe.default_prompt_name is not None else None
+            vectors = st_pipeline.graph_embeddings(out / "model.onnx", tokenizer, list(rcp.samples), max_seq, default)
+            calibration = tuple(tuple(float(v) for v in row) for row in vectors)
+            pipe = dataclasses.replace(pipe, calibration=calibration, quantization_ranges=calibration_ranges(vectors))
         manifest.extra[EMBEDDING_KEY] = pipe.to_dict()
-        manifest.source["embedding_checkpoint"] = os.fspath(embedding.transformer_path)
+        manifest.source["embedding_checkpoint"] = os.fspath(embedding.checkpoint)
         manifest.save(out)
     if quantized is not None:  # the variant and the int8 tolerances the checks will use
         manifest.source["quantization"] = quantized
@@ -337,18 +341,24 @@ def _build(
 def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progress) -> st_pipeline.ParsedPipeline | None:
     """The sentence-embedding pipeline a feature-extraction export gets: the checkpoint's
     own (modules.json), else its tokens pooled as ``--pooling`` says; printed either way,
-    so a served embedding is never pooled by an unstated guess."""
-    if resolved.task != "feature-extraction":
+    so a served embedding is never pooled by an unstated guess. A fill-mask export gets
+    one only when the checkpoint is a SPLADE ``SparseEncoder`` (``sparse_embedding``)."""
+    if resolved.task not in ("feature-extraction", "fill-mask"):
         return None
-    root = resolved.model
-    if not os.path.isdir(root):  # a reachable hub id: its files, to read modules.json from
-        try:
-            from huggingface_hub import snapshot_download
-
-            root = str(snapshot_download(resolved.model))
-        except Exception as exc:
-            raise ExportError(f"cannot fetch {resolved.model} to read its modules.json: {exc}") from exc
-    parsed = st_pipeline.read_pipeline(root)
+    root = _checkpoint_files(resolved.model, sparse_only=resolved.task == "fill-mask")
+    parsed = st_pipeline.read_pipeline(root) if root is not None else None
+    if resolved.task == "fill-mask":
+        if parsed is None or not parsed.pipeline.is_sparse:
+            return None  # a plain masked LM: its logits, nothing pooled
+        spec = parsed.pipeline.sparse
+        assert spec is not None
+        say(
+            f"sparse_embedding: the checkpoint's SPLADE pooling ({spec.pooling} of log1p({spec.activation}) "
+            f"of the logits, {parsed.pipeline.dimension} dims)"
+        )
+        return parsed
+    if parsed is not None and parsed.pipeline.is_sparse:
+        raise ExportError(f"{resolved.model} is a SPLADE SparseEncoder: export it for task fill-mask (the default)")
     if parsed is None:
         cfg = resolved.config
         sizes = (getattr(cfg, k, None) for k in ("hidden_size", "n_embd", "d_model"))
@@ -356,7 +366,7 @@ def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progres
         if dim is None:
             raise ExportError(f"cannot tell the hidden size of {resolved.model} to pool its tokens")
         pipe = EmbeddingPipeline(pooling=(rcp.pooling,), token_dimension=dim, source="pooling-flag")
-        parsed = st_pipeline.ParsedPipeline(pipe, Path(root))
+        parsed = st_pipeline.ParsedPipeline(pipe, Path(root or resolved.model))
         say(f"sentence_embedding: {rcp.pooling} pooling of the token embeddings (--pooling; no modules.json)")
     else:
         p = parsed.pipeline
@@ -367,6 +377,25 @@ def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progres
             + f" ({p.dimension} dims)"
         )
     return parsed
+
+
+def _checkpoint_files(model: str, sparse_only: bool) -> str | None:
+    """A local folder holding ``model``'s files, to read modules.json from: the folder
+    itself, or a hub id's snapshot. With ``sparse_only`` (a fill-mask export) a hub id is
+    fetched only when it has a modules.json, and ``None`` says it has none."""
+    if os.path.isdir(model):
+        return model
+    try:
+        from huggingface_hub import hf_hub_download, snapshot_download
+
+        if sparse_only:
+            try:
+                hf_hub_download(model, "modules.json")
+            except Exception:
+                return None
+        return str(snapshot_download(model))
+    except Exception as exc:
+        raise ExportError(f"cannot fetch {model} to read its modules.json: {exc}") from exc
 
 
 # -- the target directory ------------------------------------------------------------

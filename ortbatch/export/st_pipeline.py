@@ -28,22 +28,24 @@ from typing import Any
 
 import numpy as np
 
-from ..embed.pipeline import POOLING_MODES, DenseSpec, EmbeddingPipeline
+from ..embed.pipeline import POOLING_MODES, DenseSpec, EmbeddingPipeline, SparseSpec
 from ..errors import ExportError
 
 __all__ = [
     "ParsedPipeline",
     "TorchPipeline",
     "append_pipeline",
+    "checkpoint_task",
     "flag_pipeline",
     "graph_embeddings",
+    "prompt_token_count",
     "read_pipeline",
     "reference_embeddings",
     "sentence_transformers_available",
 ]
 
 # modules.json "type" (its last dotted part) -> what ortbatch does with it
-_KNOWN_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+_KNOWN_MODULES = ("Transformer", "MLMTransformer", "Pooling", "SpladePooling", "Dense", "Normalize")
 # Dense's activation_function, as sentence-transformers saves it (fullname of the module)
 _ACTIVATIONS = {
     "torch.nn.modules.linear.Identity": "identity",
@@ -65,12 +67,19 @@ _LEGACY_POOLING = {
 
 @dataclass
 class ParsedPipeline:
-    """A checkpoint's pipeline: the description, where its transformer is, Dense weights."""
+    """A checkpoint's pipeline: the description, where its transformer is, Dense weights,
+    and the checkpoint's own folder (``root``: the transformer's for a plain transformer)."""
 
     pipeline: EmbeddingPipeline
     transformer_path: Path
     dense_weights: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
     max_seq_length: int | None = None
+    root: Path | None = None
+
+    @property
+    def checkpoint(self) -> Path:
+        """The folder the user's model loads from (``SentenceTransformer(checkpoint)``)."""
+        return self.root if self.root is not None else self.transformer_path
 
 
 def sentence_transformers_available() -> bool:
@@ -141,9 +150,73 @@ def _dense(folder: Path) -> tuple[DenseSpec, np.ndarray, np.ndarray | None]:
     return spec, w.astype(np.float32), None if b is None else b.astype(np.float32)
 
 
+@dataclass
+class _Modules:
+    """What modules.json's modules said, gathered in order."""
+
+    order: list[str] = field(default_factory=list)
+    transformer: Path | None = None
+    task: str = "feature-extraction"
+    max_seq: int | None = None
+    pooling: tuple[str, ...] | None = None
+    include_prompt: bool = True
+    token_dim: int | None = None
+    sparse: SparseSpec | None = None
+    dense: list[DenseSpec] = field(default_factory=list)
+    dense_w: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
+    normalize: bool = False
+
+
+def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -> None:
+    if kind in ("Transformer", "MLMTransformer"):
+        if found.transformer is not None:
+            raise ExportError(f"{modules_file}: more than one Transformer module")
+        found.transformer = folder
+        cfg_file = folder / "sentence_bert_config.json"
+        cfg = _json(cfg_file) if cfg_file.is_file() else {}
+        if cfg.get("do_lower_case"):
+            raise ExportError(f"{cfg_file}: do_lower_case=true is not supported by ortbatch's tokenizer path")
+        found.max_seq = cfg.get("max_seq_length")
+        found.task = str(cfg.get("transformer_task") or ("fill-mask" if kind == "MLMTransformer" else found.task))
+        if found.task not in ("feature-extraction", "fill-mask"):
+            raise ExportError(
+                f"{cfg_file}: transformer_task {found.task!r} is not one ortbatch can export "
+                "(feature-extraction for Pooling, fill-mask for SpladePooling)"
+            )
+    elif kind == "Pooling":
+        cfg = _json(folder / "config.json")
+        found.pooling = _pooling_modes(cfg, folder / "config.json")
+        found.include_prompt = bool(cfg.get("include_prompt", True))
+        found.token_dim = cfg.get("embedding_dimension", cfg.get("word_embedding_dimension"))
+    elif kind == "SpladePooling":
+        cfg = _json(folder / "config.json")
+        try:
+            found.sparse = SparseSpec(
+                str(cfg.get("pooling_strategy") or "max"), str(cfg.get("activation_function") or "relu")
+            )
+        except ValueError as exc:
+            raise ExportError(f"{folder / 'config.json'}: {exc}") from None
+    elif kind == "Dense":
+        spec, w, b = _dense(folder)
+        found.dense.append(spec)
+        found.dense_w.append((w, b))
+    elif kind == "Normalize":
+        found.normalize = True
+    found.order.append(kind)
+
+
+def checkpoint_task(model_dir: str | Path) -> str:
+    """The transformer task a sentence-transformers checkpoint is exported for:
+    ``fill-mask`` when it pools with SpladePooling (a ``SparseEncoder``), else
+    ``feature-extraction``."""
+    parsed = read_pipeline(model_dir)
+    return "fill-mask" if parsed is not None and parsed.pipeline.is_sparse else "feature-extraction"
+
+
 def read_pipeline(model_dir: str | Path) -> ParsedPipeline | None:
-    """Parse a local sentence-transformers checkpoint; ``None`` when it has no modules.json
-    (a plain transformer: see :func:`flag_pipeline`)."""
+    """Parse a local sentence-transformers checkpoint (a ``SentenceTransformer``, or a
+    SPLADE ``SparseEncoder``); ``None`` when it has no modules.json (a plain transformer:
+    see :func:`flag_pipeline`)."""
     root = Path(model_dir)
     modules_file = root / "modules.json"
     if not modules_file.is_file():
@@ -151,78 +224,74 @@ def read_pipeline(model_dir: str | Path) -> ParsedPipeline | None:
     modules = _json(modules_file)
     if not isinstance(modules, list) or not modules:
         raise ExportError(f"{modules_file}: expected a non-empty list of modules")
-    transformer: Path | None = None
-    max_seq: int | None = None
-    pooling: tuple[str, ...] | None = None
-    include_prompt = True
-    token_dim: int | None = None
-    dense: list[DenseSpec] = []
-    dense_w: list[tuple[np.ndarray, np.ndarray | None]] = []
-    normalize = False
-    order: list[str] = []
+    found = _Modules()
     for entry in sorted(modules, key=lambda m: int(m.get("idx", 0))):
         kind = str(entry.get("type", "")).rsplit(".", 1)[-1]
-        folder = root / str(entry.get("path", ""))
         if kind not in _KNOWN_MODULES:
             raise ExportError(
                 f"{modules_file}: module {entry.get('type')!r} ({entry.get('name')}) is not one ortbatch can "
                 f"export; it knows {list(_KNOWN_MODULES)}"
             )
-        order.append(kind)
-        if kind == "Transformer":
-            if transformer is not None:
-                raise ExportError(f"{modules_file}: more than one Transformer module")
-            transformer = folder
-            cfg_file = folder / "sentence_bert_config.json"
-            cfg = _json(cfg_file) if cfg_file.is_file() else {}
-            if cfg.get("do_lower_case"):
-                raise ExportError(f"{cfg_file}: do_lower_case=true is not supported by ortbatch's tokenizer path")
-            max_seq = cfg.get("max_seq_length")
-        elif kind == "Pooling":
-            cfg = _json(folder / "config.json")
-            pooling = _pooling_modes(cfg, folder / "config.json")
-            include_prompt = bool(cfg.get("include_prompt", True))
-            token_dim = cfg.get("embedding_dimension", cfg.get("word_embedding_dimension"))
-        elif kind == "Dense":
-            spec, w, b = _dense(folder)
-            dense.append(spec)
-            dense_w.append((w, b))
-        elif kind == "Normalize":
-            normalize = True
-    expected = ["Transformer", "Pooling", *(["Dense"] * len(dense)), *(["Normalize"] if normalize else [])]
-    if order != expected:
-        raise ExportError(
-            f"{modules_file}: modules {order} are not Transformer -> Pooling -> Dense* -> Normalize, "
-            "the pipeline ortbatch exports"
-        )
-    assert transformer is not None and pooling is not None
-    if token_dim is None:
-        token_dim = _hidden_size(transformer)
+        _read_module(found, kind, root / str(entry.get("path", "")), modules_file)
+    order = found.order
+    if found.sparse is not None:
+        if order[1:] != ["SpladePooling"] or found.task != "fill-mask":
+            raise ExportError(
+                f"{modules_file}: modules {order} are not a fill-mask Transformer -> SpladePooling, "
+                "the sparse pipeline ortbatch exports"
+            )
+    else:
+        dense, norm = ["Dense"] * len(found.dense), ["Normalize"] if found.normalize else []
+        if order[:1] not in (["Transformer"], ["MLMTransformer"]) or order[1:] != ["Pooling", *dense, *norm]:
+            raise ExportError(
+                f"{modules_file}: modules {order} are not Transformer -> Pooling -> Dense* -> Normalize, "
+                "the pipeline ortbatch exports"
+            )
+        if found.task != "feature-extraction":
+            raise ExportError(f"{modules_file}: a Pooling module after a {found.task} Transformer cannot be exported")
+    assert found.transformer is not None
+    return ParsedPipeline(_described(root, found), found.transformer, found.dense_w, found.max_seq, root)
+
+
+def _described(root: Path, found: _Modules) -> EmbeddingPipeline:
+    """The :class:`EmbeddingPipeline` of a checkpoint's modules and its
+    ``config_sentence_transformers.json`` (prompts, default prompt, similarity)."""
+    assert found.transformer is not None
     st_cfg_file = root / "config_sentence_transformers.json"
     st_cfg = _json(st_cfg_file) if st_cfg_file.is_file() else {}
+    sparse = found.sparse is not None
+    if sparse:
+        width = _config_int(found.transformer, ("vocab_size",))
+    else:
+        width = int(found.token_dim) if found.token_dim is not None else _hidden_size(found.transformer)
     try:
-        pipe = EmbeddingPipeline(
-            pooling=pooling,
-            token_dimension=int(token_dim),
-            include_prompt=include_prompt,
-            dense=tuple(dense),
-            normalize=normalize,
+        return EmbeddingPipeline(
+            pooling=found.pooling or (),
+            token_dimension=width,
+            include_prompt=found.include_prompt,
+            dense=tuple(found.dense),
+            normalize=found.normalize,
             prompts={str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()},
             default_prompt_name=st_cfg.get("default_prompt_name") or None,
-            similarity=str(st_cfg.get("similarity_fn_name") or "cosine"),
+            similarity=str(st_cfg.get("similarity_fn_name") or ("dot" if sparse else "cosine")),
             source="sentence-transformers",
+            output="sparse_embedding" if sparse else "sentence_embedding",
+            sparse=found.sparse,
         )
     except ValueError as exc:
         raise ExportError(f"{root}: {exc}") from exc
-    return ParsedPipeline(pipe, transformer, dense_w, int(max_seq) if max_seq else None)
+
+
+def _config_int(transformer: Path, keys: tuple[str, ...]) -> int:
+    cfg = _json(transformer / "config.json")
+    for key in keys:
+        if isinstance(cfg.get(key), int):
+            return int(cfg[key])
+    raise ExportError(f"{transformer}/config.json names none of {list(keys)}")
 
 
 def _hidden_size(transformer: Path) -> int:
-    cfg = _json(transformer / "config.json")
-    for key in ("hidden_size", "d_model", "n_embd", "dim"):
-        if isinstance(cfg.get(key), int):
-            return int(cfg[key])
-    raise ExportError(f"{transformer}/config.json names no hidden size")
+    return _config_int(transformer, ("hidden_size", "d_model", "n_embd", "dim"))
 
 
 def flag_pipeline(model_dir: str | Path, pooling: str = "mean") -> ParsedPipeline:
@@ -318,14 +387,17 @@ def _zero_token_types(g: Any) -> None:
         g.node.insert(0, n)
 
 
-def append_pipeline(model: Any, parsed: ParsedPipeline, hidden: str = "last_hidden_state") -> Any:
+def append_pipeline(model: Any, parsed: ParsedPipeline, hidden: str | None = None) -> Any:
     """Append the pooling, Dense layers and Normalize to ``model`` (an ``onnx.ModelProto``
     whose graph outputs ``hidden`` [batch, sequence, dim] and takes ``attention_mask``);
     adds the output ``sentence_embedding`` [batch, dimension] and, for
-    ``include_prompt=false``, the input ``prompt_length`` [batch]. Returns ``model``."""
+    ``include_prompt=false``, the input ``prompt_length`` [batch]. A SPLADE pipeline pools
+    the masked-LM ``logits`` into ``sparse_embedding`` [batch, vocabulary] instead.
+    ``hidden`` defaults to ``logits`` for SPLADE, else ``last_hidden_state``. Returns ``model``."""
     from onnx import TensorProto, helper
 
     pipe = parsed.pipeline
+    hidden = hidden or ("logits" if pipe.is_sparse else "last_hidden_state")
     g = model.graph
     if hidden not in {o.name for o in g.output}:
         raise ExportError(f"the transformer's graph has no {hidden!r} output to pool")
@@ -338,17 +410,41 @@ def append_pipeline(model: Any, parsed: ParsedPipeline, hidden: str = "last_hidd
         raise ExportError(f"the pooling head needs opset >= 13, the graph has {opset}")
     b = _Builder(opset)
     _zero_token_types(g)
-    dim = pipe.token_dimension
     h = b.op("Cast", hidden, to=TensorProto.FLOAT)
     m0 = b.op("Cast", "attention_mask", to=TensorProto.FLOAT)  # [B, S]
-    m = m0
-    if pipe.needs_prompt_length:
-        # Leave out each row's first prompt_length real tokens (sentence-transformers zeroes
-        # the prompt's columns after any left padding).
-        rank = b.op("CumSum", m0, b.const(1, np.int64))
-        pl = b.op("Unsqueeze", b.op("Cast", "prompt_length", to=TensorProto.FLOAT), b.axes(1))
-        m = b.op("Mul", m0, b.op("Cast", b.op("Greater", rank, pl), to=TensorProto.FLOAT))
-        g.input.append(helper.make_tensor_value_info("prompt_length", TensorProto.INT64, ["batch"]))
+    if pipe.sparse is not None:
+        x = _splade(b, h, m0, pipe.sparse)
+    else:
+        m = m0
+        if pipe.needs_prompt_length:
+            # Leave out each row's first prompt_length real tokens (sentence-transformers zeroes
+            # the prompt's columns after any left padding).
+            rank = b.op("CumSum", m0, b.const(1, np.int64))
+            pl = b.op("Unsqueeze", b.op("Cast", "prompt_length", to=TensorProto.FLOAT), b.axes(1))
+            m = b.op("Mul", m0, b.op("Cast", b.op("Greater", rank, pl), to=TensorProto.FLOAT))
+            g.input.append(helper.make_tensor_value_info("prompt_length", TensorProto.INT64, ["batch"]))
+        x = _head(b, parsed, h, m0, m)
+    b.nodes.append(helper.make_node("Identity", [x], [pipe.output], name="ortbatch_embed/output"))
+    g.node.extend(b.nodes)
+    g.initializer.extend(b.inits)
+    g.output.append(helper.make_tensor_value_info(pipe.output, TensorProto.FLOAT, ["batch", pipe.dimension]))
+    return model
+
+
+def _splade(b: _Builder, logits: str, mask: str, spec: SparseSpec) -> str:
+    """SpladePooling: ``log1p(relu(logits * mask))`` (``log1p`` twice for ``log1p_relu``),
+    then max or sum over the tokens; padding gives 0, which neither changes."""
+    x = b.op("Relu", b.op("Mul", logits, b.op("Unsqueeze", mask, b.axes(2))))
+    for _ in range(2 if spec.activation == "log1p_relu" else 1):
+        x = b.op("Log", b.op("Add", x, b.const(1.0)))
+    return b.reduce("ReduceMax" if spec.pooling == "max" else "ReduceSum", x, 1, 0)
+
+
+def _head(b: _Builder, parsed: ParsedPipeline, h: str, m0: str, m: str) -> str:
+    """Pooling (``m``: the mask of the tokens pooled; ``m0``: the attention mask), Dense
+    layers and Normalize, after token embeddings ``h`` [B, S, D]."""
+    pipe = parsed.pipeline
+    dim = pipe.token_dimension
     mu = b.op("Unsqueeze", m, b.axes(2))  # [B, S, 1]
     parts: list[str] = []
     mean_sum = count = None
@@ -380,11 +476,7 @@ def append_pipeline(model: Any, parsed: ParsedPipeline, hidden: str = "last_hidd
     if pipe.normalize:  # torch.nn.functional.normalize: x / max(||x||, 1e-12)
         norm = b.op("Sqrt", b.reduce("ReduceSum", b.op("Mul", x, x), -1, 1))
         x = b.op("Div", x, b.op("Max", norm, b.const(1e-12)))
-    b.nodes.append(helper.make_node("Identity", [x], [pipe.output], name="ortbatch_embed/output"))
-    g.node.extend(b.nodes)
-    g.initializer.extend(b.inits)
-    g.output.append(helper.make_tensor_value_info(pipe.output, TensorProto.FLOAT, ["batch", pipe.dimension]))
-    return model
+    return x
 
 
 def append_pipeline_file(onnx_path: str | Path, parsed: ParsedPipeline) -> None:
@@ -402,13 +494,17 @@ def append_pipeline_file(onnx_path: str | Path, parsed: ParsedPipeline) -> None:
         onnx.save(model, str(path))
 
 
-def graph_embeddings(onnx_path: str | Path, tokenizer: Any, texts: Sequence[str], max_length: int) -> np.ndarray:
-    """``sentence_embedding`` of ``texts`` from the saved graph on CPU (no prompt), for
-    the int8 calibration ranges the export records."""
+def graph_embeddings(
+    onnx_path: str | Path, tokenizer: Any, texts: Sequence[str], max_length: int, prompt: str | None = None
+) -> np.ndarray:
+    """``sentence_embedding`` of ``texts`` (after ``prompt``, as ``encode`` prepends the
+    checkpoint's default prompt) from the saved graph on CPU, for the int8 calibration
+    ranges the export records."""
     from .._ort import plain_session
 
     sess = plain_session(onnx_path)
-    enc = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="np")
+    full = list(texts) if prompt is None else [prompt + t for t in texts]
+    enc = tokenizer(full, padding=True, truncation=True, max_length=max_length, return_tensors="np")
     ids = enc["input_ids"].astype(np.int64)
     mask = enc["attention_mask"].astype(np.int64)
     feed: dict[str, np.ndarray] = {}
@@ -422,10 +518,18 @@ def graph_embeddings(onnx_path: str | Path, tokenizer: Any, texts: Sequence[str]
         elif arg.name == "position_ids":
             feed[arg.name] = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
         elif arg.name == "prompt_length":
-            feed[arg.name] = np.zeros(len(ids), dtype=np.int64)
+            n = 0 if prompt is None else prompt_token_count(tokenizer, prompt)
+            feed[arg.name] = np.full(len(ids), n, dtype=np.int64)
         else:
             raise ExportError(f"cannot fill input {arg.name!r} to calibrate the embeddings")
     return np.asarray(sess.run(["sentence_embedding"], feed)[0], dtype=np.float32)
+
+
+def prompt_token_count(tokenizer: Any, prompt: str) -> int:
+    """Tokens of ``prompt`` that ``include_prompt=false`` leaves out, as sentence-transformers
+    counts them with a transformers tokenizer: with the special tokens, less a trailing one."""
+    ids = tokenizer(prompt)["input_ids"]
+    return len(ids) - (1 if ids and ids[-1] in tokenizer.all_special_ids else 0)
 
 
 # -- the reference ----------------------------------------------------------------------
@@ -436,11 +540,23 @@ class TorchPipeline:
     transformer from ``transformers``, then each row pooled over its own unpadded tokens."""
 
     def __init__(self, parsed: ParsedPipeline) -> None:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
         self.parsed = parsed
         self.tokenizer = AutoTokenizer.from_pretrained(str(parsed.transformer_path))
-        self.model = AutoModel.from_pretrained(str(parsed.transformer_path)).eval()
+        auto = AutoModelForMaskedLM if parsed.pipeline.is_sparse else AutoModel
+        self.model = auto.from_pretrained(str(parsed.transformer_path)).eval()
+
+    def _sparse_row(self, logits: Any) -> Any:
+        """SpladePooling of one unpadded row's logits [S, V]."""
+        import torch
+
+        spec = self.parsed.pipeline.sparse
+        assert spec is not None
+        x = torch.log1p(torch.relu(logits))
+        if spec.activation == "log1p_relu":
+            x = torch.log1p(x)
+        return x.max(dim=0).values if spec.pooling == "max" else x.sum(dim=0)
 
     def _pool_row(self, tokens: Any, first_real: int) -> Any:
         import torch
@@ -470,14 +586,16 @@ class TorchPipeline:
 
         pipe = self.parsed.pipeline
         skip = 0
-        if prompt is not None and not pipe.include_prompt:
-            ids = self.tokenizer(prompt)["input_ids"]
-            skip = len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
+        if prompt and not pipe.include_prompt:  # "" is no prompt, as for encode
+            skip = prompt_token_count(self.tokenizer, prompt)
         rows = []
         with torch.inference_mode():
             for text in texts:  # one at a time: no padding at all
-                full = text if prompt is None else prompt + text
+                full = prompt + text if prompt else text
                 enc = self.tokenizer(full, return_tensors="pt", truncation=True, max_length=self.parsed.max_seq_length)
+                if pipe.is_sparse:
+                    rows.append(self._sparse_row(self.model(**enc).logits[0].float()).numpy())
+                    continue
                 hidden = self.model(**enc).last_hidden_state[0].float()
                 x = self._pool_row(hidden, skip)
                 for spec, (w, b) in zip(pipe.dense, self.parsed.dense_weights, strict=True):
@@ -511,8 +629,9 @@ def reference_embeddings(
     batch_size: int = 32,
 ) -> tuple[np.ndarray, str]:
     """The user's model's embeddings of ``texts`` and what computed them:
-    ``SentenceTransformer(model_dir).encode`` when sentence-transformers is importable and
-    the checkpoint is one, else :class:`TorchPipeline` on the parsed pipeline."""
+    ``SentenceTransformer(model_dir).encode`` (``SparseEncoder``'s, densified, for SPLADE)
+    when sentence-transformers is importable and the checkpoint is one, else
+    :class:`TorchPipeline` on the parsed pipeline."""
     if parsed is None:
         parsed = read_pipeline(model_dir)
         if parsed is None:
@@ -521,6 +640,13 @@ def reference_embeddings(
     if prompt is None and pipe.default_prompt_name is not None:  # as encode() applies it
         prompt = pipe.prompts[pipe.default_prompt_name]
     if pipe.source == "sentence-transformers" and sentence_transformers_available():
+        if pipe.is_sparse:
+            from sentence_transformers import SparseEncoder
+
+            sparse = SparseEncoder(str(model_dir), device="cpu").encode(
+                list(texts), prompt=prompt, batch_size=batch_size, convert_to_tensor=True
+            )
+            return sparse.to_dense().numpy().astype(np.float32), "sentence-transformers SparseEncoder"
         from sentence_transformers import SentenceTransformer
 
         st = SentenceTransformer(str(model_dir), device="cpu")

@@ -139,7 +139,11 @@ def resolve_model(model: str, task: str = "auto", *, trust_remote_code: bool = F
             f"serves; supported tasks: {', '.join(SUPPORTED_TASKS)}"
         )
     if task == "auto" and os.path.isdir(model) and (Path(model) / "modules.json").is_file():
-        task = "feature-extraction"  # a sentence-transformers checkpoint: its embeddings, never a generator
+        from .st_pipeline import checkpoint_task
+
+        # a sentence-transformers checkpoint: its embeddings (a SPLADE one: its masked-LM
+        # logits, pooled in the graph), never a generator
+        task = checkpoint_task(model)
     elif task == "auto":
         task = _infer_task(config, library)
         if task + "-with-past" in model_tasks:

@@ -6,18 +6,22 @@
         async for tok in gen.stream("Hello", max_new_tokens=16): ...
 
 Needs numpy and onnxruntime; text prompts also need ``tokenizers``, chat templates
-``jinja2`` (both in the ``serve`` extra), and the load-time graph rewrites ``onnx``.
+``jinja2`` (both in the ``serve`` extra), the load-time graph rewrites ``onnx``, and
+constrained decoding (``SamplingParams(json_schema=...)``, forced tool calls) ``llguidance``
+(the ``structured`` extra).
 """
 
 from __future__ import annotations
 
 from .chat import ChatTemplate
+from .constrained import GrammarCompiler
 from .generator import BatchedGenerator, Completion, GenerationStats, StreamToken
 from .layout import GenerationLayout, generation_section
 from .processors import TokenLogprob
 from .rewrites import RewrittenGraph, rewrite_decoder
 from .sampling import PARAMETERS, SamplingParams
 from .scheduler import CompactionCost
+from .tools import ToolRequest
 
 __all__ = [
     "PARAMETERS",
@@ -27,10 +31,12 @@ __all__ = [
     "Completion",
     "GenerationLayout",
     "GenerationStats",
+    "GrammarCompiler",
     "RewrittenGraph",
     "SamplingParams",
     "StreamToken",
     "TokenLogprob",
+    "ToolRequest",
     "generation_section",
     "rewrite_decoder",
 ]

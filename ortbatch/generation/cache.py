@@ -1,4 +1,9 @@
-"""The batch's KV cache: one row per active sequence, left-padded. Pure numpy.
+"""The batch's KV cache, of either kind. Pure numpy.
+
+:class:`SlotCache` (with :class:`PrefilledRows`, rows waiting for their slots) is the in-place
+cache: one preallocated buffer the model writes into, a slot per row, right-padded (see its
+docstring). :class:`KVCache` is the export's own concatenating cache, one row per active
+sequence, left-padded, replaced by each step's ``present`` outputs:
 
 Every row's tokens are right-aligned: row ``i`` holds its ``lens[i]`` real positions in
 the last ``lens[i]`` columns and padding before them. Each decode step appends one
@@ -17,12 +22,26 @@ that join, in one pass. Layer tensors may also be device-resident ``OrtValue`` o
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "PrefilledRows", "SlotCache", "lazy_zeros"]
+
+
+def lazy_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """A zeroed array whose memory the operating system maps one 4 KiB page at a time, as it
+    is first written (an anonymous ``mmap``, unmapped with the array). ``np.zeros`` of a large
+    array asks Linux for transparent huge pages, so that writing one position of it maps
+    2 MiB at once: a sparsely written buffer (a cache sized for the longest row, a prefix
+    pool) would then be resident almost whole."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes < mmap.PAGESIZE:
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
 def _host(t: Any) -> np.ndarray:
@@ -134,3 +153,114 @@ class KVCache:
                     out[j, :, length - n :, :] = src.tensors[k][r, :, src.length - n :, :]
             merged.append(out)
         self.tensors, self.lens, self.length = merged, lens, length
+
+
+class PrefilledRows:
+    """Rows just prefilled on the in-place path, waiting for their slots: each row is row
+    ``r`` of a prefill's own buffer ``[2 * layers, rows, kv_heads, capacity, head_dim]``,
+    its ``lens[j]`` positions in columns ``[0, lens[j])`` (right-padded)."""
+
+    def __init__(self, sources: Sequence[tuple[np.ndarray, int]], lens: np.ndarray) -> None:
+        self.sources = list(sources)
+        self.lens = np.asarray(lens, dtype=np.int64)
+
+    @property
+    def rows(self) -> int:
+        return len(self.sources)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows``, in that order (a row may repeat: the ``n`` choices of a prompt)."""
+        self.sources = [self.sources[i] for i in rows]
+        self.lens = self.lens[list(rows)] if len(rows) else np.zeros(0, np.int64)
+
+    def row(self, j: int) -> np.ndarray:
+        """Row ``j``'s positions, ``[2 * layers, kv_heads, lens[j], head_dim]`` (a view)."""
+        buffer, r = self.sources[j]
+        return buffer[:, r, :, : int(self.lens[j]), :]
+
+
+class SlotCache:
+    """The batch's cache on the in-place path: one preallocated buffer, a slot per row.
+
+    ``arena`` is ``[2 * layers, slots, kv_heads, capacity, head_dim]`` (k0, v0, k1, ...),
+    allocated by :func:`lazy_zeros`, so the operating system maps its pages only when a
+    position is first written: memory follows the tokens held, not the capacity. Slot ``s`` holds its row's
+    ``lens[s]`` positions in columns ``[0, lens[s])`` (right-padded); a slot whose ``lens``
+    is 0 is free. A step runs the first ``rows`` slots: tensor ``t`` is ``arena[t, :rows]``,
+    contiguous, bound to ONNX Runtime as both past and present, so the model writes its new
+    positions in place. Rows join by writing one slot (:meth:`place`) and leave by freeing
+    theirs; :meth:`move` brings a row down into a free slot so the batch stays short. The
+    capacity grows (one copy of what is held) only when a row would outgrow it.
+    """
+
+    def __init__(self, tensors: int, slots: int, kv_heads: int, head_dim: int, dtype: Any) -> None:
+        self.shape = (tensors, slots, kv_heads, head_dim)
+        self.dtype = np.dtype(dtype)
+        self.arena = lazy_zeros((tensors, slots, kv_heads, 0, head_dim), self.dtype)
+        self.lens = np.zeros(0, np.int64)
+
+    @property
+    def rows(self) -> int:
+        return int(self.lens.shape[0])
+
+    @property
+    def length(self) -> int:
+        """The longest row."""
+        return int(self.lens.max()) if self.rows else 0
+
+    @property
+    def capacity(self) -> int:
+        return int(self.arena.shape[3])
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one position of one row, every layer's key and value."""
+        tensors, _, heads, head_dim = self.shape
+        return tensors * heads * head_dim * self.dtype.itemsize
+
+    def nbytes(self, itemsize: int = 0) -> int:
+        """Bytes the rows' positions hold (what is written; the rest of the arena is unmapped)."""
+        return int(self.lens.sum()) * self.token_bytes
+
+    def views(self) -> list[np.ndarray]:
+        """Each layer tensor over the batch's slots, ``[rows, kv_heads, capacity, head_dim]``."""
+        return [self.arena[t, : self.rows] for t in range(self.shape[0])]
+
+    def resize(self, rows: int) -> None:
+        """Make the batch ``rows`` slots long; new slots are free."""
+        if rows > self.shape[1]:
+            raise ValueError(f"{rows} rows do not fit {self.shape[1]} slots")
+        lens = np.zeros(rows, np.int64)
+        keep = min(rows, self.rows)
+        lens[:keep] = self.lens[:keep]
+        self.lens = lens
+
+    def reserve(self, capacity: int) -> bool:
+        """Make room for ``capacity`` positions per row; True when the arena was reallocated
+        (every held position copied once, and views taken before are stale)."""
+        if capacity <= self.capacity:
+            return False
+        tensors, slots, heads, head_dim = self.shape
+        arena = lazy_zeros((tensors, slots, heads, capacity, head_dim), self.dtype)
+        held = self.length
+        if held:
+            arena[:, : self.rows, :, :held, :] = self.arena[:, : self.rows, :, :held, :]
+        self.arena = arena
+        return True
+
+    def free(self, slot: int) -> None:
+        self.lens[slot] = 0
+
+    def place(self, slot: int, rows: PrefilledRows, j: int) -> None:
+        """Write prefilled row ``j`` of ``rows`` into ``slot`` (which must be free or left)."""
+        n = int(rows.lens[j])
+        if n > self.capacity:
+            raise ValueError(f"a row of {n} positions does not fit a capacity of {self.capacity}")
+        self.arena[:, slot, :, :n, :] = rows.row(j)
+        self.lens[slot] = n
+
+    def move(self, src: int, dst: int) -> None:
+        """Move the row in slot ``src`` to the free slot ``dst``; ``src`` becomes free."""
+        n = int(self.lens[src])
+        self.arena[:, dst, :, :n, :] = self.arena[:, src, :, :n, :]
+        self.lens[dst], self.lens[src] = n, 0

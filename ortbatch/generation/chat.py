@@ -99,21 +99,75 @@ class ChatTemplate:
         specials = {k: text for k in _SPECIAL if (text := token_text(config.get(k))) is not None}
         return cls(source, specials)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **extra: Any) -> str:
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template reads the ``tools`` variable (so it can show the model tools)."""
+        return "tools" in self.source
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        **extra: Any,
+    ) -> str:
         """The prompt text for ``messages`` (``[{"role": ..., "content": ...}, ...]``);
-        raises :class:`InvalidInputError` when the template rejects them."""
+        raises :class:`InvalidInputError` when the template rejects them.
+
+        ``tools`` (JSON schemas of functions, ``[{"type": "function", "function": {...}}]``)
+        and ``documents`` are the template's variables of those names, ``None`` when not
+        given, as transformers' ``apply_chat_template(tools=..., documents=...)`` passes them;
+        :func:`ortbatch.generation.tools.template_messages` turns OpenAI messages (tool calls,
+        ``role: "tool"`` results) into what templates read. ``extra`` are more template
+        variables (they win over the special tokens, as in transformers).
+        ``continue_final_message``: the text ends where the last message's content does, left
+        open for the model to continue, as transformers' ``apply_chat_template`` cuts it (not
+        with ``add_generation_prompt``)."""
         jinja2 = require("jinja2", "serve")
-        try:
-            return str(
-                self._template.render(
-                    messages=list(messages),
-                    add_generation_prompt=add_generation_prompt,
-                    **self.special_tokens,
-                    **extra,
+        chat = [dict(m) for m in messages]
+        final = ""
+        if continue_final_message:
+            if add_generation_prompt:
+                raise InvalidInputError(
+                    "continue_final_message and add_generation_prompt are exclusive", input_name="messages"
                 )
-            )
+            if not chat or not isinstance(chat[-1].get("content"), str):
+                raise InvalidInputError(
+                    "continue_final_message needs a last message with text content", input_name="messages"
+                )
+            final = chat[-1]["content"]
+            chat[-1]["content"] = final + _CONTINUE_TAG
+        variables = {
+            "tools": None if tools is None else [dict(t) for t in tools],
+            "documents": None if documents is None else [dict(d) for d in documents],
+            **self.special_tokens,
+            **extra,
+        }
+        try:
+            text = str(self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **variables))
         except InvalidInputError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, ArithmeticError, RecursionError) as exc:
             message = f"the chat template failed on these messages: {exc}"
             raise InvalidInputError(message, input_name="messages") from exc
+        return _cut_at_final_message(text, final) if continue_final_message else text
+
+
+# transformers' marker of where the final message ends (utils/chat_template_utils.py)
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _cut_at_final_message(text: str, final: str) -> str:
+    """The rendered ``text`` cut where the final message (marked by the tag) ends, as transformers cuts it."""
+    tag = _CONTINUE_TAG.strip()
+    if final.strip() not in text or tag not in text:
+        raise InvalidInputError(
+            "continue_final_message: the final message does not appear in the chat the template rendered",
+            input_name="messages",
+        )
+    at = text.rindex(tag)
+    # the template kept the tag's trailing space: the message is whole; else it trimmed spacing
+    return text[:at] if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()

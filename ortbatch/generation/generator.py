@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._lifecycle import check_positive, check_timeout, forget_live, track_live
+from .._observe import BatchRecord, GenerationObserver, StepRecord, next_batch_id, notify, tag_for
 from ..errors import InferenceError, InvalidInputError, OrtBatchError, SessionClosedError
+from .constrained import CompiledGrammar, GrammarCompiler
 from .layout import load_layout
 from .prefill import Prefill
 from .requests import (
@@ -47,6 +49,24 @@ if TYPE_CHECKING:  # annotations only (typing.Unpack is Python 3.11+)
 __all__ = ["BatchedGenerator", "Completion", "GenerationStats", "SamplingParams", "StreamToken"]
 
 Prompt = str | Sequence[int] | np.ndarray
+
+
+def _check_arguments(
+    max_batch_size: int,
+    max_queue: int,
+    max_new_tokens: int,
+    timeout_s: float | None,
+    max_context_length: int | None,
+    prefix_cache_bytes: int | None,
+) -> None:
+    check_positive("max_batch_size", max_batch_size)
+    check_positive("max_queue", max_queue)
+    check_positive("max_new_tokens", max_new_tokens)
+    check_timeout("timeout_s", timeout_s)
+    if max_context_length is not None and max_context_length < 2:
+        raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
+    if prefix_cache_bytes is not None and prefix_cache_bytes < 1:
+        raise ValueError(f"prefix_cache_bytes must be positive, got {prefix_cache_bytes}")
 
 
 class BatchedGenerator:
@@ -93,9 +113,23 @@ class BatchedGenerator:
         compaction_cost: the starting estimates of what a cache copy costs against the
             decode compute that rows which left waste (:class:`CompactionCost`); both
             are learned as it runs.
+        kv_cache: ``"auto"`` (default): the in-place KV cache (the graph's attention
+            rewritten to write each step's keys and values into a preallocated cache, a slot
+            per row; see :mod:`ortbatch.generation.gqa`) on the CPU provider wherever the
+            graph allows it, else the export's own concatenating cache; ``"in-place"``:
+            required (:class:`ModelContractError` saying why when impossible); ``"concat"``:
+            the export's own cache. :attr:`kv_cache` says which runs.
+        prefix_cache: reuse the keys and values of prompt prefixes computed before (blocks
+            of 16 tokens, least recently used evicted first); on the in-place cache only.
+            ``False`` turns it off.
+        prefix_cache_bytes: the prefix cache's memory budget (default: four full contexts'
+            keys and values).
         session_factory: builds the ONNX Runtime session from ``(model, providers,
             session_options=, where=)``; default :func:`ortbatch._ort.build_session` (a seam
             for wrapping the session, e.g. to instrument or to inject failures in tests).
+        observer: told of each request (queued, its prefill, its end) and of one decode step
+            in every ``observer.step_every``: a :class:`~ortbatch._observe.GenerationObserver`,
+            such as ``ortbatch serve``'s tracing. Also settable as ``generator.observer``.
     """
 
     def __init__(
@@ -116,13 +150,15 @@ class BatchedGenerator:
         max_context_length: int | None = None,
         compaction_cost: CompactionCost | None = None,
         session_factory: SessionFactory | None = None,
+        observer: GenerationObserver | None = None,
+        kv_cache: str = "auto",
+        prefix_cache: bool = True,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
-        check_positive("max_batch_size", max_batch_size)
-        check_positive("max_queue", max_queue)
-        check_positive("max_new_tokens", max_new_tokens)
-        check_timeout("timeout_s", timeout_s)
-        if max_context_length is not None and max_context_length < 2:
-            raise ValueError(f"max_context_length must be >= 2, got {max_context_length}")
+        #: told of requests, prefills and sampled steps (see ``observer`` above)
+        self.observer = observer
+        self._steps = 0
+        _check_arguments(max_batch_size, max_queue, max_new_tokens, timeout_s, max_context_length, prefix_cache_bytes)
         self._dir = Path(export_dir)
         self.layout, manifest = load_layout(self._dir, max_context_length)
         if manifest is not None and manifest.max_batch_size:
@@ -137,12 +173,56 @@ class BatchedGenerator:
             max_batch_size=max_batch_size,
         )
         #: The decoder's session, its contract and the batch's KV cache.
-        self.runner = DecoderRunner(self._dir, self.layout, last_position_logits=last_position_logits, **runner_args)
-        scorer = PromptScorer(lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, **runner_args))
+        self.runner = DecoderRunner(
+            self._dir,
+            self.layout,
+            last_position_logits=last_position_logits,
+            kv_cache=kv_cache,
+            prefix_cache_bytes=(prefix_cache_bytes if prefix_cache else 0),
+            **runner_args,
+        )
+        scorer = PromptScorer(
+            lambda: DecoderRunner(self._dir, self.layout, last_position_logits=False, kv_cache="concat", **runner_args)
+        )
+        self._describe_runner()
+        self._start(max_batch_size, max_tokens_in_flight, max_queue, timeout_s, max_new_tokens, prefill_padding)
+        self._scheduler = Scheduler(
+            max_batch_size=max_batch_size,
+            max_tokens_in_flight=self.max_tokens_in_flight,
+            max_queue=max_queue,
+            eos_token_ids=self.layout.eos_token_ids,
+            stats=self._stats,
+            prefill_padding=prefill_padding,
+            cost=compaction_cost,
+            slots=self.runner.in_place,
+        )
+        self._prefill = Prefill(self.runner, self._scheduler, self._stats, scorer)
+        # Daemon, so a process that never calls close() still exits; atexit aborts it first.
+        self._thread = threading.Thread(target=self._loop, name="ortbatch-generator", daemon=True)
+        self._thread.start()
+        track_live(self)
+
+    def _describe_runner(self) -> None:
+        """The runner's facts, as the generator's attributes."""
+        #: ``"in-place"`` or ``"concat"``: the KV cache that runs (see ``kv_cache=``).
+        self.kv_cache = self.runner.kv_cache
+        #: Why the KV cache is the export's own concatenating one (empty when in place).
+        self.kv_cache_reason = self.runner.kv_cache_reason
         #: The graph rewrites applied (name -> places changed); empty when the export runs as it is.
         self.graph_rewrites = self.runner.graph_rewrites
         #: True when the graph was rewritten to return the last position's logits only.
         self.last_position_logits = self.runner.last_position_logits
+
+    def _start(
+        self,
+        max_batch_size: int,
+        max_tokens_in_flight: int | None,
+        max_queue: int,
+        timeout_s: float | None,
+        max_new_tokens: int,
+        prefill_padding: float,
+    ) -> None:
+        """The limits, the tokenizer, the grammar compiler, the request factory and the stats."""
         self.max_batch_size = max_batch_size
         context = self.layout.max_context_length
         self.max_tokens_in_flight = max_batch_size * context if max_tokens_in_flight is None else max_tokens_in_flight
@@ -153,22 +233,12 @@ class BatchedGenerator:
         self.prefill_padding = prefill_padding
         self._tokenizer = ExportTokenizer(self._dir, self.layout.tokenizer)
         limits = (self.layout.vocab_size, context, self.max_tokens_in_flight, max_new_tokens, timeout_s)
-        self._requests = RequestFactory(self._tokenizer, *limits, eos_token_ids=tuple(self.layout.eos_token_ids))
+        tokenizer_json = self._dir / self.layout.tokenizer if self.layout.tokenizer else None
+        #: Compiles constrained requests' grammars (cached; on its own thread): see :meth:`compile_grammar`.
+        self.grammars = GrammarCompiler(tokenizer_json, self.layout.vocab_size, self.layout.eos_token_ids)
+        eos = tuple(self.layout.eos_token_ids)
+        self._requests = RequestFactory(self._tokenizer, *limits, eos_token_ids=eos, grammars=self.grammars)
         self._stats = GenerationStatsRecorder()
-        self._scheduler = Scheduler(
-            max_batch_size=max_batch_size,
-            max_tokens_in_flight=self.max_tokens_in_flight,
-            max_queue=max_queue,
-            eos_token_ids=self.layout.eos_token_ids,
-            stats=self._stats,
-            prefill_padding=prefill_padding,
-            cost=compaction_cost,
-        )
-        self._prefill = Prefill(self.runner, self._scheduler, self._stats, scorer)
-        # Daemon, so a process that never calls close() still exits; atexit aborts it first.
-        self._thread = threading.Thread(target=self._loop, name="ortbatch-generator", daemon=True)
-        self._thread.start()
-        track_live(self)
 
     @property
     def export_dir(self) -> Path:
@@ -189,6 +259,20 @@ class BatchedGenerator:
         """Each token's own bytes (OpenAI's logprobs ``bytes``; their concatenation is the
         UTF-8 of the text, which a single token may split mid-character)."""
         return self._tokenizer.token_bytes(ids)
+
+    def compile_grammar(self, params: SamplingParams) -> Future[CompiledGrammar | None]:
+        """Compile ``params``' constraint (``json_schema``, ``regex``, ...) on the grammar
+        compiler's thread; the future's result is cached, so a ``submit`` of the same
+        constraint afterwards compiles nothing. For callers on an event loop: ``await
+        asyncio.wrap_future(gen.compile_grammar(params))`` before ``submit``. The future fails
+        with :class:`InvalidInputError` naming the field for a grammar that does not compile,
+        or :class:`UnsupportedError` without the ``structured`` extra; its result is ``None``
+        when there is no constraint."""
+        if params.constraint is None:
+            done: Future[CompiledGrammar | None] = Future()
+            done.set_result(None)
+            return done
+        return self.grammars.compile_async(params.constraint)  # type: ignore[return-value]
 
     # -- public API --------------------------------------------------------------------
     def submit(
@@ -244,7 +328,14 @@ class BatchedGenerator:
             raise SessionClosedError("the generator is closed")
         how = sampling_params(params, max_new_tokens, sampling)
         reqs = self._requests.build_choices(prompt, how, timeout_s, on_token, self._scheduler.clock())
+        observer = self.observer
+        tag = tag_for(observer) if observer is not None else None
+        for r in reqs:
+            r.tag = tag
         self._scheduler.put_many(reqs)
+        if observer is not None and tag is not None:
+            for r in reqs:
+                r.future.add_done_callback(lambda f: notify(observer.on_done, tag, f))
         return [r.future for r in reqs]
 
     def generate_choices(
@@ -345,7 +436,10 @@ class BatchedGenerator:
 
     def stats(self) -> GenerationStats:
         """Counters since construction, and the current queue/batch state."""
-        return self._stats.snapshot(self._scheduler.queued)
+        prefix = self.runner.prefix_cache
+        return self._stats.snapshot(
+            self._scheduler.queued, kv_cache=self.kv_cache, prefix=prefix.stats() if prefix is not None else None
+        )
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting requests. ``drain=True`` finishes queued and active requests
@@ -354,6 +448,7 @@ class BatchedGenerator:
         self._scheduler.close(drain)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+            self.grammars.close()
         if not self._thread.is_alive():
             forget_live(self)
 
@@ -377,7 +472,10 @@ class BatchedGenerator:
                 if stop:
                     break
                 keep = sched.reap()
+                wall, t0 = (time.time_ns(), time.perf_counter()) if self.observer is not None else (0, 0.0)
                 joining, joined = self._prefill.run(admitted) if admitted else ([], [])
+                if admitted and self.observer is not None:
+                    self._observe_prefill(admitted, wall, time.perf_counter() - t0)
                 lens = [int(n) for c in joining for n in c.lens]
                 plan = sched.place(keep, joined, lens, runner.cache.length, runner.cache_bytes)
                 if (copy_s := runner.seat(plan, joining)) is not None:  # learn what a copy costs
@@ -396,6 +494,24 @@ class BatchedGenerator:
             runner.reset_cache()
             sched.publish(0)
             sched.stopped()
+
+    def _observe_prefill(self, admitted: list[Any], wall: int, elapsed: float) -> None:
+        """Tell the observer of the prefill that admitted ``admitted`` (one batch id for all)."""
+        assert self.observer is not None
+        now = self._scheduler.clock()
+        lengths = [int(r.prompt.shape[0]) for r in admitted]
+        record = BatchRecord(
+            batch_id=next_batch_id(),
+            rows=len(admitted),
+            requests=len(admitted),
+            padded_tokens=len(admitted) * max(lengths),
+            real_tokens=sum(lengths),
+            started_ns=wall,
+            duration_ns=int(elapsed * 1e9),
+            tags=[r.tag for r in admitted],
+            waits_ns=[max(0, int((now - elapsed - r.submitted_at) * 1e9)) for r in admitted],
+        )
+        notify(self.observer.on_prefill, record)
 
     def _decode_step(self) -> None:
         sched, cache = self._scheduler, self.runner.cache
@@ -417,6 +533,13 @@ class BatchedGenerator:
             elapsed = time.perf_counter() - t0
             self._stats.decode_time(elapsed)
         sched.cost.step_s = elapsed
+        self._steps += 1
+        observer = self.observer
+        if observer is not None and (self._steps - 1) % max(1, observer.step_every) == 0:
+            tags = [rows[i].tag for i in live]
+            padded = cache.rows * cache.length
+            started = time.time_ns() - int(elapsed * 1e9)
+            notify(observer.on_step, StepRecord(self._steps, len(live), padded, started, int(elapsed * 1e9), tags))
         # Finished rows are settled now; at the next step boundary their slots go to rows
         # that join, or are dropped when that is worth a copy (see Scheduler.place).
         sched.next_tokens([rows[i] for i in live], logits[:, -1], live)

@@ -12,7 +12,13 @@ beside it) and returns the plain dict the exporter stores as ``manifest.generati
      "num_layers": 12, "num_kv_heads": 12, "head_dim": 64, "cache_dtype": "float32",
      "vocab_size": 50257, "eos_token_ids": [50256], "pad_token_id": 50256,
      "bos_token_id": 50256, "max_context_length": 1024,
-     "padding_side": "left", "tokenizer": "tokenizer.json"}
+     "padding_side": "left", "tokenizer": "tokenizer.json", "kv_cache": "in-place"}
+
+``kv_cache`` says which KV cache the graph allows: ``"in-place"`` when its attention matches
+the rewrite into a preallocated cache (:mod:`.gqa`; the generator then runs it so on the CPU
+provider, once its logits are checked against the export's at load), ``"concat"`` when only the
+export's own concatenating cache can run (also a way to keep the generator off the in-place
+path), ``None`` when it was not checked.
 
 :class:`GenerationLayout` is the parsed, checked form the generator runs on. Only the
 standard library (plus onnx or onnxruntime to read the graph's inputs) is used.
@@ -89,6 +95,7 @@ class GenerationLayout:
     tokenizer: str | None = None
     model: str = "model.onnx"
     padding_side: str = "left"
+    kv_cache: str | None = None
 
     @property
     def num_layers(self) -> int:
@@ -118,6 +125,9 @@ class GenerationLayout:
         side = data.get("padding_side", "left")
         if side != "left":
             raise ManifestError(f"{where}.padding_side must be 'left' for generation, got {side!r}")
+        kv_cache = data.get("kv_cache")
+        if kv_cache not in (None, "in-place", "concat"):
+            raise ManifestError(f"{where}.kv_cache must be 'in-place' or 'concat', got {kv_cache!r}")
         eos = data.get("eos_token_ids", [])
         if not isinstance(eos, list) or not all(isinstance(e, int) for e in eos):
             raise ManifestError(f"{where}.eos_token_ids: expected a list of ints, got {eos!r}")
@@ -141,6 +151,7 @@ class GenerationLayout:
             model_type=get("model_type", str, optional=True),
             tokenizer=get("tokenizer", str, optional=True),
             model=data.get("model") or "model.onnx",
+            kv_cache=kv_cache,
         )
         n = layout.num_layers
         if n == 0 or any(len(x) != n for x in (layout.past_values, layout.present_keys, layout.present_values)):
@@ -171,6 +182,7 @@ class GenerationLayout:
             "max_context_length": self.max_context_length,
             "padding_side": self.padding_side,
             "tokenizer": self.tokenizer,
+            "kv_cache": self.kv_cache,
         }
 
 
@@ -180,7 +192,11 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 def generation_section(
-    export_dir: str | Path, model: str = "model.onnx", *, max_context_length: int | None = None
+    export_dir: str | Path,
+    model: str = "model.onnx",
+    *,
+    max_context_length: int | None = None,
+    check_kv_cache: bool = True,
 ) -> dict[str, Any]:
     """Inspect a decoder-with-past export directory and return its ``generation`` section.
 
@@ -189,6 +205,8 @@ def generation_section(
     tokenizer files. Raises :class:`ModelContractError` when the graph is not a
     decoder with a KV cache (``--task text-generation-with-past``).
     ``max_context_length`` replaces the context length ``config.json`` gives (or lacks).
+    ``check_kv_cache``: find out whether the graph allows the in-place KV cache
+    (``kv_cache``; needs ``onnx``, and reads the graph once more).
     """
     d = Path(export_dir)
     path = d / model
@@ -212,7 +230,25 @@ def generation_section(
     data = layout.to_dict()
     data["model"] = model
     data["tokenizer"] = tokenizer
+    if check_kv_cache:
+        data["kv_cache"] = _kv_cache(path, layout, config)
     return data
+
+
+def _kv_cache(path: Path, layout: GenerationLayout, config: Mapping[str, Any]) -> str | None:
+    """``"in-place"`` when the graph's attention matches the in-place KV cache rewrite, else
+    ``"concat"``; ``None`` without ``onnx`` (the rewrite needs it)."""
+    from .gqa import NotRewritable, cache_spec
+    from .rewrites import check_in_place
+
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        return "concat" if check_in_place(path, cache_spec(layout, config)) else "in-place"
+    except NotRewritable:
+        return "concat"
 
 
 def layout_from_io(
@@ -497,7 +533,7 @@ def load_layout(directory: Path, max_context_length: int | None = None) -> tuple
             layout = GenerationLayout.from_dict(section, where=f"{directory / MANIFEST_NAME}: generation")
     if layout is None:
         try:
-            section = generation_section(directory, model, max_context_length=max_context_length)
+            section = generation_section(directory, model, max_context_length=max_context_length, check_kv_cache=False)
             layout = GenerationLayout.from_dict(section)
         except ManifestError as exc:  # our own inference produced it: a model problem
             raise ModelContractError(str(exc)) from exc

@@ -10,14 +10,16 @@ no new tokens (``max_new_tokens=0``: prompt logprobs only) are settled here.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..errors import OrtBatchError
 from .cache import KVCache
-from .requests import GenerationRequest
+from .requests import GenerationRequest, StreamToken
 from .runner import DecoderRunner
 from .scheduler import Scheduler
 from .scoring import PromptScorer, prompt_logprobs
@@ -79,6 +81,8 @@ class Prefill:
         for i, r in enumerate(group):
             for m in (r, *followers.get(id(r), ())):
                 m.prompt_logprobs = scored[i]
+                if scored[i] is not None and m.on_token is not None:
+                    m.on_token = _with_prompt_logprobs(m.on_token, scored[i])
                 source.append(i)
         wanting = [j for j, m in enumerate(members) if m.max_new_tokens > 0]
         for m in members:
@@ -99,3 +103,12 @@ class Prefill:
         if not self.runner.last_position_logits:
             return prompt_logprobs(req.prompt, np.asarray(logits[row, logits.shape[1] - n :], np.float32), k)
         return self._scorer.score(req.prompt, k)
+
+
+def _with_prompt_logprobs(on_token: Callable[[StreamToken], None], scored: Any) -> Callable[[StreamToken], None]:
+    """``on_token`` whose first token carries the prompt's logprobs (a stream shows them with it)."""
+
+    def call(token: StreamToken) -> None:
+        on_token(dataclasses.replace(token, prompt_logprobs=scored) if token.index == 0 else token)
+
+    return call

@@ -18,6 +18,12 @@ to :func:`choose_token` as before. The rows with extras are gathered into one
 The order is vLLM's (bias and min_tokens, then the penalties). ``logprobs`` are taken from
 the raw logits, before all of it and before temperature (vLLM's default ``raw_logprobs``,
 OpenAI's "before temperature"): a log-softmax in float32 of the model's logits.
+
+A constrained row (a :class:`~.constrained.RowGrammar` in its state) first has every token its
+grammar does not allow set to ``-inf`` (:func:`~.constrained.mask_rows`), before all of the
+above and before its logprobs, as vLLM applies the grammar bitmask to the logits it samples
+and reports from; its ``top`` alternatives are the allowed tokens only (fewer than asked when
+fewer are allowed).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InferenceError
+from .constrained import RowGrammar, mask_rows
 from .sampling import SamplingParams, choose_token
 
 __all__ = ["RowState", "TokenLogprob", "choose_rows", "log_softmax", "top_logprobs"]
@@ -36,18 +43,30 @@ __all__ = ["RowState", "TokenLogprob", "choose_rows", "log_softmax", "top_logpro
 @dataclass(frozen=True)
 class TokenLogprob:
     """One position's log-probabilities: the token's own and the ``top`` alternatives
-    (``(token_id, logprob)``, most likely first; as many as ``logprobs`` asked)."""
+    (``(token_id, logprob)``, most likely first; as many as ``logprobs`` asked). ``rank``: the
+    token's among the vocabulary (1 the most likely; ties count against it, as vLLM's), for
+    prompt tokens."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 class RowState:
-    """What a row with extras remembers between steps: which tokens it saw and how often."""
+    """What a row with extras remembers between steps: which tokens it saw and how often,
+    and where it is in its grammar (``grammar``, for a constrained row)."""
 
-    def __init__(self, params: SamplingParams, prompt: np.ndarray, vocab: int, eos: Sequence[int]) -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt: np.ndarray,
+        vocab: int,
+        eos: Sequence[int],
+        grammar: RowGrammar | None = None,
+    ) -> None:
         self.params = params
+        self.grammar = grammar
         p = params
         #: How often each id was generated (frequency/presence penalties).
         self.counts = np.zeros(vocab, np.int32) if (p.frequency_penalty or p.presence_penalty) else None
@@ -66,6 +85,8 @@ class RowState:
 
     def observe(self, token: int) -> None:
         self.generated += 1
+        if self.grammar is not None:
+            self.grammar.advance(token)
         if self.counts is not None:
             self.counts[token] += 1
         if self.seen is not None:
@@ -133,6 +154,25 @@ def process(logits: np.ndarray, states: Sequence[RowState]) -> np.ndarray:
 Choice = tuple[int | InferenceError, TokenLogprob | None]
 
 
+def _mask_constrained(raw: np.ndarray, states: Sequence[RowState]) -> dict[int, InferenceError]:
+    """Mask the constrained rows of ``raw`` in place; the rows whose grammar failed, with their error."""
+    constrained = [k for k, s in enumerate(states) if s.grammar is not None]
+    if not constrained:
+        return {}
+    grammars: list[RowGrammar] = [states[k].grammar for k in constrained]  # type: ignore[misc]
+    if len(constrained) == len(states):
+        errors = mask_rows(raw, grammars)
+    else:
+        sub = raw[constrained]
+        errors = mask_rows(sub, grammars)
+        raw[constrained] = sub
+    return {
+        k: InferenceError(f"the request's grammar failed: {e}")
+        for k, e in zip(constrained, errors, strict=True)
+        if e is not None
+    }
+
+
 def _choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator | None) -> int | InferenceError:
     try:
         return choose_token(row, params, rng)
@@ -158,13 +198,14 @@ def choose_rows(
     for j, (p, g, r) in enumerate(zip(params, rngs, rows, strict=True)):
         if j not in extras:
             out[j] = (_choose(logits[r], p, g), None)
-    raw = np.asarray(logits[[rows[j] for j in extra]], np.float32)
+    raw = np.asarray(logits[[rows[j] for j in extra]], np.float32)  # a copy (fancy indexing)
+    failed = _mask_constrained(raw, [states[j] for j in extra])  # type: ignore[misc]
     chosen = raw
     processing = [k for k, j in enumerate(extra) if params[j].processes_logits]
     if processing:
         chosen = raw.copy()
         chosen[processing] = process(raw[processing], [states[extra[k]] for k in processing])  # type: ignore[misc]
-    tokens = [_choose(chosen[k], params[j], rngs[j]) for k, j in enumerate(extra)]
+    tokens = [failed.get(k) or _choose(chosen[k], params[j], rngs[j]) for k, j in enumerate(extra)]
     wanting = [k for k, j in enumerate(extra) if params[j].logprobs is not None]
     scored: dict[int, TokenLogprob] = {}
     if wanting:
@@ -179,6 +220,8 @@ def choose_rows(
             if isinstance(token, int):
                 j = extra[k]
                 top = tops[n][: params[j].logprobs]
+                if states[j].grammar is not None:  # type: ignore[union-attr]
+                    top = tuple(t for t in top if t[1] != -np.inf)  # only the tokens its grammar allows
                 scored[k] = TokenLogprob(token, float(sub[n, token] - lse[n]), top)
     for k, j in enumerate(extra):
         out[j] = (tokens[k], scored.get(k))

@@ -24,6 +24,7 @@ import numpy as np
 
 from .._extras import require
 from ..errors import InvalidInputError
+from .constrained import CompiledGrammar, GrammarCompiler
 from .processors import RowState, TokenLogprob
 from .sampling import SamplingParams
 from .text import TextTracker
@@ -75,7 +76,9 @@ class StreamToken:
     """One generated token as streamed: its id, the text that became final with it
     (may be empty while a multi-byte character or a possible stop string is incomplete),
     its index, and ``finish_reason`` on the last one; ``logprob`` (its :class:`TokenLogprob`)
-    when ``logprobs`` was asked; ``choice``: which of the ``n`` choices it belongs to."""
+    when ``logprobs`` was asked; ``choice``: which of the ``n`` choices it belongs to;
+    ``prompt_logprobs``: on each choice's first token when ``prompt_logprobs`` was asked
+    (as :attr:`Completion.prompt_logprobs`), so a stream can show them before the end."""
 
     token_id: int
     text: str
@@ -83,6 +86,7 @@ class StreamToken:
     finish_reason: str | None = None
     logprob: TokenLogprob | None = None
     choice: int = 0
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 class SamplingOptions(TypedDict, total=False):
@@ -107,6 +111,11 @@ class SamplingOptions(TypedDict, total=False):
     logprobs: int | None
     prompt_logprobs: int | None
     n: int
+    json_schema: Mapping[str, Any] | str | None
+    json_object: bool
+    regex: str | None
+    choice: Sequence[str] | None
+    grammar: str | None
 
 
 _OPTION_NAMES = frozenset(SamplingOptions.__annotations__)
@@ -152,6 +161,8 @@ class GenerationRequest:
     leader: GenerationRequest | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    #: what the generator's observer said of it when it was queued (``ortbatch._observe``)
+    tag: Any = None
 
     @property
     def reserved_tokens(self) -> int:
@@ -262,6 +273,8 @@ class RequestFactory:
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False, repr=False)
 
     eos_token_ids: tuple[int, ...] = ()
+    #: Compiles a constrained request's grammar at submit (``None``: constraints refused).
+    grammars: GrammarCompiler | None = None
 
     def build(
         self,
@@ -288,6 +301,7 @@ class RequestFactory:
         with its own random generator: choice 0 seeded by ``seed`` as a lone request is,
         choice ``i`` by ``(seed, i)``, so a seeded ``n`` is reproducible."""
         ids, n_new, timeout = self.check(prompt, params, timeout_s)
+        grammar = self.compile(params)
         base = secrets.randbits(64) if params.seed is None else params.seed
         reqs: list[GenerationRequest] = []
         for choice in range(params.n):
@@ -310,12 +324,23 @@ class RequestFactory:
                 choice=choice,
                 leader=reqs[0] if reqs else None,
             )
-            if params.processes_logits or params.logprobs is not None:
-                req.state = RowState(params, ids, self.vocab_size, self.eos_token_ids)
+            if params.extras:
+                row = grammar.row() if grammar is not None else None
+                req.state = RowState(params, ids, self.vocab_size, self.eos_token_ids, row)
             if params.logprobs is not None:
                 req.logprobs = []
             reqs.append(req)
         return reqs
+
+    def compile(self, params: SamplingParams) -> CompiledGrammar | None:
+        """The request's compiled grammar (``None`` when it has no constraint); a grammar that
+        does not compile is an :class:`InvalidInputError` naming its field."""
+        constraint = params.constraint
+        if constraint is None:
+            return None
+        if self.grammars is None:
+            raise InvalidInputError(f"{constraint.kind} is not supported here", input_name=constraint.kind)
+        return self.grammars.compile(constraint)
 
     def check(
         self, prompt: Any, params: SamplingParams, timeout_s: float | None

@@ -19,8 +19,17 @@
   the cache is read once in place. Measured on GPT-2 small (CPU, 16 rows, 150 cached
   positions): 169 → 113 ms per decode step; at one row, 0.99-1.14x (50-400 cached positions).
 
-Both rewrites leave the inputs and the present outputs unchanged; logits agree with the
-unmodified graph to float rounding. A model whose weights live in external data files is
+- **in-place KV cache** (:data:`~.gqa.IN_PLACE_KV`, asked for with ``in_place=``): every
+  layer's ``Concat`` of past and new keys/values and the attention reading it become one
+  ``GroupQueryAttention`` over a cache buffer bound as both past and present (see
+  :mod:`ortbatch.generation.gqa`). It changes the graph's inputs (the attention mask goes,
+  the cache's lengths come in) and puts the LM head on one position per row, so it replaces
+  the last-position rewrite; the attention-scale rewrite then has nothing left to move.
+  When any layer does not match, :attr:`RewrittenGraph.not_in_place` says why and the other
+  rewrites apply as usual.
+
+The first two rewrites leave the inputs and the present outputs unchanged; logits agree with
+the unmodified graph to float rounding. A model whose weights live in external data files is
 rewritten too: only its graph is loaded, and the rewritten graph is written to a temporary
 file beside the original (ONNX Runtime only reads external data from the model's own
 directory), to be removed with :meth:`RewrittenGraph.close` once a session has loaded it.
@@ -37,7 +46,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ATTENTION_SCALE", "LAST_POSITION_LOGITS", "RewrittenGraph", "rewrite_decoder"]
+from .gqa import IN_PLACE_KV, CacheSpec, NotRewritable, rewrite_in_place
+
+__all__ = [
+    "ATTENTION_SCALE",
+    "IN_PLACE_KV",
+    "LAST_POSITION_LOGITS",
+    "RewrittenGraph",
+    "check_in_place",
+    "rewrite_decoder",
+]
 
 log = logging.getLogger("ortbatch")
 
@@ -61,6 +79,8 @@ class RewrittenGraph:
     rewritten graph, a temporary file beside the original (see :meth:`close`)."""
     rewrites: dict[str, int] = field(default_factory=dict)
     """Each rewrite applied and how many places it changed (e.g. one per layer)."""
+    not_in_place: str = ""
+    """Why the in-place KV cache rewrite, when asked for, did not apply (empty when it did)."""
 
     def close(self) -> None:
         """Remove the temporary graph file, if any; call once the session is created
@@ -82,8 +102,10 @@ def rewrite_decoder(
     logits: str = "logits",
     last_position: bool = True,
     attention: bool = True,
+    in_place: CacheSpec | None = None,
 ) -> RewrittenGraph | None:
-    """Apply the rewrites asked for where the graph allows them (see the module docs).
+    """Apply the rewrites asked for where the graph allows them (see the module docs);
+    ``in_place`` names the cache tensors for the in-place KV cache rewrite.
 
     Returns ``None`` (the caller keeps the original model) when ``onnx`` is missing, an
     inline model is too large to serialize, a model with external data sits in a directory
@@ -100,12 +122,20 @@ def rewrite_decoder(
     if path.stat().st_size > _MAX_INLINE_BYTES:
         return None
     done: dict[str, int] = {}
+    not_in_place = "" if in_place is not None else "not asked for"
     try:
         model = onnx.load(str(path), load_external_data=False)
         external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-        if last_position and _last_position_logits(model, logits):
+        if in_place is not None:
+            try:
+                done[IN_PLACE_KV] = rewrite_in_place(model, in_place, _inferred_shapes(model, data_prop=True))
+                done[LAST_POSITION_LOGITS] = 1
+            except NotRewritable as exc:
+                not_in_place = str(exc)
+                log.info("%s: the KV cache stays the export's own (%s)", path, exc)
+        if last_position and IN_PLACE_KV not in done and _last_position_logits(model, logits):
             done[LAST_POSITION_LOGITS] = 1
-        if attention:
+        if attention and IN_PLACE_KV not in done:
             count = _attention_scale_after_scores(model)
             if count:
                 done[ATTENTION_SCALE] = count
@@ -115,7 +145,7 @@ def rewrite_decoder(
     if not done:
         return None
     if not external:
-        return RewrittenGraph(bytes(model.SerializeToString()), done)
+        return RewrittenGraph(bytes(model.SerializeToString()), done, not_in_place)
     # External data locations are relative to the graph file: write it beside the original.
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.ortbatch-", suffix=".onnx", dir=path.parent)
@@ -124,7 +154,24 @@ def rewrite_decoder(
     except OSError as exc:
         log.info("cannot write a rewritten graph beside %s (%s): it runs as it is", path, exc)
         return None
-    return RewrittenGraph(tmp, done)
+    return RewrittenGraph(tmp, done, not_in_place)
+
+
+def check_in_place(model_path: str | Path, spec: CacheSpec) -> str:
+    """Why the in-place KV cache rewrite would not apply to the graph (``""``: it would),
+    rewriting nothing. Needs ``onnx`` (without it: a reason saying so)."""
+    try:
+        import onnx
+    except ImportError:
+        return "the onnx package is not installed"
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+        rewrite_in_place(model, spec, _inferred_shapes(model, data_prop=True), check_only=True)
+    except NotRewritable as exc:
+        return str(exc)
+    except Exception as exc:  # a graph onnx cannot read: ONNX Runtime judges it at load
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 def _last_position_logits(model: Any, logits: str) -> bool:
@@ -248,9 +295,10 @@ def _swaps_last_two(node: Any) -> bool:
     return perm == [*range(rank - 2), rank - 1, rank - 2]
 
 
-def _inferred_shapes(model: Any) -> dict[str, list[int | None]]:
+def _inferred_shapes(model: Any, data_prop: bool = False) -> dict[str, list[int | None]]:
     """Static shapes (``None`` for a symbolic dim) of the graph's values, by ONNX shape
-    inference on a copy whose large weights are plain inputs (only their shapes matter)."""
+    inference on a copy whose large weights are plain inputs (only their shapes matter);
+    ``data_prop`` also follows shape computations (``Shape``, ``Gather``, ``Concat``, ...)."""
     import onnx
     from onnx import helper
 
@@ -267,7 +315,7 @@ def _inferred_shapes(model: Any) -> dict[str, list[int | None]]:
     )
     light = helper.make_model(light_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     try:
-        inferred = onnx.shape_inference.infer_shapes(light)
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=data_prop)
     except Exception as exc:  # inference is best effort: without shapes nothing is rewritten
         log.info("shape inference failed (%s): the attention scale stays where it is", exc)
         return {}

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InferenceError, InvalidInputError
+from .constrained import CONSTRAINT_FIELDS, Constraint, constraint_source
 
 __all__ = ["MAX_LOGPROBS", "MAX_N", "PARAMETERS", "Parameter", "SamplingParams", "choose_token"]
 
@@ -72,20 +73,46 @@ PARAMETERS: dict[str, Parameter] = dict(
         _p("logprobs", f"an integer in [0, {MAX_LOGPROBS}]", "the chosen token's logprob and the top k", "vLLM"),
         _p("prompt_logprobs", f"an integer in [0, {MAX_LOGPROBS}]", "each prompt token's logprob, top k", "vLLM"),
         _p("n", f"an integer in [1, {MAX_N}]", "choices of one prompt, prefilled once", "OpenAI"),
+        # Structured output: at most one of these five per request (constrained.py).
+        _p(
+            "json_schema",
+            "a JSON schema (dict or JSON text)",
+            "the output is JSON valid against the schema",
+            "OpenAI response_format json_schema/vLLM guided_json",
+        ),
+        _p("json_object", "a bool", "the output is a JSON object", "OpenAI response_format json_object"),
+        _p("regex", "a regular expression (Rust regex syntax)", "the output matches the regex", "vLLM guided_regex"),
+        _p("choice", "a non-empty list of non-empty strings", "the output is one of the strings", "vLLM guided_choice"),
+        _p(
+            "grammar",
+            "a Lark grammar (llguidance's dialect) or a GBNF grammar",
+            "the output is derived from the grammar's start rule",
+            "vLLM guided_grammar",
+        ),
     ]
 )
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short (a client may send an integer of thousands of digits)."""
+    try:
+        text = repr(value)
+    except ValueError:  # past Python's int-to-str digit limit
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _fail(name: str, got: object) -> InvalidInputError:
-    return InvalidInputError(f"{name} must be {PARAMETERS[name].range}, got {got!r}", input_name=name)
+    return InvalidInputError(f"{name} must be {PARAMETERS[name].range}, got {_shown(got)}", input_name=name)
 
 
 def _real(value: object) -> bool:
-    return (
-        not isinstance(value, bool)
-        and isinstance(value, (int, float, np.integer, np.floating))
-        and math.isfinite(value)
-    )
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond any float
+        return False
 
 
 def _integer(value: object) -> bool:
@@ -110,6 +137,11 @@ def _flag(name: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise _fail(name, value)
     return bool(value)
+
+
+def _given(value: object) -> bool:
+    """Whether a constraint field was given: not ``None`` and not a false bool."""
+    return value is not None and not (isinstance(value, (bool, np.bool_)) and not value)
 
 
 def _bias(value: object) -> tuple[tuple[int, float], ...]:
@@ -162,6 +194,11 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     n: int = 1
+    json_schema: Mapping[str, Any] | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: Sequence[str] | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         t: Any = self.temperature
@@ -222,6 +259,38 @@ class SamplingParams:
             or values["frequency_penalty"]
         )
         object.__setattr__(self, "_processes_logits", processes)
+        self._check_constraint()
+
+    def _check_constraint(self) -> None:
+        """At most one constraint field, of the right type; normalised (a schema dict
+        becomes its JSON text, choices a tuple) and kept as :attr:`constraint`."""
+        given = [f for f in CONSTRAINT_FIELDS if _given(getattr(self, f))]
+        constraint = None
+        if len(given) > 1:
+            raise InvalidInputError(
+                f"{given[0]} and {given[1]} cannot be given together: one constraint per request",
+                input_name=given[1],
+            )
+        if given:
+            kind = given[0]
+            value = getattr(self, kind)
+            if kind == "json_object":
+                object.__setattr__(self, kind, _flag(kind, value))
+                source = '{"type": "object"}'
+            else:
+                source = constraint_source(kind, value)
+                normal: Any = tuple(value) if kind == "choice" else source
+                object.__setattr__(self, kind, normal)
+            constraint = Constraint(kind, source)
+            for name, bad in (("ignore_eos", self.ignore_eos), ("min_tokens", self.min_tokens)):
+                if bad:
+                    raise InvalidInputError(
+                        f"{name} cannot be combined with {kind}: the grammar decides where the output ends",
+                        input_name=name,
+                    )
+        else:
+            object.__setattr__(self, "json_object", _flag("json_object", self.json_object))
+        object.__setattr__(self, "_constraint", constraint)
 
     @classmethod
     def from_fields(cls, given: Mapping[str, Any], aliases: Mapping[str, str] | None = None) -> SamplingParams:
@@ -258,9 +327,16 @@ class SamplingParams:
         return bool(self._processes_logits)  # type: ignore[attr-defined]
 
     @property
+    def constraint(self) -> Constraint | None:
+        """What the output must match (``json_schema``, ``json_object``, ``regex``, ``choice``
+        or ``grammar``), or ``None``: see :mod:`.constrained`."""
+        return self._constraint  # type: ignore[attr-defined]
+
+    @property
     def extras(self) -> bool:
-        """Whether the row needs per-row state beyond the fast path (processing or logprobs)."""
-        return self.processes_logits or self.logprobs is not None
+        """Whether the row needs per-row state beyond the fast path (processing, logprobs or
+        a grammar)."""
+        return self.processes_logits or self.logprobs is not None or self.constraint is not None
 
 
 def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator | None) -> int:

@@ -13,7 +13,9 @@ The generator's step loop asks this scheduler, in order, at every iteration:
    group's padding stays bounded;
 4. :meth:`Scheduler.place`: where the rows that join go in the cache — in the slots of
    rows that left, or by one rebuild — and whether rows that left are dropped now
-   (:class:`Placement`, carried out on the cache by the step loop);
+   (:class:`Placement`, carried out on the cache by the step loop). On the in-place cache
+   (``slots=True``) every row keeps its slot: rows that join take free slots, rows that
+   leave free theirs, and rows high up move down into free slots when that pays;
 5. :meth:`Scheduler.record_token`: after each model run, one token per row: stops on
    eos, a stop string or ``max_new_tokens``, and settles the request's future.
 
@@ -58,6 +60,11 @@ class CompactionCost:
         if nbytes:
             self.copy_s_per_byte = 0.7 * self.copy_s_per_byte + 0.3 * seconds / nbytes
 
+    def worth_moving(self, rows: int, free: int, steps_left: float, move_bytes: int) -> bool:
+        """Whether moving rows (``move_bytes`` of cache) down into ``free`` of ``rows`` slots,
+        so the batch is that much shorter, saves more decode time than the copy costs."""
+        return self.step_s * free / rows * steps_left > self.copy_s_per_byte * move_bytes
+
     def worth_compacting(self, rows: int, leaving: int, steps_left: float, cache_bytes: int) -> bool:
         """Whether dropping ``leaving`` of ``rows`` rows now saves more decode time, over
         ``steps_left`` steps, than copying the others' share of ``cache_bytes`` costs."""
@@ -73,7 +80,13 @@ class Placement:
     ``slots[j]``: the cache row that joining row ``j`` is written into, in place (the row
     of a request that left). ``rebuild``: the rows one copy keeps, in order (``None``: no
     copy), with the joining rows stacked after them when ``append``. ``reset``: nothing
-    is left; start from an empty cache. ``copy_bytes``: what the rebuild copies.
+    is left; start from an empty cache. ``copy_bytes``: what the rebuild (or the moves)
+    copies.
+
+    On the in-place cache, first ``free``: the slots of rows that left; then ``moves``:
+    ``(from, to)`` rows moved down into free slots; then the joining rows written into
+    ``slots`` (free ones, or new ones past the end); the batch is then ``rows`` slots long
+    and each slot must hold ``capacity`` positions (the longest budget of its rows).
     """
 
     slots: list[int] = field(default_factory=list)
@@ -81,12 +94,17 @@ class Placement:
     append: bool = False
     reset: bool = False
     copy_bytes: int = 0
+    free: list[int] = field(default_factory=list)
+    moves: list[tuple[int, int]] = field(default_factory=list)
+    rows: int = 0
+    capacity: int = 0
 
 
 class Scheduler:
     """Pending requests, active rows (one per cache row), admission and every outcome.
 
-    ``clock`` is the deadline clock (``time.monotonic``; tests pass a fake one).
+    ``clock`` is the deadline clock (``time.monotonic``; tests pass a fake one). ``slots``:
+    the cache keeps each row in its slot (the in-place cache; see :meth:`place`).
     """
 
     def __init__(
@@ -101,8 +119,10 @@ class Scheduler:
         cost: CompactionCost | None = None,
         clock: Callable[[], float] = time.monotonic,
         idle_wait_s: float = IDLE_WAIT_S,
+        slots: bool = False,
     ) -> None:
         self.max_batch_size = max_batch_size
+        self.slots = slots
         self.max_tokens_in_flight = max_tokens_in_flight
         self.max_queue = max_queue
         self.prefill_padding = prefill_padding
@@ -261,6 +281,8 @@ class Scheduler:
         the compute they waste (a share of each step, for the steps the others still
         have to go) outweighs the copy that drops them.
         """
+        if self.slots:
+            return self._place_in_slots(keep, joined, cache_bytes)
         rows = self.rows
         kept = set(keep)
         free = [i for i in range(len(rows)) if i not in kept]
@@ -283,6 +305,48 @@ class Scheduler:
             self.rows = [rows[i] for i in keep] + incoming
             self._stats.count("cache_copies")
         return plan
+
+    def _place_in_slots(
+        self, keep: list[int], joined: list[GenerationRequest], cache_bytes: Callable[[], int]
+    ) -> Placement:
+        """:meth:`place` on the in-place cache: nothing is rebuilt. Joining rows take the
+        lowest free slots (then new ones at the end); free slots at the end are dropped for
+        free; rows above the live count move down into the free slots below it when the
+        compute those slots waste (every step runs them) outweighs copying the rows."""
+        rows = list(self.rows)
+        kept = set(keep)
+        if not keep and not joined:
+            self.rows = []
+            return Placement(reset=True)
+        free = [i for i in range(len(rows)) if i not in kept]
+        slots = free[: len(joined)] + list(range(len(rows), len(rows) + max(0, len(joined) - len(free))))
+        rows += joined[len(free) :]
+        for req, slot in zip(joined, slots, strict=True):
+            rows[slot] = req
+        self._stats.count("slot_reuses", min(len(joined), len(free)))
+        holes = free[len(joined) :]
+        plan = Placement(slots=slots, free=holes)
+        live = len(rows) - len(holes)
+        movers = [i for i in range(live, len(rows)) if i not in set(holes)]
+        if movers and self._worth_moving(len(rows), len(movers), len(holes), cache_bytes()):
+            plan.moves = list(zip(movers, [h for h in holes if h < live], strict=True))
+            plan.copy_bytes = cache_bytes() * len(movers) // max(1, live)
+            for src, dst in plan.moves:
+                rows[dst] = rows[src]
+            del rows[live:]
+            self._stats.count("row_moves", len(movers))
+        else:
+            while rows and len(rows) - 1 in set(holes):
+                rows.pop()
+        self.rows = rows
+        plan.rows = len(rows)
+        plan.capacity = max((r.reserved_tokens for r in rows if not r.done), default=0)
+        return plan
+
+    def _worth_moving(self, rows: int, movers: int, free: int, cache_bytes: int) -> bool:
+        live = [r for r in self.rows if not r.done]
+        steps_left = sum(r.max_new_tokens - len(r.generated) for r in live) / max(1, len(live))
+        return self.cost.worth_moving(rows, free, steps_left, cache_bytes * movers // max(1, len(live)))
 
     def _worth_compacting(self, keep: list[int], free: list[int], cache_bytes: int) -> bool:
         if not keep:

@@ -25,12 +25,15 @@ log = logging.getLogger("ortbatch.generation")
 
 def prompt_logprobs(prompt: np.ndarray, logits: np.ndarray, k: int) -> tuple[TokenLogprob | None, ...]:
     """``logits``: ``[len(prompt), vocab]``, position ``t`` predicting token ``t + 1``. The first
-    token has none (``None``), as in vLLM and OpenAI's ``echo``."""
+    token has none (``None``), as in vLLM and OpenAI's ``echo``. Each carries its rank."""
     lps = log_softmax(logits[:-1])
     targets = prompt[1:]
     own = lps[np.arange(len(targets)), targets]
+    ranks = (lps >= own[:, None]).sum(axis=-1)
     tops = top_logprobs(lps, k)
-    scored = (TokenLogprob(int(t), float(v), top) for t, v, top in zip(targets, own, tops, strict=True))
+    scored = (
+        TokenLogprob(int(t), float(v), top, int(r)) for t, v, top, r in zip(targets, own, tops, ranks, strict=True)
+    )
     return (None, *scored)
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .prefix_cache import PrefixCacheStats
 
 __all__ = ["GenerationStats", "GenerationStatsRecorder"]
 
@@ -29,6 +32,12 @@ class GenerationStats:
     ``failed``, ``cancelled`` or ``timed_out``; ``errors`` counts the failed and
     timed-out ones by error type, as the runtime's ``errors`` does. ``rejected`` ones
     were refused at submit (queue full). Times are seconds.
+
+    ``kv_cache`` is the cache that runs (``"in-place"`` or ``"concat"``); on the in-place
+    cache, ``row_moves`` counts rows moved down into free slots, and the ``prefix_cache_*``
+    counters the prefix cache: prompts looked up, prompts that reused a cached prefix
+    (``hits``), prompt tokens not run because they were cached, blocks evicted, and the
+    bytes held against the budget.
     """
 
     submitted: int
@@ -53,6 +62,14 @@ class GenerationStats:
     cache_copies: int = 0
     slot_reuses: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    kv_cache: str = "concat"
+    row_moves: int = 0
+    prefix_cache_lookups: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_tokens_saved: int = 0
+    prefix_cache_evictions: int = 0
+    prefix_cache_bytes: int = 0
+    prefix_cache_budget_bytes: int = 0
 
     @property
     def requests(self) -> int:
@@ -124,7 +141,9 @@ class GenerationStatsRecorder:
         with self._lock:
             self._active = (rows, reserved_tokens, cache_length)
 
-    def snapshot(self, queued: int) -> GenerationStats:
+    def snapshot(
+        self, queued: int, kv_cache: str = "concat", prefix: PrefixCacheStats | None = None
+    ) -> GenerationStats:
         with self._lock:
             c = Counter(self._counts)
             rows, reserved, length = self._active
@@ -154,4 +173,20 @@ class GenerationStatsRecorder:
             cache_copies=c["cache_copies"],
             slot_reuses=c["slot_reuses"],
             errors=errors,
+            kv_cache=kv_cache,
+            row_moves=c["row_moves"],
+            **_prefix_fields(prefix),
         )
+
+
+def _prefix_fields(prefix: PrefixCacheStats | None) -> dict[str, int]:
+    if prefix is None:
+        return {}
+    return {
+        "prefix_cache_lookups": prefix.lookups,
+        "prefix_cache_hits": prefix.hits,
+        "prefix_cache_tokens_saved": prefix.tokens_saved,
+        "prefix_cache_evictions": prefix.evicted_blocks,
+        "prefix_cache_bytes": prefix.bytes,
+        "prefix_cache_budget_bytes": prefix.budget_bytes,
+    }

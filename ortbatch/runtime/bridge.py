@@ -13,7 +13,10 @@ one. On a server whose requests cost ~1 ms of CPU in all, that was a quarter of 
   requests that arrive together are offered to the batcher together.
 * **Delivery** (:class:`Mailbox`): a worker settles an :class:`AsyncSlot`, which posts
   the outcome to its loop's mailbox; the first post of a burst schedules one
-  ``call_soon_threadsafe`` that sets every asyncio future posted since.
+  ``call_soon_threadsafe`` that sets every asyncio future posted since. A worker settles a
+  batch's requests inside :func:`one_wake_up`, so a batch wakes each loop once, at its end,
+  whatever the loop does meanwhile (woken at the first post, a busy loop could take that
+  one before the next was posted, and be woken again for each).
 
 The slot keeps the state machine the runtime relies on (pending, running, cancelled,
 finished: :class:`~ortbatch.runtime.scheduler.Slot`'s, as ``run()``'s ``LightFuture``), so
@@ -24,12 +27,18 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .scheduler import Request, Scheduler, Slot
 
-__all__ = ["AsyncSlot", "Mailbox", "Outbox", "mailbox_for"]
+__all__ = ["AsyncSlot", "Mailbox", "Outbox", "mailbox_for", "one_wake_up"]
+
+#: per thread: the mailboxes posted to inside :func:`one_wake_up` (None outside it)
+_held = threading.local()
 
 
 class Mailbox:
@@ -48,7 +57,22 @@ class Mailbox:
             self._items.append((fut, value, exc))
             if self._scheduled:
                 return
+            held: set[Mailbox] | None = getattr(_held, "boxes", None)
+            if held is not None:  # woken when the batch is settled (one_wake_up)
+                held.add(self)
+                return
             self._scheduled = True
+        self._wake()
+
+    def _flush(self) -> None:
+        """Wake the loop for what was posted and is not yet scheduled."""
+        with self._lock:
+            if self._scheduled or not self._items:
+                return
+            self._scheduled = True
+        self._wake()
+
+    def _wake(self) -> None:
         loop = self._loop()
         try:
             if loop is None:
@@ -70,6 +94,21 @@ class Mailbox:
                 fut.set_exception(exc)
             else:
                 fut.set_result(value)
+
+
+@contextmanager
+def one_wake_up() -> Iterator[None]:
+    """Outcomes this thread posts inside the block wake each loop once, when it ends."""
+    if getattr(_held, "boxes", None) is not None:  # already inside one
+        yield
+        return
+    _held.boxes = set()
+    try:
+        yield
+    finally:
+        boxes, _held.boxes = _held.boxes, None
+        for box in boxes:
+            box._flush()
 
 
 _mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = weakref.WeakKeyDictionary()

@@ -142,7 +142,7 @@ class LightFuture(Slot):
 class Request:
     """One queued request: its prepared payload, its future, and bookkeeping."""
 
-    __slots__ = ("deadline", "enqueued", "future", "item", "length", "output_names", "rows")
+    __slots__ = ("deadline", "enqueued", "future", "item", "length", "output_names", "rows", "tag")
 
     def __init__(
         self,
@@ -152,6 +152,7 @@ class Request:
         output_names: Any = None,
         deadline: float | None = None,
         future: Future[Any] | Slot | None = None,
+        tag: Any = None,
     ) -> None:
         self.item = item
         self.rows = rows
@@ -160,6 +161,8 @@ class Request:
         self.deadline = deadline
         self.future: Future[Any] | Slot = future if future is not None else LightFuture()
         self.enqueued = 0.0
+        #: what the session's observer said of it when it was queued (``ortbatch._observe``)
+        self.tag = tag
 
 
 class CostModel:

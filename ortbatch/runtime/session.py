@@ -31,6 +31,7 @@ import numpy as np
 
 from .._extras import require
 from .._lifecycle import check_positive, forget_live, settle, track_live
+from .._observe import BatchObserver, BatchRecord, next_batch_id, notify, tag_for
 from ..errors import (
     InferenceError,
     InvalidInputError,
@@ -40,7 +41,7 @@ from ..errors import (
     map_ort_error,
 )
 from ..manifest import MANIFEST_NAME, Manifest
-from .bridge import AsyncSlot, Outbox, mailbox_for
+from .bridge import AsyncSlot, Outbox, mailbox_for, one_wake_up
 from .collate import Collator, PaddingCollator
 from .executor import (
     GPU_PROVIDERS,
@@ -146,6 +147,9 @@ class BatchedSession:
             constructor returns, so the first real request never pays for an engine build
             or algorithm search (see :mod:`ortbatch.runtime.warmup`). ``ortbatch serve``
             turns it on. A shape the model refuses is logged and skipped.
+        observer: told of each request queued and each batch run (its id, rows, padded
+            tokens, timings and requests): a :class:`~ortbatch._observe.BatchObserver`,
+            such as ``ortbatch serve``'s tracing. Also settable as ``session.observer``.
 
     When nothing is queued or running, :meth:`run` executes its request on the
     caller's own thread (no hand-off to a worker and back); requests that arrive
@@ -169,7 +173,10 @@ class BatchedSession:
         session_options: Any = None,
         latency_session: bool | None = None,
         warmup: bool = False,
+        observer: BatchObserver | None = None,
     ) -> None:
+        #: told of every request and batch (see ``observer`` above); None: nothing is told
+        self.observer = observer
         self.manifest = _find_manifest(sess_or_path)
         limits = _Limits.resolve(
             self.manifest, max_batch_size, max_batch_tokens, workers, max_delay_ms, max_queue, timeout_s
@@ -523,7 +530,8 @@ class BatchedSession:
         item = self.collator.prepare(input_feed)
         t = self.timeout_s if timeout_s is None else deadline_seconds(timeout_s, "timeout_s")
         deadline = time.monotonic() + t if t is not None else None
-        return Request(item, item.rows, item.length, names, deadline, future)
+        tag = tag_for(self.observer) if self.observer is not None else None
+        return Request(item, item.rows, item.length, names, deadline, future, tag)
 
     def _worker(self) -> None:
         binding = self._executor.binding()
@@ -561,6 +569,7 @@ class BatchedSession:
         """Collate, run and split ``reqs``; on failure split the group and retry halves,
         so only the request(s) that fail on their own get the error."""
         t0 = time.perf_counter()
+        wall = time.time_ns() if self.observer is not None else 0
         feed: dict[str, np.ndarray] | None = None
         try:
             feed, state = self.collator.collate([r.item for r in reqs])
@@ -593,6 +602,8 @@ class BatchedSession:
                 err.__cause__ = exc
             self._stats.error(err)
             settle(reqs[0].future, error=err)
+            if self.observer is not None:
+                self._observed(reqs, wall, time.perf_counter() - t0, waits, err)
             return
         elapsed = time.perf_counter() - t0
         rows = sum(r.rows for r in reqs)
@@ -601,15 +612,45 @@ class BatchedSession:
             self._cost.observe(rows, longest, elapsed)
         self._stats.batch(rows, len(reqs), sum(r.rows * r.length for r in reqs), rows * longest, elapsed, waits or [])
         ok = 0
-        for req, res in zip(reqs, results, strict=True):
-            try:
-                req.future.set_result([res[n] for n in req.output_names])
-                ok += 1
-            except KeyError as exc:
-                settle(req.future, error=InferenceError(f"collator gave no output {exc}"))
-            except concurrent.futures.InvalidStateError:
-                pass
+        with one_wake_up():
+            for req, res in zip(reqs, results, strict=True):
+                try:
+                    req.future.set_result([res[n] for n in req.output_names])
+                    ok += 1
+                except KeyError as exc:
+                    settle(req.future, error=InferenceError(f"collator gave no output {exc}"))
+                except concurrent.futures.InvalidStateError:
+                    pass
         self._stats.finished(ok)
+        if self.observer is not None:
+            self._observed(reqs, wall, elapsed, waits)
+
+    def _observed(
+        self,
+        reqs: list[Request],
+        wall: int,
+        elapsed: float,
+        waits: list[float] | None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Tell the observer of a batch run (after its requests are settled)."""
+        observer = self.observer
+        if observer is None:
+            return
+        rows = sum(r.rows for r in reqs)
+        record = BatchRecord(
+            batch_id=next_batch_id(),
+            rows=rows,
+            requests=len(reqs),
+            padded_tokens=rows * max(r.length for r in reqs),
+            real_tokens=sum(r.rows * r.length for r in reqs),
+            started_ns=wall,
+            duration_ns=int(elapsed * 1e9),
+            tags=[r.tag for r in reqs],
+            waits_ns=[int(w * 1e9) for w in waits] if waits else [0] * len(reqs),
+            error=error,
+        )
+        notify(observer.on_batch, record)
 
 
 def _values(boxes: weakref.WeakKeyDictionary[Any, Outbox]) -> list[Outbox]:

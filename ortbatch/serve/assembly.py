@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import tracing
 from .config import ServeConfig
 from .http.app import build_app
 from .http.auth import ApiKeyMiddleware
+from .http.openapi import model_docs
 from .http.plumbing import BodyLimits
 from .http.repository_routes import create_repository_app
+from .http.tracing import TracingMiddleware
 from .served.generator import ServedGenerator
 from .served.loading import load_served
 from .served.model import ServedModel
@@ -55,14 +58,22 @@ def say(text: str) -> None:
 
 def app_for(served: Served, config: ServeConfig, close_model_on_shutdown: bool = True) -> Any:
     """The app for what is served (:func:`~ortbatch.serve.http.app.build_app`; every model's for
-    a repository), behind the API-key door when a key is set."""
+    a repository), behind the API-key door when a key is set, traced when tracing is on
+    (``config.otlp_endpoint`` or the ``OTEL_*`` variables: :mod:`.tracing`)."""
     body = BodyLimits(config.max_body_bytes, config.body_timeout_s)
+    traces = tracing.configure(config.otlp_endpoint)
     app: Any
     if isinstance(served, ModelRepository):
         app = create_repository_app(served, body=body, close_model_on_shutdown=close_model_on_shutdown)
+        for _, loaded in served.loaded():  # those loaded later are observed by load_served
+            tracing.observe(loaded.served, traces)
     else:
-        app = build_app(served, body, close_on_shutdown=close_model_on_shutdown)
-    return ApiKeyMiddleware(app, config.api_key) if config.api_key is not None else app
+        app = build_app(served, body, close_on_shutdown=close_model_on_shutdown, docs=model_docs(served))
+        tracing.observe(served, traces)
+    if config.api_key is not None:
+        app = ApiKeyMiddleware(app, config.api_key)
+    # outermost: a refused request is traced too
+    return TracingMiddleware(app, traces) if traces is not None else app
 
 
 def grpc_server_for(
@@ -91,6 +102,7 @@ def grpc_server_for(
 def load_app(directory: str | Path | ModelRepository, config: ServeConfig) -> tuple[Served, Any]:
     """Load what ``directory`` holds (a generator for a decoder-with-past export, else a
     model; every model of a repository) and build its app."""
+    tracing.configure(config.otlp_endpoint)  # before loading: each model gets its observer
     served: Served
     if isinstance(directory, ModelRepository):
         served = directory

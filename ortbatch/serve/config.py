@@ -45,6 +45,9 @@ class ServeConfig:
     backlog: int = 2048
     #: generation exports: most positions a sequence may reach (None: the export's)
     max_context_length: int | None = None
+    #: generation exports: reuse the keys and values of prompt prefixes seen before (the
+    #: in-place KV cache's prefix cache; ``--no-prefix-cache`` turns it off)
+    prefix_cache: bool = True
     #: port of the KServe v2 gRPC service on ``host`` (None: no gRPC; Triton's default is 8001)
     grpc_port: int | None = None
     #: bearer key every route but the health checks needs (HTTP and gRPC; None: open)
@@ -82,6 +85,12 @@ class ServeConfig:
     #: serve an export whose recorded accuracy checks failed (``validation.passed`` false);
     #: refused otherwise, however it is loaded (one export, a list, a repository, front ends, Ray)
     allow_unvalidated: bool = False
+    #: generation exports: accept request fields that no API defines (a vendor's), logging
+    #: each name once, instead of OpenAI's 400 "Unrecognized request argument supplied"
+    lenient_params: bool = False
+    #: OTLP collector to export OpenTelemetry traces to (None: the OTEL_EXPORTER_OTLP_*
+    #: variables', else no tracing; see :mod:`ortbatch.serve.tracing`)
+    otlp_endpoint: str | None = None
 
     def generator_kwargs(self) -> dict[str, Any]:
         """The :class:`~ortbatch.BatchedGenerator` arguments, for a generation export."""
@@ -91,6 +100,8 @@ class ServeConfig:
             "timeout_s": self.timeout_s,
             "max_context_length": self.max_context_length,
         }
+        if not self.prefix_cache:
+            kw["prefix_cache"] = False
         if self.providers is not None:
             kw["providers"] = self.providers
         return kw

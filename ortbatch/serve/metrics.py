@@ -108,6 +108,33 @@ class GeneratorCollector:
             "Rows decoded, summed over steps",
             value=round(s.mean_decode_rows * s.decode_steps),
         )
+        yield from _prefix_cache_families(core, s)
+
+
+#: the prefix cache's counters: (family, ``GenerationStats`` field, help)
+_PREFIX_COUNTERS = (
+    ("lookups", "prefix_cache_lookups", "Prompts looked up in the prefix cache"),
+    ("hits", "prefix_cache_hits", "Prompts that reused a cached prefix"),
+    ("tokens_saved", "prefix_cache_tokens_saved", "Prompt tokens not run because their keys and values were cached"),
+    (
+        "evictions",
+        "prefix_cache_evictions",
+        "Cached prefix blocks evicted (least recently used first) to stay within budget",
+    ),
+)
+
+
+def _prefix_cache_families(core: Any, s: Any) -> Iterator[Any]:
+    """The prefix cache's counters (zero where it is off or the KV cache is the export's own)."""
+    for name, field, help_text in _PREFIX_COUNTERS:
+        yield core.CounterMetricFamily(
+            f"ortbatch_generation_prefix_cache_{name}", help_text, value=getattr(s, field, 0)
+        )
+    yield core.GaugeMetricFamily(
+        "ortbatch_generation_prefix_cache_bytes",
+        "Bytes the prefix cache holds",
+        value=getattr(s, "prefix_cache_bytes", 0),
+    )
 
 
 class _InFlight:

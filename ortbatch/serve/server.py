@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._extras import require
 from ..errors import ServeError
+from . import tracing
 from .assembly import (
     ExitCounts,
     Served,
@@ -95,6 +96,7 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
             grpc_server.stop(config.graceful_timeout_s)
         if not served.closed:
             served.close(drain=True)
+        tracing.shutdown()  # the last spans exported before the exit report
     counts: RequestCounts = app.state.counts
     totals = ExitCounts(counts.accepted, counts.answered, counts.abandoned)
     if grpc_server is not None:

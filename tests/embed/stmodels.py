@@ -53,23 +53,28 @@ def _tokenizer(kind: str) -> Any:
     )
 
 
+def _bert_config(vocab: int) -> Any:
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+
+
 def build_base(kind: str, directory: Path) -> Path:
     """A random transformer checkpoint (config, weights, tokenizer) in ``directory``."""
     import torch
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
+    from transformers import BertModel, GPT2Config, GPT2Model
 
     torch.manual_seed(0)
     tok = _tokenizer(kind)
     if kind == "bert":
-        cfg = BertConfig(
-            vocab_size=len(tok),
-            hidden_size=HIDDEN,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=128,
-        )
-        model: Any = BertModel(cfg)
+        model: Any = BertModel(_bert_config(len(tok)))
     else:
         cfg = GPT2Config(vocab_size=len(tok), n_embd=HIDDEN, n_layer=2, n_head=2, n_positions=128, pad_token_id=0)
         model = GPT2Model(cfg)
@@ -115,6 +120,29 @@ def build_st(
     return directory
 
 
+def build_splade(directory: Path, *, pooling: str = "max", activation: str = "relu") -> Path:
+    """A SPLADE ``SparseEncoder`` checkpoint over a random 2-layer BERT masked LM."""
+    import torch
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(0)
+    tok = _tokenizer("bert")
+    base = directory.with_name(directory.name + "-mlm")
+    BertForMaskedLM(_bert_config(len(tok))).eval().save_pretrained(base)
+    tok.save_pretrained(base)
+    modules = [
+        Transformer(str(base), transformer_task="fill-mask", max_seq_length=64),
+        SpladePooling(pooling_strategy=pooling, activation_function=activation),
+    ]
+    if directory.exists():
+        shutil.rmtree(directory)
+    SparseEncoder(modules=modules, device="cpu").save(str(directory))
+    return directory
+
+
 def export_transformer(base: Path, out: Path) -> Path:
     """The plain transformer's ONNX graph (optimum-onnx, feature-extraction), once per base."""
     from optimum.exporters.onnx import main_export
@@ -123,6 +151,47 @@ def export_transformer(base: Path, out: Path) -> Path:
         str(base), output=out, task="feature-extraction", library_name="transformers", do_validation=False, opset=18
     )
     return out / "model.onnx"
+
+
+def make_export(onnx_src: Path, st_dir: Path, out: Path, *, calibrate: bool = True, max_batch_size: int = 4) -> Path:
+    """An export directory as the exporter writes it, without its checks: model.onnx with
+    the checkpoint's pipeline appended, the tokenizer, and ortbatch.json with the
+    'embedding' section (calibrated on sentence-transformers' encode of CORPUS, default
+    prompt applied as encode applies it)."""
+    import dataclasses
+
+    import onnx
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    from ortbatch.embed import calibration_ranges
+    from ortbatch.export import graph, st_pipeline
+    from ortbatch.manifest import Manifest, model_hash
+
+    parsed = st_pipeline.read_pipeline(st_dir)
+    assert parsed is not None
+    out.mkdir(parents=True)
+    model = onnx.load(str(onnx_src))
+    st_pipeline.append_pipeline(model, parsed)
+    onnx.save(model, str(out / "model.onnx"))
+    AutoTokenizer.from_pretrained(str(st_dir)).save_pretrained(str(out))
+    inputs, outputs, _ = graph.manifest_io(graph.read_graph_io(out / "model.onnx"), {"input_ids": 0})
+    pipe = parsed.pipeline
+    if calibrate:
+        cal = SentenceTransformer(str(st_dir), device="cpu").encode(CORPUS)
+        rows = tuple(tuple(float(v) for v in r) for r in cal)
+        pipe = dataclasses.replace(pipe, calibration=rows, quantization_ranges=calibration_ranges(cal))
+    Manifest(
+        inputs=inputs,
+        outputs=outputs,
+        limits={"max_batch_size": max_batch_size, "max_sequence_length": 64},
+        source={"model": str(st_dir), "task": "feature-extraction"},
+        extra={
+            "components": {"model": {"model": "model.onnx", "sha256": model_hash(out / "model.onnx")}},
+            "embedding": pipe.to_dict(),
+        },
+    ).save(out)
+    return out
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

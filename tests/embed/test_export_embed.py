@@ -127,6 +127,16 @@ def test_pooling_that_disagrees_with_the_checkpoint_fails(cls_export, tmp_path):
     with pytest.raises(ValidationError, match="allow-unvalidated"):
         refuse_failed_checks(bad, allow_unvalidated=False)
     refuse_failed_checks(bad, allow_unvalidated=True)
+    # `ortbatch serve` as users run it: refused before it binds or loads, one line, exit 2
+    out = subprocess.run(
+        [sys.executable, "-m", "ortbatch.cli", "serve", str(bad), "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode != 0 and "allow-unvalidated" in out.stderr, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
 
 
 _HIDDEN = textwrap.dedent(
@@ -150,8 +160,21 @@ _HIDDEN = textwrap.dedent(
 
 
 def test_export_without_sentence_transformers(bert_base, tmp_path):
-    st_dir = build_st(bert_base, tmp_path / "st", pooling="lasttoken", dense=((8, "ReLU"),), normalize=False)
-    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS, batch_size=4)
+    """Exported where sentence-transformers cannot be imported (checked against ortbatch's
+    torch reference), then embedded in process there and served here: each equals
+    sentence-transformers' encode, the checkpoint's default prompt included."""
+    st_dir = build_st(
+        bert_base,
+        tmp_path / "st",
+        pooling="lasttoken",
+        include_prompt=False,
+        dense=((8, "ReLU"),),
+        normalize=False,
+        prompts={"query": "query: ", "passage": "passage: "},
+        default_prompt_name="query",
+    )
+    model = st_mod.SentenceTransformer(str(st_dir), device="cpu")
+    want = model.encode(TEXTS, batch_size=4)
     npy = tmp_path / "hidden.npy"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run(
@@ -164,6 +187,17 @@ def test_export_without_sentence_transformers(bert_base, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "sentence_embedding vs torch reference" in done.stdout
     assert cosines(np.load(npy), want).min() >= MIN_COSINE
+    httpx = pytest.importorskip("httpx")
+    from ortbatch.serve import BackgroundServer, ServedModel
+
+    with BackgroundServer(ServedModel.load(tmp_path / "export", name="hidden")) as srv:
+        r = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS * 2}, timeout=60)
+        assert r.status_code == 200, r.text
+        got = np.array([d["embedding"] for d in r.json()["data"]])
+        assert cosines(got, model.encode(TEXTS * 2, batch_size=5)).min() >= MIN_COSINE
+        r = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS, "prompt_name": "passage"}, timeout=60)
+        got = np.array([d["embedding"] for d in r.json()["data"]])
+        assert cosines(got, model.encode(TEXTS, prompt_name="passage")).min() >= MIN_COSINE
 
 
 def test_plain_transformer_pooled_by_the_flag(bert_base, tmp_path):

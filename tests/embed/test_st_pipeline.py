@@ -7,7 +7,6 @@ The reference is always ``SentenceTransformer(dir).encode``, never ortbatch's ou
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -23,24 +22,22 @@ pytest.importorskip("torch")
 pytest.importorskip("optimum.exporters.onnx")
 st_mod = pytest.importorskip("sentence_transformers")
 
-from ortbatch.embed import Embedder, EmbeddingPipeline, calibration_ranges  # noqa: E402
+from ortbatch.embed import Embedder, EmbeddingPipeline  # noqa: E402
 from ortbatch.errors import ExportError, InvalidInputError  # noqa: E402
 from ortbatch.export import st_pipeline  # noqa: E402
-from tests.embed.stmodels import CORPUS, TEXTS, build_base, build_st, cosines, export_transformer, padded_feed  # noqa: E402
+from tests.embed.stmodels import (  # noqa: E402
+    CORPUS,
+    TEXTS,
+    build_splade,
+    build_st,
+    cosines,
+    make_export,
+    padded_feed,
+)
 
 pytestmark = [pytest.mark.export, pytest.mark.slow]
 MIN_COSINE = 0.9999
 PROMPTS = {"query": "query: ", "passage": "passage: "}
-
-
-@pytest.fixture(scope="module")
-def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    root = tmp_path_factory.mktemp("st-bases")
-    out = {}
-    for kind in ("bert", "gpt2"):
-        base = build_base(kind, root / f"base-{kind}")
-        out[kind] = (base, export_transformer(base, root / f"onnx-{kind}"))
-    return out
 
 
 def _graph_session(onnx_path: Path, parsed: st_pipeline.ParsedPipeline) -> Any:
@@ -52,7 +49,9 @@ def _graph_session(onnx_path: Path, parsed: st_pipeline.ParsedPipeline) -> Any:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def _encode_graph(sess: Any, st_dir: Path, texts: list[str], prompt: str | None = None) -> np.ndarray:
+def _encode_graph(
+    sess: Any, st_dir: Path, texts: list[str], prompt: str | None = None, output: str = "sentence_embedding"
+) -> np.ndarray:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(st_dir))
@@ -65,7 +64,7 @@ def _encode_graph(sess: Any, st_dir: Path, texts: list[str], prompt: str | None 
             ids = tok(prompt)["input_ids"]
             n = len(ids) - (1 if ids and ids[-1] in tok.all_special_ids else 0)
         feed["prompt_length"] = np.full(len(texts), n, dtype=np.int64)
-    return sess.run(["sentence_embedding"], feed)[0]
+    return sess.run([output], feed)[0]
 
 
 CASES = [
@@ -212,41 +211,6 @@ def test_without_sentence_transformers(bases, tmp_path, kind, pooling):
 # -- the in-process face -------------------------------------------------------------
 
 
-def make_export(onnx_src: Path, st_dir: Path, out: Path, *, calibrate: bool = True) -> Path:
-    """An export directory as the exporter will write it: model.onnx with the pipeline,
-    tokenizer, and ortbatch.json with the 'embedding' section."""
-    import onnx
-    from transformers import AutoTokenizer
-
-    from ortbatch.export import graph
-    from ortbatch.manifest import Manifest, model_hash
-
-    parsed = st_pipeline.read_pipeline(st_dir)
-    assert parsed is not None
-    out.mkdir(parents=True)
-    model = onnx.load(str(onnx_src))
-    st_pipeline.append_pipeline(model, parsed)
-    onnx.save(model, str(out / "model.onnx"))
-    tok = AutoTokenizer.from_pretrained(str(st_dir))
-    tok.save_pretrained(str(out))
-    inputs, outputs, _ = graph.manifest_io(graph.read_graph_io(out / "model.onnx"), {"input_ids": 0})
-    pipe = parsed.pipeline
-    if calibrate:
-        cal = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(CORPUS)
-        pipe = dataclasses.replace(pipe, quantization_ranges=calibration_ranges(cal))
-    Manifest(
-        inputs=inputs,
-        outputs=outputs,
-        limits={"max_batch_size": 4, "max_sequence_length": 64},
-        source={"model": str(st_dir), "task": "feature-extraction"},
-        extra={
-            "components": {"model": {"model": "model.onnx", "sha256": model_hash(out / "model.onnx")}},
-            "embedding": pipe.to_dict(),
-        },
-    ).save(out)
-    return out
-
-
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
 def test_embedder_equals_encode(bases, tmp_path, kind):
     from sentence_transformers.util import quantize_embeddings
@@ -294,3 +258,53 @@ def test_embedder_equals_encode(bases, tmp_path, kind):
 
 
 HIDDEN_DIM = 32
+
+
+# -- SPLADE ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pooling", "activation"), [("max", "relu"), ("sum", "log1p_relu")])
+def test_splade_graph_and_torch_reference_equal_sparse_encoder(tmp_path, pooling, activation):
+    from optimum.exporters.onnx import main_export
+
+    st_dir = build_splade(tmp_path / "splade", pooling=pooling, activation=activation)
+    assert st_pipeline.checkpoint_task(st_dir) == "fill-mask"
+    parsed = st_pipeline.read_pipeline(st_dir)
+    assert parsed is not None and parsed.pipeline.is_sparse
+    pipe = parsed.pipeline
+    assert (pipe.sparse.pooling, pipe.sparse.activation, pipe.output) == (pooling, activation, "sparse_embedding")
+    assert pipe.similarity == "dot"
+    encoder = st_mod.SparseEncoder(str(st_dir), device="cpu")
+    want = encoder.encode(TEXTS, batch_size=4, convert_to_tensor=True).to_dense().numpy()
+    assert want.shape == (len(TEXTS), pipe.dimension)
+    np.testing.assert_allclose(st_pipeline.TorchPipeline(parsed).encode(TEXTS), want, rtol=1e-4, atol=1e-6)
+    onnx_dir = tmp_path / "onnx"
+    main_export(
+        str(parsed.transformer_path),
+        output=onnx_dir,
+        task="fill-mask",
+        library_name="transformers",
+        do_validation=False,
+        opset=18,
+    )
+    got = _encode_graph(_graph_session(onnx_dir / "model.onnx", parsed), st_dir, TEXTS, output="sparse_embedding")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_splade_modules_that_cannot_be_exported(tmp_path):
+    st_dir = build_splade(tmp_path / "splade")
+    modules = json.loads((st_dir / "modules.json").read_text())
+    cfg_file = st_dir / "1_SpladePooling" / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg_file.write_text(json.dumps(cfg | {"pooling_strategy": "mean"}))
+    with pytest.raises(ExportError, match="SPLADE pooling 'mean'"):
+        st_pipeline.read_pipeline(st_dir)
+    cfg_file.write_text(json.dumps(cfg))
+    bert_cfg = st_dir / "sentence_bert_config.json"
+    bert_cfg.write_text(json.dumps(json.loads(bert_cfg.read_text()) | {"transformer_task": "feature-extraction"}))
+    with pytest.raises(ExportError, match="fill-mask Transformer -> SpladePooling"):
+        st_pipeline.read_pipeline(st_dir)
+    modules[1]["type"] = "sentence_transformers.sparse_encoder.modules.SparseStaticEmbedding"
+    (st_dir / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ExportError, match="SparseStaticEmbedding"):
+        st_pipeline.read_pipeline(st_dir)

@@ -86,7 +86,7 @@ def _tokenizer(directory: Path):
     return fast
 
 
-def _build(kind: str, root: Path) -> TinyModel:
+def _build(kind: str, root: Path, context: int = CONTEXT) -> TinyModel:
     pytest.importorskip("torch")
     pytest.importorskip("optimum.exporters.onnx")
     import torch
@@ -99,7 +99,7 @@ def _build(kind: str, root: Path) -> TinyModel:
     torch.manual_seed(0)
     common = dict(vocab_size=vocab, initializer_range=0.2, bos_token_id=1, eos_token_id=EOS, pad_token_id=0)
     if kind == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(n_positions=CONTEXT, n_embd=32, n_layer=2, n_head=4, **common))
+        model = GPT2LMHeadModel(GPT2Config(n_positions=context, n_embd=32, n_layer=2, n_head=4, **common))
     else:
         model = LlamaForCausalLM(
             LlamaConfig(
@@ -108,7 +108,7 @@ def _build(kind: str, root: Path) -> TinyModel:
                 num_hidden_layers=2,
                 num_attention_heads=4,
                 num_key_value_heads=2,
-                max_position_embeddings=CONTEXT,
+                max_position_embeddings=context,
                 **common,
             )
         )
@@ -125,6 +125,29 @@ def tiny_gpt2(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return _build("llama", tmp_path_factory.mktemp("gen-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_long(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """tiny_gpt2's shape with 2048 positions: room for chat prompts that list tools."""
+    return _build("gpt2", tmp_path_factory.mktemp("gen-gpt2-long"), context=2048)
+
+
+@pytest.fixture(scope="session")
+def tool_exports(tiny_gpt2_long: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tiny_gpt2_long's export with each tool template (tool_templates.py) as its chat template:
+    ``{"hermes": DIR, "llama3": DIR}``."""
+    import shutil
+
+    from .tool_templates import HERMES, LLAMA3
+
+    out = {}
+    for name, source in (("hermes", HERMES), ("llama3", LLAMA3)):
+        d = tmp_path_factory.mktemp(f"tools-{name}") / "export"
+        shutil.copytree(tiny_gpt2_long.export, d)
+        (d / "chat_template.jinja").write_text(source)
+        out[name] = d
+    return out
 
 
 @pytest.fixture(params=["gpt2", "llama"])

@@ -59,18 +59,30 @@ def test_modes_agree_and_report(bench, fake_dir: Path, tmp_path: Path, no_thread
 
 
 def test_baselines_on_the_rewritten_graph(bench, tiny_gpt2, tmp_path: Path, no_thread_leak: None) -> None:
-    """--baseline-graph rewritten: the plain loop runs BatchedGenerator's graph; every mode,
-    rewritten or not, produces the same tokens, and each says which graph it ran."""
-    out_json = tmp_path / "b.json"
+    """--baseline-graph rewritten: the plain loop runs BatchedGenerator's graph on the
+    export's own cache; every mode, rewritten or not, in place or not, with or without the
+    prefix cache, produces the same tokens, and each says which graph and cache it ran."""
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     args = ["--model", str(tiny_gpt2.export), "--requests", "6", "--prompt-lengths", "3-9", "--new-tokens", "2-9"]
-    modes = "sequential,static,continuous,continuous-export-graph"
+    modes = "sequential,static,continuous,continuous-concat,continuous-no-prefix-cache,continuous-export-graph"
     rc = bench.main(
-        [*args, "--max-batch-size", "3", "--modes", modes, "--baseline-graph", "rewritten", "--json", str(out_json)]
+        [
+            *args,
+            *("--max-batch-size", "3", "--shared-prefix", "20", "--modes", modes, "--baseline-graph", "rewritten"),
+            *("--json", str(out_json), "--markdown", str(out_md)),
+        ]
     )
     assert rc == 0
     results = {r["mode"]: r for r in json.loads(out_json.read_text())["results"]}
     assert all(r["same_as_sequential"] == 6 for r in results.values())
+    assert len({r["outputs_sha256"] for r in results.values()}) == 1
     rewritten = "graph rewrites: attention-scale-after-scores, last-position-logits"
-    for mode in ("sequential", "static", "continuous"):
+    for mode in ("sequential", "static", "continuous-concat"):
         assert rewritten in results[mode]["note"], mode
+    assert "graph rewrites: in-place-kv-cache, last-position-logits" in results["continuous"]["note"]
+    assert results["continuous"]["kv_cache"] == "in-place" and results["continuous-concat"]["kv_cache"] == "concat"
+    assert "prefix cache 5 hits, 80 tokens saved" in results["continuous"]["note"]  # 16 of the shared 20
+    assert "prefix cache" not in results["continuous-no-prefix-cache"]["note"]
     assert "graph rewrites: none" in results["continuous-export-graph"]["note"]
+    text = out_md.read_text()
+    assert "continuous / continuous-concat: tokens/s" in text and "same tokens 6/6" in text

@@ -12,6 +12,7 @@ import pytest
 
 from ortbatch import BatchedGenerator
 from ortbatch.errors import InvalidInputError
+from ortbatch.generation import SamplingParams
 from ortbatch.generation.chat import ChatTemplate
 
 from .conftest import TinyModel, assert_openai_answer
@@ -56,6 +57,23 @@ def test_renders_and_tokenizes_as_transformers(tiny_gpt2: TinyModel, source: str
     assert text == want_text
     with BatchedGenerator(tiny_gpt2.export, max_batch_size=1) as gen:
         assert gen.encode(text, add_special_tokens=False) == list(want_ids)
+
+
+@pytest.mark.parametrize("source", [CHATML, LLAMA3_LIKE], ids=["chatml", "llama3-like (trims content)"])
+def test_continue_final_message_as_transformers(tiny_gpt2: TinyModel, source: str) -> None:
+    """The last message left open, cut as transformers cuts it (a template that trims the content
+    loses the trailing spaces there too); tools and documents are None unless given, as there."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_gpt2.source)
+    tok.chat_template = source
+    messages = [*MESSAGES[1:3], {"role": "user", "content": "Go on"}, {"role": "assistant", "content": "Once upon  "}]
+    want = tok.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    template = ChatTemplate(source, {"bos_token": tok.bos_token, "eos_token": tok.eos_token})
+    assert template.render(messages, add_generation_prompt=False, continue_final_message=True) == want
+    assert template.render(messages, add_generation_prompt=False) == tok.apply_chat_template(messages, tokenize=False)
+    with pytest.raises(InvalidInputError, match="exclusive"):
+        template.render(messages, continue_final_message=True)
 
 
 def test_template_errors_are_bad_input() -> None:
@@ -128,7 +146,7 @@ def test_chat_completion_is_the_rendered_prompt_completed(chat_server: Backgroun
         ({"messages": []}, "'messages' must be a non-empty list"),
         ({"messages": [{"content": "x"}]}, "string 'role'"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "'tools' is not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0].function"),
     ],
 )
 def test_bad_chat_requests(chat_server: BackgroundServer, body: dict, message: str) -> None:
@@ -189,3 +207,18 @@ def test_openai_client_example(chat_server: BackgroundServer, chat_export: Path)
     assert example.complete(chat_server.url, "chat", "Once upon a time", 12) == want
     assert example.stream(chat_server.url, "chat", "Once upon a time", 12)  # sampled (seed 7)
     assert example.chat(chat_server.url, "chat", MESSAGES[1]["content"], 12) == want_chat.text
+    with BatchedGenerator(chat_export, max_batch_size=4) as gen:
+        context = gen.encode("Once upon a time")
+        whole = gen.encode("Once upon a time there was")
+        assert whole[: len(context)] == context  # the continuation's tokens follow the context's
+        scored = gen.generate(whole, params=SamplingParams(max_new_tokens=0, prompt_logprobs=0))
+        drawn = gen.generate_choices(
+            "Once upon a time", params=SamplingParams(max_new_tokens=16, temperature=1.0, seed=0, n=3, logprobs=0)
+        )
+    want_ll = sum(lp.logprob for lp in scored.prompt_logprobs[len(context) :])
+    assert example.loglikelihood(chat_server.url, "chat", "Once upon a time", " there was") == pytest.approx(
+        want_ll, abs=1e-5
+    )
+    got = example.samples(chat_server.url, "chat", "Once upon a time")
+    assert [t for t, _ in got] == [c.text for c in drawn]
+    assert [lp for _, lp in got] == pytest.approx([sum(x.logprob for x in c.logprobs) for c in drawn], abs=1e-4)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortbatch.generation.rewrites import ATTENTION_SCALE, LAST_POSITION_LOGITS, rewrite_decoder
+from ortbatch.generation.rewrites import ATTENTION_SCALE, IN_PLACE_KV, LAST_POSITION_LOGITS, rewrite_decoder
 
 from .conftest import TinyModel
 
@@ -156,10 +156,14 @@ def test_generator_on_an_external_data_export(external_export: Path, tiny_gpt2: 
     from ortbatch import BatchedGenerator
 
     before = sorted(p.name for p in external_export.iterdir())
-    with BatchedGenerator(external_export, max_batch_size=2) as gen:
-        assert set(gen.graph_rewrites) == {LAST_POSITION_LOGITS, ATTENTION_SCALE}
-        prompt = [5, 9, 40, 41, 7]
-        assert list(gen.generate(prompt, 12).token_ids) == tiny_gpt2.reference(prompt, 12)
+    for kv_cache, rewrites in (
+        ("auto", {LAST_POSITION_LOGITS, IN_PLACE_KV}),
+        ("concat", {LAST_POSITION_LOGITS, ATTENTION_SCALE}),
+    ):
+        with BatchedGenerator(external_export, max_batch_size=2, kv_cache=kv_cache) as gen:
+            assert set(gen.graph_rewrites) == rewrites
+            prompt = [5, 9, 40, 41, 7]
+            assert list(gen.generate(prompt, 12).token_ids) == tiny_gpt2.reference(prompt, 12)
     assert sorted(p.name for p in external_export.iterdir()) == before
 
 
@@ -217,8 +221,34 @@ def test_generator_runs_the_export_when_the_rewritten_graph_does_not_load(
     broken = RewrittenGraph(b"\x08\x07not a model", {LAST_POSITION_LOGITS: 1, ATTENTION_SCALE: 2})
     monkeypatch.setattr(runner_module, "rewrite_decoder", lambda *a, **k: broken)
     with BatchedGenerator(tiny_gpt2.export, max_batch_size=2) as gen:
-        assert gen.graph_rewrites == {} and not gen.last_position_logits
+        assert gen.graph_rewrites == {} and not gen.last_position_logits and gen.kv_cache == "concat"
         assert list(gen.generate([5, 6, 7], 6).token_ids) == tiny_gpt2.reference([5, 6, 7], 6)
     assert "running the export as it is" in caplog.text
     with pytest.raises(OrtBatchError):
         BatchedGenerator(tiny_gpt2.export, last_position_logits=True)
+
+
+def test_in_place_graph_that_does_not_load_falls_back_to_the_other_rewrites(
+    tiny_gpt2: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An in-place graph ONNX Runtime refuses costs the in-place cache only: the export's own
+    cache runs, with the other rewrites, and says why (``kv_cache='in-place'``: an error)."""
+    import ortbatch.generation.runner as runner_module
+    from ortbatch import BatchedGenerator
+    from ortbatch.errors import ModelContractError
+    from ortbatch.generation.rewrites import RewrittenGraph
+
+    real = runner_module.rewrite_decoder
+
+    def rewrite(*args: object, **kwargs: object) -> RewrittenGraph | None:
+        if kwargs.get("in_place") is not None:
+            return RewrittenGraph(b"\x08\x07not a model", {IN_PLACE_KV: 2, LAST_POSITION_LOGITS: 1})
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_module, "rewrite_decoder", rewrite)
+    with BatchedGenerator(tiny_gpt2.export, max_batch_size=2) as gen:
+        assert gen.kv_cache == "concat" and "did not load" in gen.kv_cache_reason
+        assert set(gen.graph_rewrites) == {LAST_POSITION_LOGITS, ATTENTION_SCALE}
+        assert list(gen.generate([5, 6, 7], 6).token_ids) == tiny_gpt2.reference([5, 6, 7], 6)
+    with pytest.raises(ModelContractError, match="did not load"):
+        BatchedGenerator(tiny_gpt2.export, kv_cache="in-place")

@@ -128,8 +128,10 @@ def test_sampling_is_reproducible_with_a_seed(server: BackgroundServer) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"prompt": [5, 6], "n": 2}, 400, "'n' above 1"),
-        ({"prompt": [5, 6], "logprobs": 3}, 400, "'logprobs' is not supported"),
+        ({"prompt": [5, 6], "n": 0}, 400, "'n' must be in [1, 128]"),
+        ({"prompt": [5, 6], "logprobs": 21}, 400, "'logprobs' must be in [0, 20]"),
+        ({"prompt": [5, 6], "suffix": "x"}, 400, "'suffix' is not supported: insertion"),
+        ({"prompt": [5, 6], "frobnicate": 1}, 400, "Unrecognized request argument supplied: frobnicate"),
         ({"prompt": [], "max_tokens": 3}, 400, "'prompt' must be"),
         ({"prompt": [5, 6], "max_tokens": 0}, 400, "'max_tokens' must be >= 1"),
         ({"prompt": [5, 6], "temperature": "hot"}, 400, "'temperature' must be a number"),
@@ -146,8 +148,8 @@ def test_bad_requests_name_what_is_wrong(server: BackgroundServer, body: dict, s
 
 
 def test_bad_request_through_the_openai_client(server: BackgroundServer) -> None:
-    with pytest.raises(openai.BadRequestError, match="'n' above 1"):
-        client(server).completions.create(model=NAME, prompt="hello", max_tokens=3, n=2)
+    with pytest.raises(openai.BadRequestError, match="'best_of' \\(1\\) must be >= 'n' \\(2\\)"):
+        client(server).completions.create(model=NAME, prompt="hello", max_tokens=3, n=2, best_of=1)
 
 
 class _SlowDecodes:

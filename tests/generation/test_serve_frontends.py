@@ -237,6 +237,62 @@ def test_grpc_stream_through_a_front_end_equals_http(server: Server, tiny_gpt2: 
     assert "".join(pieces) == want and len(pieces) > 1
 
 
+def _choices(c: Any, body: dict[str, Any], stream: bool) -> dict[int, dict[str, Any]]:
+    """Each choice's text, token ids and token logprobs, whole or gathered from the stream."""
+    out: dict[int, dict[str, Any]] = {}
+
+    def add(choice: dict[str, Any]) -> None:
+        got = out.setdefault(choice["index"], {"text": "", "token_ids": [], "logprobs": []})
+        got["text"] += choice["text"]
+        got["token_ids"] += choice.get("token_ids") or []
+        got["logprobs"] += (choice["logprobs"] or {}).get("token_logprobs", [])
+
+    if not stream:
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        for choice in r.json()["choices"]:
+            add(choice)
+        return out
+    with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:])["choices"]:
+                    add(choice)
+    return out
+
+
+def test_logprobs_and_n_through_both_front_ends(server: Server, tiny_gpt2: TinyModel) -> None:
+    """n choices (more than the engine's 2 rows), each with its logprobs, and echo's prompt
+    logprobs, cross the front ends whole and streamed as the generator gives them in process."""
+    from ortbatch.generation import SamplingParams
+
+    prompt = PROMPTS[1]
+    body = {"model": NAME, "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "seed": 9, "n": 3}
+    body |= {"logprobs": 2, "return_token_ids": True}
+    echo = {"model": NAME, "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}
+    with BatchedGenerator(tiny_gpt2.export, max_batch_size=2) as gen:
+        params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=9, n=3, logprobs=2)
+        want = gen.generate_choices(prompt, params=params)
+        scored = gen.generate(prompt, params=SamplingParams(max_new_tokens=0, prompt_logprobs=1))
+    seen: set[int] = set()
+    for _ in range(20):  # new connections until both front ends have answered
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            seen.add(_front_end(c))
+            for stream in (False, True):
+                got = _choices(c, body, stream)
+                assert sorted(got) == [0, 1, 2]
+                for i, w in enumerate(want):
+                    assert (got[i]["text"], got[i]["token_ids"]) == (w.text, list(w.token_ids)), (stream, i)
+                    np.testing.assert_allclose(got[i]["logprobs"], [x.logprob for x in w.logprobs], atol=1e-4)
+            (only,) = _choices(c, echo, False).values()
+            assert only["logprobs"][0] is None
+            np.testing.assert_allclose(only["logprobs"][1:], [x.logprob for x in scored.prompt_logprobs[1:]], atol=1e-4)
+        if seen == server.pids:
+            break
+    assert seen == server.pids
+
+
 def test_sigterm_drains_and_exits_0(tiny_gpt2: TinyModel, tmp_path: Path) -> None:
     srv = Server(tiny_gpt2.export, tmp_path / "serve.log")
     answers: list[int] = []

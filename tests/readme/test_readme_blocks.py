@@ -39,9 +39,9 @@ README = REPO / "README.md"
 
 pytestmark = [pytest.mark.slow, pytest.mark.export, pytest.mark.timeout(1800)]
 
-#: blocks marked skip: quick start, install, tune, GPU validate, hub gpt2, peers, development,
-#: the notebooks' install and Jupyter
-EXPECTED_SKIPS = 8
+#: blocks marked skip: quick start, install, tune, GPU validate, hub gpt2, deploying (container
+#: and cluster), peers, development, the notebooks' install and Jupyter
+EXPECTED_SKIPS = 9
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.M | re.S)
 _MARK = re.compile(r"<!-- readme-test: (skip|server)\b(.*?)-->\s*\Z", re.S)

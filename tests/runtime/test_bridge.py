@@ -8,6 +8,7 @@ import asyncio
 import gc
 import threading
 import time
+import weakref
 
 import numpy as np
 import onnxruntime as ort
@@ -67,11 +68,10 @@ def test_one_turns_requests_are_one_batch_and_one_wake_up(echo_path):
             assert g.dtype == w.dtype and np.array_equal(g, w)
     # queued by one put_many, so the idle worker could not start on the first alone
     assert (stats.batches, stats.rows) == (1, 20)
-    # 20 results, one batch: the loop was woken once per burst of them, not once each. A
-    # burst splits when the loop takes the first results while the rest are posted (the
-    # wake-up's write to the self-pipe hands the GIL over), more often on a loaded
-    # machine (4 in 1 run of 10 here); a wake-up per result would be 20
-    assert 1 <= loop.woken <= 10
+    # 20 results, one batch: the loop was woken once for all of them, at the batch's end
+    # (however busy the machine: a wake-up at the first result let a loaded loop take it
+    # alone, and be woken again for each of the others, up to 20)
+    assert loop.woken == 1
 
 
 def test_a_full_queue_refuses_only_the_requests_beyond_its_room(echo_path):
@@ -194,12 +194,22 @@ def test_many_loops_on_many_threads_each_get_their_own_rows(echo_path):
 
 
 def test_closed_loops_leave_nothing_behind(echo_path):
+    # this test's own loops, by weak reference: the mailboxes are shared by the whole process,
+    # so loops other tests left alive must not decide it
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
     with BatchedSession(str(echo_path), workers=1) as s:
         for i in range(5):
-            asyncio.run(s.run_async(None, feed(i)))
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(s.run_async(None, feed(i)))
+            finally:
+                loop.close()
+            loops.append(weakref.ref(loop))
+            del loop
         gc.collect()
         assert len(s._outboxes) == 0
-        assert not any(isinstance(k, asyncio.AbstractEventLoop) and k.is_closed() for k in bridge._mailboxes)
+        # nothing of the session's or the bridge's (outbox, mailbox, slot) keeps a closed loop
+        assert [ref() for ref in loops] == [None] * 5
 
 
 def test_submit_each_admits_or_refuses_each_request_on_its_own(echo_path):
@@ -260,3 +270,27 @@ def test_submit_each_settles_the_callers_own_slots(echo_path):
         assert slots[1].events == [] and slots[3].events == []  # refused: never settled, the error says it
         with pytest.raises(ValueError, match="2 slots for 1 requests"):
             s.submit_each([(feed(5), None, None)], slots=[_Recording(), _Recording()])
+
+
+def test_a_batch_settled_inside_one_wake_up_wakes_its_loop_once_at_the_end():
+    loop = CountingLoop()
+    try:
+        box = bridge.mailbox_for(loop)
+        futures = [loop.create_future() for _ in range(3)]
+        seen: list[int] = []
+
+        def worker() -> None:  # a worker thread settling a batch of three
+            with bridge.one_wake_up():
+                for i, fut in enumerate(futures):
+                    box.post(fut, i, None)
+                    seen.append(loop.woken)  # not woken while the batch is being settled
+            seen.append(loop.woken)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join(10)
+        assert seen == [0, 0, 0, 1]
+        loop.run_until_complete(asyncio.gather(*futures))
+        assert [f.result() for f in futures] == [0, 1, 2]
+    finally:
+        loop.close()

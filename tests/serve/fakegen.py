@@ -41,6 +41,22 @@ class FakeGenerator:
         threading.Thread(target=self._run, args=(fut, len(prompt), max_new_tokens, on_token), daemon=True).start()
         return fut
 
+    def submit_choices(
+        self, prompt: Any, max_new_tokens: int | None = None, *, params: Any = None, on_token: Any = None, **kw: Any
+    ) -> list[Future[Any]]:
+        """What the serve layer calls: ``params`` (a SamplingParams) says how; its ``n``
+        choices each generate alike."""
+        if params is not None:
+            max_new_tokens = params.max_new_tokens if params.max_new_tokens is not None else 16
+            kw = {"temperature": params.temperature, **kw}
+        futures = []
+        for choice in range(params.n if params is not None else 1):
+            tagged = (
+                None if on_token is None else (lambda tok, c=choice: on_token(SimpleNamespace(**vars(tok), choice=c)))
+            )
+            futures.append(self.submit(prompt, max_new_tokens, on_token=tagged, **kw))
+        return futures
+
     def generate(self, prompt: Any, max_new_tokens: int, **sampling: Any) -> Any:
         """The blocking call (what a repository's warm-up runs)."""
         return self.submit(prompt, max_new_tokens, **sampling).result()
@@ -51,7 +67,7 @@ class FakeGenerator:
             piece = "ab"[i % 2]
             text += piece
             if on_token is not None:
-                on_token(SimpleNamespace(text=piece))
+                on_token(SimpleNamespace(text=piece, token_id=i, index=i, logprob=None, prompt_logprobs=None))
             if self.hold:
                 while not fut.cancelled():
                     threading.Event().wait(0.01)
@@ -59,7 +75,16 @@ class FakeGenerator:
                 return
         if fut.set_running_or_notify_cancel():
             fut.set_result(
-                SimpleNamespace(text=text, finish_reason="length", prompt_tokens=n_prompt, completion_tokens=n)
+                SimpleNamespace(
+                    text=text,
+                    finish_reason="length",
+                    prompt_tokens=n_prompt,
+                    completion_tokens=n,
+                    token_ids=tuple(range(n)),
+                    stop_sequence=None,
+                    logprobs=None,
+                    prompt_logprobs=None,
+                )
             )
 
     def stats(self) -> Any:

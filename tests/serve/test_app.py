@@ -367,6 +367,9 @@ def test_embeddings_openai_compatible(encoder_server, encoder_dir, encoder_ort):
     ids = tok.encode("hello world").ids
     r = httpx.post(encoder_server.url + "/v1/embeddings", json={"input": ids})
     np.testing.assert_allclose(r.json()["data"][0]["embedding"], vec, rtol=1e-5, atol=1e-6)
+    # OpenAI's dimensions: the first ones, re-normalized (this export normalizes)
+    r = httpx.post(encoder_server.url + "/v1/embeddings", json={"input": "hello world", "dimensions": 2})
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], vec[:2] / np.linalg.norm(vec[:2]), rtol=1e-5)
     models = httpx.get(encoder_server.url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
 
@@ -378,7 +381,11 @@ def test_embeddings_openai_compatible(encoder_server, encoder_dir, encoder_ort):
         ({"input": []}, 400),
         ({"input": [1, "a"]}, 400),
         ({"input": "x", "encoding_format": "int8"}, 400),
-        ({"input": "x", "dimensions": 3}, 400),
+        ({"input": "x", "dimensions": 99}, 400),
+        ({"input": "x", "dimensions": 0}, 400),
+        ({"input": "x", "prompt_name": "query"}, 400),
+        ({"input": [[5, 6]], "prompt": "query: "}, 400),
+        ({"input": "x", "top_k": 3}, 400),
         ({"input": [[5, 2**70]]}, 400),
         ({"input": [[5, 99999]]}, 400),
         ([1, 2], 400),

@@ -24,7 +24,7 @@ from ortbatch.serve.frontends.transport import Arena
 pytestmark = pytest.mark.timeout(60)
 
 INFO = GeneratorInfo(
-    layout=SimpleNamespace(vocab_size=50, max_context_length=16, tokenizer=None),
+    layout=SimpleNamespace(vocab_size=50, max_context_length=16, tokenizer=None, eos_token_ids=(0,)),
     max_batch_size=4,
     max_tokens_in_flight=64,
     max_queue=8,

@@ -305,9 +305,10 @@ def test_the_dealer_tells_the_others_to_rebalance_when_a_front_end_joins():
             s.close()
 
 
-def test_a_front_end_told_to_rebalance_closes_its_idle_keep_alive_connections():
+def test_a_front_end_told_to_rebalance_closes_its_keep_alive_connections_after_their_next_response():
     import socket
     import threading
+    import time
 
     import uvicorn
 
@@ -339,8 +340,24 @@ def test_a_front_end_told_to_rebalance_closes_its_idle_keep_alive_connections():
         while not answer.endswith(b"ok"):
             answer += client.recv(4096)
         assert answer.startswith(b"HTTP/1.1 200")  # served; the connection stays open (keep-alive)
+        assert b"connection: close" not in answer.lower()
         ours.send(REBALANCE)
-        assert client.recv(4096) == b""  # closed by the front end: the client reconnects via the dealer
+        deadline = time.monotonic() + 30  # a hang guard only: the loop below waits on the mark
+        while not server._closing:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # not closed while idle (a request on its way would meet a closed connection) ...
+        client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            client.recv(16)
+        client.setblocking(True)
+        # ... but its next response says so, and then it closes: the client reconnects via the dealer
+        client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while chunk := client.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
+        assert b"connection: close" in answer.lower()
     finally:
         server.should_exit = True
         thread.join(30)

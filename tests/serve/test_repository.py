@@ -60,6 +60,25 @@ def test_discover_and_model_arguments(repo_root, tmp_path):
         ModelRepository(root=tmp_path / "a")
 
 
+def test_discover_skips_a_folder_it_may_not_read(tmp_path, monkeypatch, caplog):
+    # the root of a mounted volume holds a root-only lost+found; the server runs as a user
+    # (tests run as root, who may read anything: the refusal is simulated)
+    for name in ("a", "lost+found"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ortbatch.json").write_text("{}")
+    real = Path.is_file
+
+    def is_file(self: Path) -> bool:
+        if self.parent.name == "lost+found":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    with caplog.at_level("WARNING"):
+        assert [n for n, _ in discover(tmp_path)] == ["a"]
+    assert "lost+found: cannot read it (Permission denied)" in caplog.text
+
+
 def test_index_lists_every_model_with_state_and_reason(repo_server):
     index = httpx.post(repo_server.url + "/v2/repository/index").json()
     by_name = {m["name"]: m for m in index}

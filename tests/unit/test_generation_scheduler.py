@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ortbatch.errors import InvalidInputError, QueueFullError, RequestTimeoutError, SessionClosedError
-from ortbatch.generation.cache import KVCache
+from ortbatch.generation.cache import KVCache, PrefilledRows, SlotCache
 from ortbatch.generation.requests import (
     Completion,
     ExportTokenizer,
@@ -88,6 +88,35 @@ class FakeRunner:
         return [next_token(self.history(c, i)) for i in range(c.rows)]
 
 
+class FakeSlotRunner:
+    """The in-place cache's runs on a one-layer :class:`SlotCache` whose values are the token
+    ids: prefill right-pads a group in its own buffer, decode writes each live row's token at
+    its length, and the next token is read back from the slot's whole history."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.cache = SlotCache(2, slots, 1, 1, np.float64)
+        self.decodes = 0
+
+    def prefill(self, prompts: list[np.ndarray]) -> tuple[list[int], PrefilledRows]:
+        lens = np.array([len(p) for p in prompts], np.int64)
+        buffer = np.zeros((2, len(prompts), 1, int(lens.max()), 1))
+        for i, p in enumerate(prompts):
+            buffer[:, i, 0, : len(p), 0] = p
+        rows = PrefilledRows([(buffer, i) for i in range(len(prompts))], lens)
+        return [next_token([int(v) for v in rows.row(i)[0, 0, :, 0]]) for i in range(rows.rows)], rows
+
+    def decode(self, tokens: list[int]) -> list[int]:
+        self.decodes += 1
+        c = self.cache
+        live = np.flatnonzero(c.lens > 0)
+        assert int(c.lens.max()) < c.capacity, "a row outgrew the capacity its plan reserved"
+        for i in live:
+            c.arena[:, i, 0, c.lens[i], 0] = tokens[i]
+        c.lens[live] += 1
+        return [next_token([int(v) for v in c.arena[0, i, 0, : c.lens[i], 0]]) for i in range(c.rows)]
+
+
 class Harness:
     """The step loop of BatchedGenerator, on the fake runner."""
 
@@ -104,7 +133,7 @@ class Harness:
             idle_wait_s=0.0,
             **kw,
         )
-        self.runner = FakeRunner()
+        self.runner: Any = FakeSlotRunner(max_rows) if kw.get("slots") else FakeRunner()
         self.factory = RequestFactory(
             ExportTokenizer(Path("/nonexistent"), None),
             vocab_size=VOCAB,
@@ -137,12 +166,15 @@ class Harness:
             joined += [group[i] for i in survivors]
         incoming = [(c, r) for c in joining for r in range(c.rows)]
         plan = sched.place(keep, joined, [int(c.lens[r]) for c, r in incoming], runner.cache.length, lambda: 1000)
-        if plan.reset:
+        if sched.slots:
+            self.seat(plan, incoming)
+        elif plan.reset:
             runner.cache = KVCache.empty(1, 1, 1, np.float64)
-        for (c, r), slot in zip(incoming, plan.slots, strict=False):
-            runner.cache.place(slot, c, r)
-        if plan.rebuild is not None:
-            runner.cache.rebuild(plan.rebuild, joining if plan.append else ())
+        else:
+            for (c, r), slot in zip(incoming, plan.slots, strict=False):
+                runner.cache.place(slot, c, r)
+            if plan.rebuild is not None:
+                runner.cache.rebuild(plan.rebuild, joining if plan.append else ())
         if sched.rows:
             live = sched.live()
             tokens = runner.decode([r.generated[-1] for r in sched.rows])
@@ -150,9 +182,27 @@ class Harness:
                 sched.record_token(sched.rows[i], tokens[i])
         if not sched.live():
             sched.rows = []
-            runner.cache = KVCache.empty(1, 1, 1, np.float64)
+            runner.cache = (
+                SlotCache(2, runner.slots, 1, 1, np.float64) if sched.slots else KVCache.empty(1, 1, 1, np.float64)
+            )
         sched.publish(runner.cache.length)
         return True
+
+    def seat(self, plan: Any, incoming: list[tuple[PrefilledRows, int]]) -> None:
+        """What InPlaceRuns.seat does, on the fake slot cache."""
+        cache = self.runner.cache
+        if plan.reset:
+            self.runner.cache = SlotCache(2, self.runner.slots, 1, 1, np.float64)
+            return
+        cache.resize(max(plan.rows, cache.rows))
+        cache.reserve(plan.capacity)
+        for slot in plan.free:
+            cache.free(slot)
+        for src, dst in plan.moves:
+            cache.move(src, dst)
+        for (rows, j), slot in zip(incoming, plan.slots, strict=True):
+            cache.place(slot, rows, j)
+        cache.resize(plan.rows)
 
     def run(self, steps: int = 200) -> None:
         for _ in range(steps):
@@ -199,6 +249,58 @@ def test_rows_that_join_and_leave_keep_their_own_history() -> None:
             assert list(f.result(0).token_ids) == alone(p, n)
         snap = h.stats.snapshot(0)
         assert snap.completed == 10 and snap.slot_reuses >= 1
+
+
+@pytest.mark.parametrize("copy_s_per_byte", [1.0, 0.0])
+def test_rows_in_slots_keep_their_own_history(copy_s_per_byte: float) -> None:
+    """The in-place cache: rows join in free slots (or new ones), leave by freeing theirs,
+    move down when that pays, and the cache is never rebuilt; every request still generates
+    exactly what it would alone."""
+    rs = np.random.RandomState(1)
+    prompts = [rs.randint(1, VOCAB, size=n).tolist() for n in (1, 7, 3, 12, 2, 9, 5, 4, 15, 6, 8, 3)]
+    news = [3, 20, 5, 2, 17, 4, 9, 1, 6, 12, 2, 30]
+    h = Harness(max_rows=4, slots=True, cost=CompactionCost(copy_s_per_byte=copy_s_per_byte, step_s=1.0))
+    futs = [h.submit(p, n) for p, n in zip(prompts[:6], news[:6], strict=True)]
+    h.step()
+    h.step()
+    futs += [h.submit(p, n) for p, n in zip(prompts[6:], news[6:], strict=True)]
+    h.run(400)
+    for f, p, n in zip(futs, prompts, news, strict=True):
+        assert list(f.result(0).token_ids) == alone(p, n)
+    snap = h.stats.snapshot(0)
+    assert snap.completed == 12 and snap.slot_reuses >= 1 and snap.cache_copies == 0
+    assert (snap.row_moves > 0) == (copy_s_per_byte == 0.0)
+
+
+def test_plan_in_slots() -> None:
+    stats = GenerationStatsRecorder()
+    sched = Scheduler(
+        max_batch_size=4, max_tokens_in_flight=100, max_queue=4, eos_token_ids=[EOS], stats=stats, slots=True
+    )
+    f = RequestFactory(ExportTokenizer(Path("/x"), None), VOCAB, 100, 100, 5, None)
+    reqs = [f.build([i + 1] * (i + 1), SamplingParams(max_new_tokens=3 + i), None, None, 0.0) for i in range(6)]
+    for r in reqs:
+        r.generated.append(1)
+    sched.rows = reqs[:3]
+    # row 1 left; two join: the first takes slot 1, the second a new slot at the end
+    plan = sched.place([0, 2], [reqs[3], reqs[4]], [4, 5], 6, lambda: 1000)
+    assert plan.slots == [1, 3] and plan.rebuild is None and plan.free == [] and plan.rows == 4
+    assert sched.rows == [reqs[0], reqs[3], reqs[2], reqs[4]]
+    assert plan.capacity == max(r.reserved_tokens for r in sched.rows)
+    # rows 0 and 3 left, nobody joins: slot 3 is dropped for free; slot 0 waits (a move costs)
+    sched.cost = CompactionCost(copy_s_per_byte=1.0, step_s=1e-3)
+    reqs[0].done = reqs[4].done = True
+    plan = sched.place([1, 2], [], [], 6, lambda: 1000)
+    assert plan.free == [0, 3] and plan.moves == [] and plan.rows == 3
+    assert sched.rows == [reqs[0], reqs[3], reqs[2]]
+    # ...until moving row 2 down into slot 0 pays: the batch is then 2 slots
+    sched.cost = CompactionCost(copy_s_per_byte=0.0, step_s=1e-3)
+    plan = sched.place([1, 2], [], [], 6, lambda: 1000)
+    assert plan.free == [0] and plan.moves == [(2, 0)] and plan.rows == 2
+    assert sched.rows == [reqs[2], reqs[3]]
+    assert sched.place([], [], [], 6, lambda: 1000).reset and sched.rows == []
+    snap = stats.snapshot(0)
+    assert snap.slot_reuses == 1 and snap.row_moves == 1 and snap.cache_copies == 0
 
 
 def test_plan_in_place_rebuild_and_reset() -> None:

@@ -19,7 +19,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "ortbatch"
 
 #: the ground floor: imported by every room, imports none of them
-GROUND = ("ortbatch._ort", "ortbatch.manifest", "ortbatch.errors", "ortbatch._lifecycle", "ortbatch._extras")
+GROUND = (
+    "ortbatch._ort",
+    "ortbatch.manifest",
+    "ortbatch.errors",
+    "ortbatch._lifecycle",
+    "ortbatch._extras",
+    "ortbatch._observe",
+)
 #: what the two runtimes never import
 ABOVE_RUNTIMES = (
     "ortbatch.serve",
@@ -163,7 +170,7 @@ def test_the_runtimes_never_import_the_rooms_above(room):
 
 SERVE = "ortbatch.serve"
 #: serve's own floor: read by every layer of serve, imports none of them
-SERVE_FLOOR = (f"{SERVE}.config", f"{SERVE}.auth", f"{SERVE}.metrics")
+SERVE_FLOOR = (f"{SERVE}.config", f"{SERVE}.auth", f"{SERVE}.metrics", f"{SERVE}.tracing")
 CORE = f"{SERVE}.served"
 HTTP = f"{SERVE}.http"
 GRPC = f"{SERVE}.grpc"

@@ -40,10 +40,11 @@ class CheckContext:
         vocab: int,
         seed: int,
         quantized: bool = False,
-        embedding_ref: tuple[np.ndarray, str] | None = None,
+        embedding_ref: tuple[np.ndarray, str, str] | None = None,
     ) -> None:
         self.quantized = quantized
-        # the user's model's sentence embeddings of the samples, and what computed them
+        # the user's model's sentence embeddings of the samples, what computed them, and the
+        # graph output they are compared with (sentence_embedding, or sparse_embedding)
         self.embedding_ref = embedding_ref
         self.model = model
         self.ref = ref
@@ -91,7 +92,7 @@ def reference_parity(ctx: CheckContext) -> list[Case]:
             want = ref.encoder(feed, list(got))
             axes = m.output_axes("model")
             for name, value in got.items():
-                if name == "sentence_embedding" and ctx.embedding_ref is not None:
+                if ctx.embedding_ref is not None and name == ctx.embedding_ref[2]:
                     continue  # compared with the user's model's encode in its own case below
                 if name not in want:
                     case.comparisons.append(
@@ -106,14 +107,14 @@ def reference_parity(ctx: CheckContext) -> list[Case]:
 
         cases.append(_case(f"{len(rows)} samples, {m.side}-padded", run))
         if ctx.embedding_ref is not None:
-            want_emb, by = ctx.embedding_ref
+            want_emb, by, output = ctx.embedding_ref
 
             def run_embedding(case: Case) -> None:
                 ids, mask = m.pad_rows(rows)
-                got = m.run("model", m.feed("model", ids, mask))["sentence_embedding"]
-                case.comparisons.append(compare("sentence_embedding", got, want_emb, tol, metric="cosine"))
+                got = m.run("model", m.feed("model", ids, mask))[output]
+                case.comparisons.append(compare(output, got, want_emb, tol, metric="cosine"))
 
-            cases.append(_case(f"sentence_embedding vs {by}, {len(rows)} samples, {m.side}-padded", run_embedding))
+            cases.append(_case(f"{output} vs {by}, {len(rows)} samples, {m.side}-padded", run_embedding))
     elif m.family == "decoder":
 
         def run_logits(case: Case) -> None:

@@ -73,7 +73,7 @@ def validate(
     plan = _plan(directory, providers, samples, tolerances)
     ref: Reference | None = None
     reason = "not requested (--no-reference / use_reference=False)"
-    embedding_ref: tuple[Any, str] | None = None
+    embedding_ref: tuple[Any, str, str] | None = None
     if use_reference:
         say("loading the PyTorch reference")
         ref, reason = load_reference(plan.manifest.source, reference)
@@ -155,7 +155,7 @@ def _plan(
     )
 
 
-def _embedding_reference(plan: _Plan) -> tuple[tuple[Any, str] | None, str]:
+def _embedding_reference(plan: _Plan) -> tuple[tuple[Any, str, str] | None, str]:
     """The user's model's sentence embeddings of the samples: sentence-transformers'
     ``encode`` of the checkpoint when importable, else ortbatch's torch implementation of
     the pipeline parsed from it (never the exported graph). ``(None, "")`` for an export
@@ -177,11 +177,12 @@ def _embedding_reference(plan: _Plan) -> tuple[tuple[Any, str] | None, str]:
                 return None, f"{checkpoint} has no modules.json any more"
         else:
             parsed = st_pipeline.ParsedPipeline(pipe, Path(checkpoint))
-        vectors, by = st_pipeline.reference_embeddings(checkpoint, plan.texts, parsed=parsed)
+        # prompt "": the samples as they are, as the graph runs them (not the default prompt)
+        vectors, by = st_pipeline.reference_embeddings(checkpoint, plan.texts, prompt="", parsed=parsed)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return None, f"could not embed the samples with {checkpoint} ({type(exc).__name__}: {first[:300]})"
-    return (vectors, by), ""
+    return (vectors, by, pipe.output), ""
 
 
 def _check_provider(
@@ -192,7 +193,7 @@ def _check_provider(
     seed: int,
     cpu_model: OnnxModel | None,
     say: Callable[[str], None],
-    embedding_ref: tuple[Any, str] | None = None,
+    embedding_ref: tuple[Any, str, str] | None = None,
 ) -> tuple[list[CheckResult], OnnxModel | None]:
     """The checks on one provider, and the model they ran (None when it did not start)."""
     absent = not_here(provider)

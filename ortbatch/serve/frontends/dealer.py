@@ -25,8 +25,10 @@ again, to the next front end; nobody has read a byte of them.
 A front end that comes back (restarted after it died) gets new connections in turn, but
 the keep-alive clients that reconnected while it was down all sit on the others. So when
 a front end starts serving, the dealer sends each of the others :data:`REBALANCE` (a
-message without a descriptor): they close their idle keep-alive connections (a busy one
-closes after its response), and the clients' reconnects are dealt in turn again.
+message without a descriptor): each of their keep-alive connections closes after its next
+response, which says so (``Connection: close``), and the clients' reconnects are dealt in
+turn again. An idle connection is not closed at once: a client may be sending its next
+request on it at that moment, and would see the connection closed under that request.
 """
 
 from __future__ import annotations
@@ -179,6 +181,131 @@ class ConnectionDealer:
         conn.close()
 
 
+class _Adopting:
+    """What :func:`adopting_server` adds to ``uvicorn.Server`` (mixed in ahead of it, so
+    ``super()`` is uvicorn's): adopt the connections dealt over ``_channel``."""
+
+    _channel: socket.socket
+    should_exit: bool
+    config: Any
+    server_state: Any
+    lifespan: Any
+    _reading = False
+    _adopting: set[asyncio.Task[Any]]
+    #: the clients (``scope["client"]``) whose connection closes after its next response
+    _closing: set[Any]
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=[])  # type: ignore[misc]  # uvicorn.Server, mixed in after
+        if self.should_exit:
+            return
+        self._adopting = set()
+        self._closing = set()
+        # outermost (ahead of uvicorn's proxy-headers middleware, which may rewrite the client);
+        # protocols made from now on read it, and none was made before
+        self.config.loaded_app = _CloseWhenMarked(self.config.loaded_app, self._closing)
+        self._channel.setblocking(False)
+        asyncio.get_running_loop().add_reader(self._channel.fileno(), self._take)
+        self._reading = True
+
+    def _protocol(self) -> Any:
+        cfg = self.config
+        protocol: Any = cfg.http_protocol_class  # as uvicorn's own startup makes it
+        return protocol(config=cfg, server_state=self.server_state, app_state=self.lifespan.state)
+
+    def _take(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self._channel, 16, 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:  # the engine's end closed
+                self._stop_reading()
+                return
+            if data == REBALANCE and not fds:
+                self._let_idle_go()
+                continue
+            if fds:
+                self._adopt_all(loop, fds)
+
+    def _adopt_all(self, loop: asyncio.AbstractEventLoop, fds: list[int]) -> None:
+        try:  # taken: the dealer may drop its copies (see the module's docstring)
+            self._channel.send(b"a" * len(fds))
+        except OSError:
+            pass
+        for fd in fds:
+            conn = socket.socket(fileno=fd)
+            if self.should_exit:
+                conn.close()
+                continue
+            conn.setblocking(False)
+            task = loop.create_task(self._adopt(loop, conn))
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+        try:
+            await loop.connect_accepted_socket(self._protocol, conn, ssl=self.config.ssl)
+        except Exception as exc:  # a TLS handshake that failed, a client that left
+            log.debug("front end: a dealt connection could not be served: %s", exc)
+            conn.close()
+
+    def _let_idle_go(self) -> None:
+        # A connection mid-request finishes its response with keep-alive off (as uvicorn's
+        # shutdown() does); one between requests is marked, so that its next response closes
+        # it (see the module's docstring for why it is not closed at once).
+        clients = set()
+        for protocol in list(self.server_state.connections):
+            cycle, client = getattr(protocol, "cycle", None), getattr(protocol, "client", None)
+            if cycle is not None and not cycle.response_complete:
+                cycle.keep_alive = False
+            elif client is not None:
+                clients.add(client)
+            else:  # no address to know its next request by
+                protocol.shutdown()
+        self._closing.clear()  # marks of connections gone since the last rebalance
+        self._closing.update(clients)
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            try:
+                asyncio.get_running_loop().remove_reader(self._channel.fileno())
+            except (RuntimeError, ValueError):
+                pass
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._stop_reading()
+        for task in list(getattr(self, "_adopting", ())):
+            task.cancel()
+        await super().shutdown(sockets=sockets)  # type: ignore[misc]
+
+
+class _CloseWhenMarked:
+    """ASGI middleware: a response to a client in ``closing`` says ``Connection: close``
+    (uvicorn then closes the connection after it) and the mark is spent."""
+
+    def __init__(self, app: Any, closing: set[Any]) -> None:
+        self.app, self.closing = app, closing
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        client = scope.get("client")
+        if not self.closing or client not in self.closing or scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_closing(message: Any) -> None:
+            if message["type"] == "http.response.start" and client in self.closing:
+                self.closing.discard(client)
+                message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, send_closing)
+
+
 def adopting_server(config: Any, channel: socket.socket) -> Any:
     """A ``uvicorn.Server`` for ``config`` that listens on nothing and serves the
     connections the engine deals it over ``channel``; run it with ``run(sockets=[])``.
@@ -186,79 +313,9 @@ def adopting_server(config: Any, channel: socket.socket) -> Any:
     closed), then drains as uvicorn does."""
     import uvicorn
 
-    class AdoptingServer(uvicorn.Server):
-        _reading = False
-        _adopting: set[asyncio.Task[Any]]
+    class AdoptingServer(_Adopting, uvicorn.Server):
+        pass
 
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=[])
-            if self.should_exit:
-                return
-            self._adopting = set()
-            channel.setblocking(False)
-            asyncio.get_running_loop().add_reader(channel.fileno(), self._take)
-            self._reading = True
-
-        def _protocol(self) -> Any:
-            cfg = self.config
-            protocol: Any = cfg.http_protocol_class  # as uvicorn's own startup makes it
-            return protocol(config=cfg, server_state=self.server_state, app_state=self.lifespan.state)
-
-        def _take(self) -> None:
-            loop = asyncio.get_running_loop()
-            while True:
-                try:
-                    data, fds, _, _ = socket.recv_fds(channel, 16, 16)
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError:
-                    data, fds = b"", []
-                if not data and not fds:  # the engine's end closed
-                    self._stop_reading()
-                    return
-                if data == REBALANCE and not fds:
-                    self._let_idle_go()
-                    continue
-                if fds:  # taken: the dealer may drop its copies (see the module's docstring)
-                    try:
-                        channel.send(b"a" * len(fds))
-                    except OSError:
-                        pass
-                for fd in fds:
-                    conn = socket.socket(fileno=fd)
-                    if self.should_exit:
-                        conn.close()
-                        continue
-                    conn.setblocking(False)
-                    task = loop.create_task(self._adopt(loop, conn))
-                    self._adopting.add(task)
-                    task.add_done_callback(self._adopting.discard)
-
-        async def _adopt(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
-            try:
-                await loop.connect_accepted_socket(self._protocol, conn, ssl=self.config.ssl)
-            except Exception as exc:  # a TLS handshake that failed, a client that left
-                log.debug("front end: a dealt connection could not be served: %s", exc)
-                conn.close()
-
-        def _let_idle_go(self) -> None:
-            # uvicorn's protocol.shutdown() closes a connection between requests at once and
-            # lets one mid-request finish its response first (keep-alive off): what SIGTERM does
-            for protocol in list(self.server_state.connections):
-                protocol.shutdown()
-
-        def _stop_reading(self) -> None:
-            if self._reading:
-                self._reading = False
-                try:
-                    asyncio.get_running_loop().remove_reader(channel.fileno())
-                except (RuntimeError, ValueError):
-                    pass
-
-        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-            self._stop_reading()
-            for task in list(getattr(self, "_adopting", ())):
-                task.cancel()
-            await super().shutdown(sockets=sockets)
-
-    return AdoptingServer(config)
+    server = AdoptingServer(config)
+    server._channel = channel
+    return server

@@ -22,6 +22,7 @@ reports its counts; then the session drains and closes.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import multiprocessing
 import signal
@@ -240,7 +241,11 @@ class FrontEndLink:
         prompt, params, timeout_s = request
         on_token = partial(self._token, rid) if stream else None
         try:
-            fut = self._session(key).submit(prompt, params=params, timeout_s=timeout_s, on_token=on_token)
+            generator = self._session(key)
+            if params.n == 1:
+                fut = generator.submit(prompt, params=params, timeout_s=timeout_s, on_token=on_token)
+            else:  # n choices, prefilled once, answer together
+                fut = _all_of(generator.submit_choices(prompt, params=params, timeout_s=timeout_s, on_token=on_token))
         except Exception as exc:
             self._post(("err", rid, exc))
             return
@@ -639,3 +644,36 @@ def _report(slots: list[_FrontEnd], grace: float | None) -> int:
         mine = sum(int(c.get("accepted", 0)) + int(c.get("grpc_accepted", 0)) for c in s.counts)
         per.append(f"{s.index}: {mine}")
     return exit_report(totals, started=started, grace=grace, grpc=True, by_front_end=", ".join(per))
+
+
+def _all_of(futures: list[Any]) -> concurrent.futures.Future[Any]:
+    """A future of every one of ``futures``' results (the first error fails it; cancelling it
+    cancels them all)."""
+    whole: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_fut: Any) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        failed = next((f for f in futures if f.done() and not f.cancelled() and f.exception() is not None), None)
+        try:
+            if failed is not None:
+                whole.set_exception(failed.exception())
+            elif any(f.cancelled() for f in futures):
+                whole.cancel()
+            elif last:
+                whole.set_result([f.result() for f in futures])
+        except concurrent.futures.InvalidStateError:
+            pass  # settled already (by another choice, or cancelled by the front end)
+
+    def cancel_all(done: Any) -> None:
+        if done.cancelled():
+            for f in futures:
+                f.cancel()
+
+    whole.add_done_callback(cancel_all)
+    for f in futures:
+        f.add_done_callback(one_done)
+    return whole

@@ -84,7 +84,7 @@ def front_end_view(
     :class:`~ortbatch.serve.frontends.proxy.ModelProxy`, or a ServedGenerator over a
     :class:`~ortbatch.serve.frontends.generation.ProxyGenerator`."""
     if isinstance(info, GeneratorInfo):
-        return ServedGenerator(ProxyGenerator(link, info, key, directory), name)
+        return ServedGenerator(ProxyGenerator(link, info, key, directory), name, lenient_params=config.lenient_params)
     return ServedModel.for_export(
         link.for_model(key, info),
         directory,

@@ -52,6 +52,7 @@ from ..served.decoupled import FINAL_RESPONSE, GenerationModel
 from ..served.generator import ServedGenerator
 from ..served.model import ServedModel
 from ..served.repository import ModelRepository
+from ..tracing import Tracing, active, traced_request
 from .codec import decode_infer_request, encode_infer_response, parameters
 from .routing import router_for
 from .schema import PACKAGE, SERVICE, message
@@ -332,9 +333,12 @@ _STREAM_ENDS = frozenset({"OK", "CANCELLED", "DEADLINE_EXCEEDED"})
 
 def _handlers(servicer: InferenceServicer, api_key: ApiKey | None, metrics: GrpcMetrics | None) -> Any:
     grpc = require("grpc", "serve")
+    traces = active()
 
     def guard(method: str, request_type: str, streaming: bool) -> Callable[[Any, Any], Awaitable[Any]]:
         fn = getattr(servicer, method)
+        if traces is not None:  # only then: an untraced server pays nothing
+            fn = _traced(traces, method, fn)
 
         async def handler(data: Any, context: Any) -> Any:
             started = time.perf_counter()
@@ -388,6 +392,19 @@ def _handlers(servicer: InferenceServicer, api_key: ApiKey | None, metrics: Grpc
         response_serializer=message("ModelStreamInferResponse").SerializeToString,
     )
     return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+
+def _traced(traces: Tracing, method: str, fn: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+    """``fn`` inside a SERVER span, the child of the client's ``traceparent`` metadata (one
+    span for a whole ModelStreamInfer stream)."""
+
+    async def call(request: Any, context: Any) -> Any:
+        carrier = [(k, v) for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)]
+        attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method}
+        with traced_request(traces, f"{SERVICE}/{method}", carrier, **attributes):
+            return await fn(request, context)
+
+    return call
 
 
 def _address(host: str, port: int) -> str:

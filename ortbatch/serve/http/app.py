@@ -11,6 +11,7 @@ assembles the same routes its own way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..._extras import require
@@ -38,6 +39,7 @@ __all__ = [
 #: by that name: :mod:`.repository_routes`)
 BODY_ROUTES = {
     "/v1/embeddings": "embeddings",
+    "/embed_sparse": "embed_sparse",
     "/v1/rerank": "rerank",
     "/rerank": "rerank",
     "/v1/classify": "classify",
@@ -72,7 +74,7 @@ def routes_for(served: ServedModel | ServedGenerator, body: BodyLimits) -> list[
     """The protocol routes serving ``served`` (without health, ``/v1/models`` and
     ``/metrics``, which :func:`~ortbatch.serve.http.plumbing.assemble_app` adds)."""
     if isinstance(served, ServedGenerator):
-        return [*completion_routes(served, body), *generation_routes(served), *_wrong_kind_routes(served)]
+        return [*completion_routes(served, body), *generation_routes(served, body), *_wrong_kind_routes(served)]
     own = [*kserve_routes(served, body), *embedding_routes(served, body), *task_routes(served, body)]
     return [*own, *_wrong_kind_routes(served)]
 
@@ -85,14 +87,19 @@ def metrics_for(served: ServedModel | ServedGenerator) -> ServerMetrics:
 
 
 def build_app(
-    served: ServedModel | ServedGenerator, body: BodyLimits | None = None, *, close_on_shutdown: bool = True
+    served: ServedModel | ServedGenerator,
+    body: BodyLimits | None = None,
+    *,
+    close_on_shutdown: bool = True,
+    docs: Callable[[list[Any]], list[Any]] | None = None,
 ) -> Any:
     """The Starlette app serving ``served``: its routes, the common ones, the metrics
     and counts (``app.state.counts``, ``app.state.metrics``); ``served`` is closed with
-    ``drain=True`` on lifespan shutdown unless ``close_on_shutdown`` is false."""
+    ``drain=True`` on lifespan shutdown unless ``close_on_shutdown`` is false. ``docs``:
+    the routes describing the app (``/openapi.json``, ``/docs``: :func:`.openapi.model_docs`)."""
     require("starlette")  # a clear ImportError naming the extra
     routes = routes_for(served, body or BodyLimits())
-    return assemble_app(routes, served, metrics_for(served), close_on_shutdown=close_on_shutdown)
+    return assemble_app(routes, served, metrics_for(served), close_on_shutdown=close_on_shutdown, docs=docs)
 
 
 def create_app(

@@ -5,6 +5,7 @@
     GET  /v2/models/{name}[/versions/{version}]/ready
     GET  /v2/models/{name}[/versions/{version}]/config     Triton-style config
     POST /v2/models/{name}[/versions/{version}]/infer      JSON or binary tensors
+    POST /v2/models/{name}[/versions/{version}]/generate   a generation export (and generate_stream)
 
 The wire format is :mod:`~ortbatch.serve.served.protocol`; errors, bodies and the app itself
 come from :mod:`~ortbatch.serve.http.plumbing`.
@@ -12,20 +13,22 @@ come from :mod:`~ortbatch.serve.http.plumbing`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ... import __version__
+from ...errors import InvalidInputError
 from ..served.decoupled import GenerationModel
 from ..served.lookup import Entries
 from ..served.model import ServedModel
-from ..served.protocol import encode_infer_response, parse_infer_request
+from ..served.protocol import dumps_json, encode_infer_response, loads_json, parse_infer_request
 from .plumbing import (
     BodyLimits,
     HTTPError,
     Incoming,
     Reply,
     asgi_route,
+    error_response,
     handled_route,
     json_response,
     offload,
@@ -109,14 +112,17 @@ def _info_handlers(find_model: Callable[[Any], Any]) -> tuple[Handler, Handler, 
     return model_metadata, model_config, model_ready
 
 
-def generation_routes(served: Any) -> list[Any]:
+def generation_routes(served: Any, body: BodyLimits | None = None) -> list[Any]:
     """The v2 model routes of a text-generation export (a
     :class:`~ortbatch.serve.served.generator.ServedGenerator`): metadata, config and ready
     describe its decoupled v2 model entry (:mod:`ortbatch.serve.served.decoupled`), as gRPC
     serves it, so ``tritonclient``'s ``is_model_ready`` agrees with the repository index;
+    ``generate`` and ``generate_stream`` (KServe v2's generate extension, as Triton's) answer
+    ``{"text_input": ..., "parameters": {/v1/completions fields}}`` through the same entry;
     infer is refused naming what serves it."""
     entries = Entries(served)
     model = GenerationModel(served)
+    limits = body or BodyLimits()
 
     def find_model(request: Any) -> GenerationModel:
         entries.find(request.path_params["name"], request.path_params.get("version"))
@@ -127,8 +133,24 @@ def generation_routes(served: Any) -> list[Any]:
     async def infer(request: Any) -> Any:
         m = find_model(request)
         raise HTTPError(
-            400, f"model {m.name!r} is a text-generation export: it serves /v1/completions (gRPC: ModelStreamInfer)"
+            400,
+            f"model {m.name!r} is a text-generation export: it serves /v1/completions, v2 generate and "
+            "generate_stream (gRPC: ModelStreamInfer)",
         )
+
+    async def generate(request: Any) -> Any:
+        m = find_model(request)
+        answer = await m.answer(*await _generate_request(request, limits), stream=False)
+        pieces = await run_or_abandon(request.receive, _all_pieces(answer))
+        return json_response(_generate_body(m, [answer.values(p) for p in pieces], answer.req.n > 1))
+
+    async def generate_stream(request: Any) -> Any:
+        from starlette.responses import StreamingResponse
+
+        m = find_model(request)
+        # a refused request (a bad field, a full queue) is a JSON error, before the stream
+        answer = await m.answer(*await _generate_request(request, limits), stream=True)
+        return StreamingResponse(_generate_events(m, answer), media_type="text/event-stream")
 
     routes = []
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
@@ -137,5 +159,53 @@ def generation_routes(served: Any) -> list[Any]:
             handled_route(base + "/config", model_config, "GET"),
             handled_route(base + "/ready", model_ready, "GET"),
             handled_route(base + "/infer", infer, "POST"),
+            handled_route(base + "/generate", generate, "POST"),
+            handled_route(base + "/generate_stream", generate_stream, "POST"),
         ]
     return routes
+
+
+async def _generate_request(request: Any, limits: BodyLimits) -> tuple[str, dict[str, Any]]:
+    """A generate request's ``text_input`` and ``parameters`` (400 naming what is wrong)."""
+    data = await limits.read(request)
+    doc = await offload(len(data), loads_json, data)
+    if not isinstance(doc, dict):
+        raise InvalidInputError("the generate request must be a JSON object")
+    unknown = sorted(set(doc) - {"text_input", "parameters"})
+    if unknown:
+        raise InvalidInputError(
+            f"the generate request takes 'text_input' and 'parameters'; got {str(unknown[0])[:40]!r}",
+            input_name=str(unknown[0])[:40],
+        )
+    text, parameters = doc.get("text_input"), doc.get("parameters") or {}
+    if not isinstance(text, str):
+        raise InvalidInputError("'text_input' must be a string (the prompt)", input_name="text_input")
+    if not isinstance(parameters, dict):
+        raise InvalidInputError("'parameters' must be an object of /v1/completions fields", input_name="parameters")
+    return text, parameters
+
+
+async def _all_pieces(answer: Any) -> list[Any]:
+    return [p async for p in answer.pieces()]
+
+
+def _generate_body(model: Any, values: list[dict[str, Any]], several: bool) -> dict[str, Any]:
+    """generate's answer: each output's value, or with ``n`` > 1 a list of them, one per choice."""
+    doc: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+    if not several:
+        return {**doc, **values[0]}
+    for name in dict.fromkeys(k for v in values for k in v):
+        if name != "index":
+            doc[name] = [v.get(name) for v in sorted(values, key=lambda v: v["index"])]
+    return doc
+
+
+async def _generate_events(model: Any, answer: Any) -> AsyncIterator[bytes]:
+    """generate_stream's server-sent events: one per piece, or ``{"error": ...}``."""
+    head = {"model_name": model.name, "model_version": model.version}
+    try:
+        async for piece in answer.pieces():
+            yield b"data: " + dumps_json({**head, **answer.values(piece)}) + b"\n\n"
+    except Exception as exc:
+        _status, body, _headers = error_response(exc)
+        yield b"data: " + dumps_json(body) + b"\n\n"

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: ``/v1/embeddings`` over a :class:`ServedModel`, and
+"""The OpenAI-compatible routes: ``/v1/embeddings`` over a :class:`ServedModel` (its fields:
+:mod:`ortbatch.serve.served.embeddings`), and
 ``/v1/completions`` and ``/v1/chat/completions`` over a :class:`ServedGenerator`.
 
 Completions: every HTTP request's prompts join the one generator, so concurrent clients
@@ -8,48 +9,62 @@ Errors are answered in OpenAI's form (``{"error": {"message": ...}}``) with the 
 :func:`~ortbatch.serve.http.plumbing.error_response`: a bad request 400, too large 413, queue full
 429, deadline 504, shutting down 503.
 
-Request fields: ``prompt`` (a string, a list of strings, a list of token ids, or a list
-of such lists), ``max_tokens`` (default 16, as OpenAI's), ``temperature`` (default 1.0,
-as OpenAI's; 0, or below 1e-5, is greedy), ``top_p``, ``top_k`` (an extension), ``stop``,
-``seed``, ``stream``, ``stream_options.include_usage``, ``model`` (must name the served
-model when given). ``n``, ``best_of`` above 1, ``echo``, ``logprobs``, ``suffix``,
-``logit_bias`` and non-zero penalties are refused with a 400 rather than silently ignored.
+Request fields: every field of OpenAI's Completions and Chat Completions requests and of
+vLLM's extra parameters is honoured, accepted without effect, or refused with a 400 naming it
+and saying why, by one policy (:mod:`ortbatch.serve.served.parameters`, the table in
+docs/serving.md); a field no API defines is answered as OpenAI answers it ("Unrecognized
+request argument supplied: X") unless the server runs with ``--lenient-params``. Among those
+honoured: ``logprobs`` (Completions: ``tokens``, ``token_logprobs``, ``top_logprobs``,
+``text_offset``; Chat: ``logprobs: true`` + ``top_logprobs`` with ``bytes``), ``echo`` (with
+prompt logprobs and ``max_tokens: 0``), ``n`` and ``best_of``, the penalties, ``logit_bias``,
+vLLM's ``min_p``, ``min_tokens``, ``stop_token_ids``, ``ignore_eos``, and chat's
+``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``. The logic is
+the transport-free core (:mod:`~ortbatch.serve.served.completions` parses,
+:mod:`~ortbatch.serve.served.answers` shapes, :mod:`~ortbatch.serve.served.streaming` streams);
+this module only carries it over HTTP.
 
-Chat requests take ``messages`` (text content, as a string or text parts), rendered with the
-export's chat template (:class:`~ortbatch.generation.chat.ChatTemplate`) into one prompt, in
-a thread, bounded in time and size (:func:`render_bounded`); ``max_completion_tokens`` or
-``max_tokens`` (default: the rest of the context); the same sampling fields; ``tools``,
-``functions``, ``response_format`` and ``logprobs`` are refused. An export without a chat
-template answers chat requests with a 400.
+Chat requests take ``messages`` (text content, as a string or text parts; assistant turns with
+``tool_calls`` and null content, ``tool`` turns with their results), rendered with the export's
+chat template (:class:`~ortbatch.generation.chat.ChatTemplate`) into one prompt, in a thread,
+bounded in time and size (:func:`~ortbatch.serve.served.completions.render_bounded`). An export
+without a chat template answers chat requests with a 400.
+
+Structured output: ``response_format`` (``json_object``, ``json_schema``), vLLM's ``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar`` and ``structured_outputs``, on both
+routes, constrain the output by grammar (:mod:`ortbatch.generation.constrained`); chat's
+``tools``, ``tool_choice`` and ``parallel_tool_calls`` show the model its tools through the
+template, force a call when asked, and answer ``message.tool_calls`` (streamed as OpenAI's
+``delta.tool_calls``) with ``finish_reason: "tool_calls"`` (:mod:`ortbatch.generation.tools`).
+Every constraint is compiled off the event loop before anything is submitted
+(:func:`~ortbatch.serve.served.completions.compile_constraints`): one that does not compile is
+a 400 naming the field as it was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import dataclasses
-import json
-import secrets
-import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ...errors import InvalidInputError, ModelNotFoundError, RequestTooLargeError
+from .. import tracing
+from ..served.answers import OpenAIAnswer, whole_pieces
 from ..served.completions import (
     CompletionRequest,
-    admitted,
+    Prompts,
+    compile_constraints,
     parse_chat_request,
     parse_completion_request,
+    prepare_prompts,
     prompt_char_limit,
     render_bounded,
     submit_all,
-    text_or_ids,
-    usage,
 )
+from ..served.embeddings import embeddings_answer
 from ..served.generator import ServedGenerator
 from ..served.model import ServedModel
 from ..served.protocol import dumps_json, loads_json
+from ..served.streaming import PieceStream
 from .plumbing import (
     BodyLimits,
     HTTPError,
@@ -85,83 +100,18 @@ async def read_openai_body(request: Any, body: BodyLimits, model_name: str) -> d
 
 
 def embedding_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
-    """``POST /v1/embeddings`` over ``model`` (for :func:`~ortbatch.serve.http.plumbing.assemble_app`)."""
+    """``POST /v1/embeddings`` over ``model`` (for :func:`~ortbatch.serve.http.plumbing.assemble_app`);
+    the request's fields and the answer are :func:`~ortbatch.serve.served.embeddings.embeddings_answer`'s."""
 
     async def embeddings(request: Incoming) -> Reply:
         doc = await read_openai_body(request, body, model.name)
         if model.embedding_output is None:
             raise HTTPError(404, f"model {model.name!r} does not serve embeddings: {model.embeddings_disabled_reason}")
-        inputs = text_or_ids(doc.get("input"), "input")
-        fmt = doc.get("encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            raise InvalidInputError(
-                f"encoding_format must be 'float' or 'base64', got {str(fmt)[:40]!r}", input_name="encoding_format"
-            )
-        truncate = doc.get("truncate", model.truncate)
-        if not isinstance(truncate, bool):
-            raise InvalidInputError(
-                f"'truncate' must be true or false, got {str(truncate)[:40]}", input_name="truncate"
-            )
-        result = await run_or_abandon(request.receive, model.embed(inputs, truncate))
-        emb = result.embeddings
-        dims = doc.get("dimensions")
-        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != emb.shape[1]):
-            raise InvalidInputError(
-                f"dimensions: this model's embeddings have {emb.shape[1]} dimensions, got {str(dims)[:40]}",
-                input_name="dimensions",
-            )
-        data = []
-        for i, row in enumerate(emb):
-            value: Any = (
-                base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else row.tolist()
-            )
-            data.append({"object": "embedding", "index": i, "embedding": value})
-        doc = {
-            "object": "list",
-            "data": data,
-            "model": model.name,
-            "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
-        }
-        return Reply(dumps_json(doc), "application/json")
+        answer = await run_or_abandon(request.receive, embeddings_answer(model, doc))
+        return Reply(dumps_json(answer), "application/json")
 
     # the route an embedding server's traffic takes: bare ASGI (http.FastRoutes)
     return [asgi_route("/v1/embeddings", embeddings, "POST")]
-
-
-class _AnswerShape:
-    """How one of the two APIs (completions, chat) names and shapes its answers."""
-
-    def __init__(self, chat: bool, model: str) -> None:
-        self.chat = chat
-        self.object = "chat.completion" if chat else "text_completion"
-        self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
-        prefix = "chatcmpl-" if chat else "cmpl-"
-        self.head = {"id": prefix + secrets.token_hex(12), "created": int(time.time()), "model": model}
-
-    def choice(self, i: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-        if self.chat:
-            return {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
-        return {"text": text, "index": i, "logprobs": None, "finish_reason": finish_reason}
-
-    def delta(self, i: int, text: str | None, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
-        if self.chat:
-            delta: dict[str, Any] = {} if text is None else {"content": text}
-            if first:
-                delta["role"] = "assistant"
-            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return self.choice(i, text or "", finish_reason)
-
-    def event(self, data: dict[str, Any]) -> bytes:
-        """One server-sent event."""
-        return b"data: " + json.dumps(data, separators=(",", ":")).encode("utf-8") + b"\n\n"
-
-    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        """One stream chunk carrying ``choices``."""
-        return self.event({**self.head, "object": self.chunk_object, "choices": choices, **extra})
-
-
-# queue item index meaning: the client disconnected
-_CLIENT_GONE = -1
 
 
 class _CompletionsEndpoint:
@@ -176,27 +126,28 @@ class _CompletionsEndpoint:
 
     async def completions(self, request: Any) -> Any:
         doc = await read_openai_body(request, self.body, self.served.name)
-        req = parse_completion_request(doc, self.max_chars)
+        req = parse_completion_request(doc, self.max_chars, self.served.policy)
         self._check_count(len(req.prompts))
-        if isinstance(req.prompts[0], str):  # tokenized here, off the event loop ("" is refused by submit)
-            texts: list[Any] = list(req.prompts)
-            encode = self.generator.encode
-            ids = await asyncio.to_thread(lambda: [encode(t) if t else t for t in texts])
-            req = dataclasses.replace(req, prompts=ids)
-        return await self._answer(request, req, _AnswerShape(False, self.served.name))
+        await compile_constraints(self.generator, req)
+        # tokenized here, off the event loop ("" is refused by submit)
+        with tracing.span("ortbatch.tokenize", {"ortbatch.texts": len(req.prompts)}):
+            prompts = await asyncio.to_thread(prepare_prompts, self.generator, req)
+        return await self._answer(request, req, prompts)
 
     async def chat_completions(self, request: Any) -> Any:
         doc = await read_openai_body(request, self.body, self.served.name)
-        messages, with_prompt = parse_chat_request(doc, self.template)
+        chat, req = parse_chat_request(doc, self.template, self.served.policy)
+        await compile_constraints(self.generator, req)
         template = self.template
         assert template is not None  # parse_chat_request refuses a model without one
 
-        def prompt_ids() -> list[int]:
-            text = render_bounded(template, messages, CHAT_RENDER_TIMEOUT_S, self.max_chars)
-            return list(self.generator.encode(text, add_special_tokens=False))
+        def rendered() -> Prompts:
+            text = render_bounded(template, chat, CHAT_RENDER_TIMEOUT_S, self.max_chars)
+            return prepare_prompts(self.generator, req, text)
 
-        req = with_prompt(await asyncio.to_thread(prompt_ids))
-        return await self._answer(request, req, _AnswerShape(True, self.served.name))
+        with tracing.span("ortbatch.tokenize", {"ortbatch.texts": 1}):
+            prompts = await asyncio.to_thread(rendered)
+        return await self._answer(request, req, prompts)
 
     def _check_count(self, count: int) -> None:
         limit = getattr(self.generator, "max_queue", None)
@@ -206,10 +157,11 @@ class _CompletionsEndpoint:
                 input_name="prompt",
             )
 
-    async def _answer(self, request: Any, req: CompletionRequest, api: _AnswerShape) -> Any:
+    async def _answer(self, request: Any, req: CompletionRequest, prompts: Prompts) -> Any:
+        shape = OpenAIAnswer(req, prompts, self.served.token_texts, self.served.name)
         if req.stream:
-            return await self._stream(request, req, api)
-        futures = submit_all(self.generator, req)
+            return await self._stream(request, req, prompts, shape)
+        futures = submit_all(self.generator, req, prompts)
         waits = [asyncio.wrap_future(f) for f in futures]  # cancelling one cancels its request
         try:
             results = await run_or_abandon(request.receive, asyncio.gather(*waits))
@@ -217,92 +169,57 @@ class _CompletionsEndpoint:
             for fut in futures:
                 fut.cancel()
             raise
-        choices = [api.choice(i, c.text, c.finish_reason) for i, c in enumerate(results)]
-        return json_response({**api.head, "object": api.object, "choices": choices, "usage": usage(results)})
+        return json_response(shape.whole(whole_pieces(req, prompts, results)))
 
-    async def _stream(self, request: Any, req: CompletionRequest, api: _AnswerShape) -> Any:
+    async def _stream(self, request: Any, req: CompletionRequest, prompts: Prompts, shape: OpenAIAnswer) -> Any:
         from starlette.responses import StreamingResponse
 
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-
-        def put(item: tuple[int, Any]) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
-
-        def on_token(i: int) -> Callable[[Any], None]:
-            return lambda tok: put((i, tok))
-
+        stream = PieceStream(self.generator, req, prompts)
         # Submission errors (bad prompt, queue full) are answered as JSON errors, before
         # any byte of the stream is sent.
-        futures = submit_all(self.generator, req, on_token)
-        await admitted(futures)
-
-        def ended(i: int) -> Callable[[Future[Any]], None]:
-            return lambda _fut: put((i, None))
-
-        for i, fut in enumerate(futures):
-            # tokens are put before the future settles, on the same thread: the end
-            # marker (token None) comes after the request's last token
-            fut.add_done_callback(ended(i))
-        events = _stream_events(request, req, api, futures, queue)
+        await stream.start()
+        events = _stream_events(request, stream, shape)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def _stream_events(
-    request: Any, req: CompletionRequest, api: _AnswerShape, futures: list[Future[Any]], queue: asyncio.Queue[Any]
-) -> AsyncIterator[bytes]:
-    """The server-sent events of a streamed answer, from the ``(index, token)`` items the
-    generator's callbacks put on ``queue`` (token ``None``: that request settled)."""
-    sent = [""] * len(futures)
+def _event(data: dict[str, Any]) -> bytes:
+    """One server-sent event."""
+    return b"data: " + dumps_json(data) + b"\n\n"
+
+
+async def _stream_events(request: Any, stream: PieceStream, shape: OpenAIAnswer) -> AsyncIterator[bytes]:
+    """The server-sent events of a streamed answer: one chunk per piece, the usage chunk when
+    asked, then ``[DONE]``; an error that ends a choice is an ``{"error": ...}`` event."""
     finished: list[Any] = []
-    still_open = len(futures)
 
     async def watch() -> None:
         # A client that leaves while no token is due would otherwise be noticed only at
         # the next send: its rows would stay held and the request unsettled.
         await disconnected(request.receive)
-        queue.put_nowait((_CLIENT_GONE, None))
+        stream.abandon()
 
     watcher = asyncio.ensure_future(watch())
     try:
-        if api.chat:  # OpenAI's chat streams open each choice with the role
-            for i in range(len(futures)):
-                yield api.chunk([api.delta(i, "", None, first=True)])
-        while still_open:
-            i, tok = await queue.get()
-            if i == _CLIENT_GONE:
-                return
-            if tok is not None:
-                if tok.text:
-                    sent[i] += tok.text
-                    yield api.chunk([api.delta(i, tok.text, None)])
+        if shape.chat:  # OpenAI's chat streams open each choice with the role
+            for i in range(len(stream.futures)):
+                yield _event(shape.role_chunk(i))
+        async for piece in stream.pieces():
+            if piece.error is not None:
+                _status, error_body, _headers = error_response(piece.error, openai=True)
+                yield _event(error_body)
                 continue
-            still_open -= 1
-            fut = futures[i]
-            if fut.cancelled():
-                continue
-            exc = fut.exception()
-            if exc is not None:
-                _status, error_body, _headers = error_response(exc, openai=True)
-                yield api.event(error_body)
-                continue
-            completion = fut.result()
-            finished.append(completion)
-            # what the stream has not carried yet (text held back until the end)
-            rest = completion.text[len(sent[i]) :] if completion.text.startswith(sent[i]) else ""
-            if rest:
-                yield api.chunk([api.delta(i, rest, None)])
-            yield api.chunk([api.delta(i, None if api.chat else "", completion.finish_reason)])
-        if req.include_usage:
-            yield api.chunk([], usage=usage(finished))
-        yield b"data: [DONE]\n\n"
+            if piece.completion is not None:
+                finished.append(piece.completion)
+            chunk = shape.piece_chunk(piece)
+            if chunk is not None:
+                yield _event(chunk)
+        if not watcher.done():
+            if shape.req.include_usage:
+                yield _event(shape.usage_chunk(finished))
+            yield b"data: [DONE]\n\n"
     finally:  # the client left (or the response ended): free any row still held
         watcher.cancel()
-        for fut in futures:
-            fut.cancel()
+        stream.cancel()
 
 
 def completion_routes(served: ServedGenerator, body: BodyLimits) -> list[Any]:

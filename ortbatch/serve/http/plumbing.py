@@ -444,9 +444,18 @@ class FastRoutes:
         await self.app(scope, receive, send)
 
 
-def assemble_app(routes: list[Any], served: Any, metrics: ServerMetrics, *, close_on_shutdown: bool = True) -> Any:
+def assemble_app(
+    routes: list[Any],
+    served: Any,
+    metrics: ServerMetrics,
+    *,
+    close_on_shutdown: bool = True,
+    docs: Callable[[list[Any]], list[Any]] | None = None,
+) -> Any:
     """The Starlette app over ``routes`` (from :func:`handled_route` or :func:`asgi_route`)
-    plus the routes every server has (health, ``/v1/models``, ``/metrics``), wrapped in
+    plus the routes every server has (health, ``/v1/models``, ``/metrics``) and, when
+    ``docs`` is given, those it makes from the app's whole route list (the API's
+    description, :mod:`.openapi`), wrapped in
     :class:`RequestObserver` (and, when some routes are bare ASGI, :class:`FastRoutes`,
     which answers those before Starlette does): JSON 404/405 for unknown routes, and
     ``served.close(drain=True)`` on lifespan shutdown (unless ``close_on_shutdown`` is
@@ -485,6 +494,8 @@ def assemble_app(routes: list[Any], served: Any, metrics: ServerMetrics, *, clos
         handled_route("/v1/models", list_models, "GET"),
         handled_route("/metrics", prometheus, "GET"),
     ]
+    if docs is not None:
+        routes += docs(routes)  # the list itself: the description reads what is mounted
 
     async def http_exception(request: Any, exc: Exception) -> Any:
         assert isinstance(exc, HTTPException)

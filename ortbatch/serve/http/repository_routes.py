@@ -34,6 +34,7 @@ from ..metrics import GeneratorCollector, ServerMetrics, SessionCollector
 from ..served.protocol import loads_json
 from ..served.repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, Loaded, ModelRepository, check_parameters
 from .app import BODY_ROUTES, build_app, wrong_kind_message
+from .openapi import repository_docs
 from .plumbing import (
     AsgiEndpoint,
     BodyLimits,
@@ -248,4 +249,5 @@ def create_repository_app(
         Route("/v2/models/{name}{rest:path}", AsgiEndpoint(dispatch.by_path), methods=["GET", "POST"]),
         *(Route(path, AsgiEndpoint(dispatch.by_body), methods=["POST"]) for path in BODY_ROUTES),
     ]
-    return assemble_app(routes, repository, metrics, close_on_shutdown=close_model_on_shutdown)
+    docs = repository_docs(repository, limits)
+    return assemble_app(routes, repository, metrics, close_on_shutdown=close_model_on_shutdown, docs=docs)

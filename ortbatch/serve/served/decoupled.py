@@ -1,51 +1,120 @@
 """A text-generation export as a *decoupled* KServe v2 model (served over gRPC): each request of a
 ``ModelStreamInfer`` stream is answered by several responses, one per piece of text, the
-way Triton serves LLMs (its vLLM backend's tensor names, so clients written for it work).
+way Triton serves LLMs (its vLLM backend's tensor names, so clients written for it work). The
+same answers back KServe v2's ``generate`` and ``generate_stream`` over HTTP
+(:func:`~ortbatch.serve.http.kserve.generation_routes`).
 
 Inputs (one prompt per request; send several requests on the stream to batch them)::
 
     text_input           BYTES [1]  the prompt (UTF-8)
     stream               BOOL  [1]  optional: true answers token by token, false (default) once
     sampling_parameters  BYTES [1]  optional: a JSON object of /v1/completions fields
-                                    (max_tokens, temperature, top_p, top_k, stop, seed)
 
-Outputs: ``text_output`` (BYTES [1]: the new text, the prompt not repeated) in every
-response, and ``finish_reason`` (``"stop"`` or ``"length"``) in the last one. Every
-response carries the parameter ``triton_final_response`` (true on the last), as Triton's
-decoupled responses do. The fields are checked by the same code as ``/v1/completions``
-(:func:`~ortbatch.serve.http.openai_api.parse_completion_request`), so a request refused there
-is refused here with the same message. Unary ``ModelInfer`` is refused (UNIMPLEMENTED), as
-Triton refuses it for a decoupled model.
+Outputs: ``text_output`` (BYTES [1]: the new text; with ``echo``, the prompt first) in every
+response; ``finish_reason`` (``"stop"`` or ``"length"``) in a choice's last one; ``index``
+(INT32 [1]: which choice) when ``n`` > 1; ``logprobs`` (BYTES [1]: JSON of /v1/completions'
+``logprobs`` object for the response's tokens) when ``logprobs`` is asked. Every response
+carries the parameter ``triton_final_response`` (true on the last), as Triton's decoupled
+responses do. The fields follow the same policy and code as ``/v1/completions``
+(:func:`~ortbatch.serve.served.completions.parse_completion_request`), so a request refused
+there is refused here with the same message, and the structured-output fields
+(``response_format``, ``guided_json``, ``structured_outputs``, ...) constrain the text the same
+way (compiled before anything is submitted). Unary ``ModelInfer`` is refused (UNIMPLEMENTED),
+as Triton refuses it for a decoupled model.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 
 from ...errors import InvalidInputError, UnsupportedError
-from .completions import parse_completion_request, prompt_char_limit, submit_all
+from .answers import OpenAIAnswer, Piece, whole_pieces
+from .completions import (
+    CompletionRequest,
+    compile_constraints,
+    parse_completion_request,
+    prepare_prompts,
+    prompt_char_limit,
+    submit_all,
+)
 from .generator import ServedGenerator
 from .protocol import InferRequest, loads_json
+from .streaming import PieceStream
 
-__all__ = ["FINAL_RESPONSE", "GenerationModel"]
+__all__ = ["FINAL_RESPONSE", "GenerationAnswer", "GenerationModel"]
 
 #: the response parameter that marks a decoupled request's last response (Triton's name)
 FINAL_RESPONSE = "triton_final_response"
 
 _TEXT_INPUT, _STREAM, _SAMPLING = "text_input", "stream", "sampling_parameters"
-_TEXT_OUTPUT, _FINISH = "text_output", "finish_reason"
+_TEXT_OUTPUT, _FINISH, _INDEX, _LOGPROBS = "text_output", "finish_reason", "index", "logprobs"
 _INPUTS = {_TEXT_INPUT: "BYTES", _STREAM: "BOOL", _SAMPLING: "BYTES"}
-_OUTPUTS = (_TEXT_OUTPUT, _FINISH)
+_OUTPUTS = {_TEXT_OUTPUT: "BYTES", _FINISH: "BYTES", _INDEX: "INT32", _LOGPROBS: "BYTES"}
+
+
+class GenerationAnswer:
+    """One prompt's answer in pieces (see :meth:`GenerationModel.answer`): :meth:`pieces`
+    yields each choice's pieces (one whole piece per choice unless streamed), :meth:`values`
+    says what a piece carries by output name."""
+
+    def __init__(self, model: GenerationModel, req: CompletionRequest, prompts: Any) -> None:
+        self.req, self.prompts = req, prompts
+        self._generator = model.generator
+        self._shape = OpenAIAnswer(req, prompts, model.served.token_texts, model.name)
+        self._stream: PieceStream | None = None
+        self._futures: list[Any] = []
+
+    async def _start(self) -> None:
+        if self.req.stream:
+            self._stream = PieceStream(self._generator, self.req, self.prompts)
+            await self._stream.start()
+        else:
+            self._futures = submit_all(self._generator, self.req, self.prompts)
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The pieces in order; a choice that fails raises its error here."""
+        try:
+            if self._stream is not None:
+                async for piece in self._stream.pieces():
+                    if piece.error is not None:
+                        raise piece.error
+                    yield piece
+                return
+            results = await asyncio.gather(*(asyncio.wrap_future(f) for f in self._futures))
+            for piece in whole_pieces(self.req, self.prompts, results):
+                yield piece
+        finally:  # the answer ended or its client left: free the rows
+            self.cancel()
+
+    def cancel(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+        for fut in self._futures:
+            fut.cancel()
+
+    def values(self, piece: Piece) -> dict[str, Any]:
+        """The outputs ``piece`` carries: ``text_output``, and ``finish_reason`` (its choice's
+        last), ``index`` (``n`` > 1), ``logprobs`` (asked) where they apply."""
+        out: dict[str, Any] = {_TEXT_OUTPUT: piece.text}
+        if piece.finish_reason is not None:
+            out[_FINISH] = piece.finish_reason
+        if self.req.n > 1:
+            out[_INDEX] = piece.index
+        logprobs = self._shape.logprobs(piece)
+        if logprobs is not None:
+            out[_LOGPROBS] = logprobs
+        return out
 
 
 class GenerationModel:
     """The decoupled v2 model entry of a :class:`~ortbatch.serve.served.generator.ServedGenerator`
-    (transport-free: gRPC's servicer streams what :meth:`stream` yields)."""
+    (transport-free: gRPC's servicer streams what :meth:`stream` yields; HTTP's ``generate``
+    routes read :meth:`answer`)."""
 
     def __init__(self, served: ServedGenerator) -> None:
         self.served = served
@@ -64,7 +133,7 @@ class GenerationModel:
             "versions": [self.version],
             "platform": "onnxruntime_onnx",
             "inputs": [{"name": n, "datatype": d, "shape": [1]} for n, d in _INPUTS.items()],
-            "outputs": [{"name": n, "datatype": "BYTES", "shape": [-1]} for n in _OUTPUTS],
+            "outputs": [{"name": n, "datatype": d, "shape": [-1]} for n, d in _OUTPUTS.items()],
         }
 
     def triton_config(self) -> dict[str, Any]:
@@ -78,7 +147,7 @@ class GenerationModel:
             "backend": "onnxruntime",
             "max_batch_size": 0,  # one prompt per request; requests are batched by the generator
             "input": [entry(n, d, n != _TEXT_INPUT) for n, d in _INPUTS.items()],
-            "output": [{"name": n, "data_type": "TYPE_STRING", "dims": [-1]} for n in _OUTPUTS],
+            "output": [{**entry(n, d, False), "dims": [-1]} for n, d in _OUTPUTS.items()],
             "model_transaction_policy": {"decoupled": True},
         }
 
@@ -87,6 +156,22 @@ class GenerationModel:
             f"model {self.name!r} is a decoupled text-generation model: send it over ModelStreamInfer "
             "(tritonclient: start_stream + async_stream_infer), or use HTTP /v1/completions"
         )
+
+    async def answer(self, text: str, fields: dict[str, Any], stream: bool) -> GenerationAnswer:
+        """Check ``fields`` (/v1/completions' fields but ``prompt`` and ``stream``), tokenize
+        ``text`` and submit it: its answer, whose pieces come as the tokens do. A refused request
+        (a bad field, a full queue) raises here, before any piece."""
+        for key, instead in (("prompt", "the text input"), ("stream", "the stream input or route")):
+            if key in fields:
+                raise InvalidInputError(
+                    f"'{key}' is not a sampling parameter here: send it as {instead}", input_name=key
+                )
+        req = parse_completion_request({**fields, "prompt": text, "stream": stream}, self.max_chars, self.served.policy)
+        await compile_constraints(self.generator, req)
+        prompts = await asyncio.to_thread(prepare_prompts, self.generator, req)
+        answer = GenerationAnswer(self, req, prompts)
+        await answer._start()
+        return answer
 
     def _scalar(self, req: InferRequest, name: str) -> Any:
         array = req.inputs.get(name)
@@ -121,53 +206,28 @@ class GenerationModel:
         text = self._scalar(req, _TEXT_INPUT)
         if text is None:
             raise InvalidInputError(f"missing input {_TEXT_INPUT!r} (BYTES, the prompt)", input_name=_TEXT_INPUT)
-        doc: dict[str, Any] = {}
+        fields: dict[str, Any] = {}
         sampling = self._scalar(req, _SAMPLING)
         if sampling is not None:
-            doc = loads_json(self._text(sampling, _SAMPLING), f"input {_SAMPLING!r}")
-            if not isinstance(doc, dict):
+            fields = loads_json(self._text(sampling, _SAMPLING), f"input {_SAMPLING!r}")
+            if not isinstance(fields, dict):
                 raise InvalidInputError(f"input {_SAMPLING!r} must be a JSON object", input_name=_SAMPLING)
-        stream = self._scalar(req, _STREAM)
-        doc = {**doc, "prompt": self._text(text, _TEXT_INPUT), "stream": bool(stream)}
-        creq = parse_completion_request(doc, self.max_chars)
-        prompt: Any = creq.prompts[0]
-        if isinstance(prompt, str) and prompt:  # "" is refused by submit, with its message
-            prompt = await asyncio.to_thread(self.generator.encode, prompt)
-        creq = dataclasses.replace(creq, prompts=[prompt])
-
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-
-        def put(item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
-
-        on_token = (lambda i: put) if creq.stream else None
-        (future,) = submit_all(self.generator, creq, on_token)
-        # tokens are put before the future settles, on the same thread: None comes last
-        future.add_done_callback(lambda _f: put(None))
-        sent = ""
-        try:
-            if creq.stream:
-                while (token := await queue.get()) is not None:
-                    if token.text:
-                        sent += token.text
-                        yield self._outputs(wanted, token.text, None), False
-            else:
-                await asyncio.wrap_future(future)
-            completion = future.result()
-            rest = completion.text[len(sent) :] if completion.text.startswith(sent) else ""
-            yield self._outputs(wanted, rest, completion.finish_reason), True
-        finally:  # the stream ended or the client left: free the row
-            future.cancel()
+        answer = await self.answer(self._text(text, _TEXT_INPUT), fields, bool(self._scalar(req, _STREAM)))
+        left = len(answer.prompts.ids) * answer.req.n  # choices still to finish: the last one is final
+        async for piece in answer.pieces():
+            left -= piece.finish_reason is not None
+            yield self._outputs(wanted, answer.values(piece)), left == 0
 
     @staticmethod
-    def _outputs(wanted: list[str], text: str, finish_reason: str | None) -> list[tuple[str, np.ndarray]]:
-        values = {_TEXT_OUTPUT: text, _FINISH: finish_reason}
-        return [
-            (name, np.array([values[name].encode()], dtype=object))  # type: ignore[union-attr]
-            for name in wanted
-            if values[name] is not None
-        ]
+    def _outputs(wanted: list[str], values: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+        out = []
+        for name in wanted:
+            if name not in values:
+                continue
+            value = values[name]
+            if name == _INDEX:
+                out.append((name, np.array([value], dtype=np.int32)))
+            else:
+                raw = json.dumps(value, separators=(",", ":")) if name == _LOGPROBS else value
+                out.append((name, np.array([raw.encode()], dtype=object)))
+        return out

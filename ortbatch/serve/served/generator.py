@@ -9,6 +9,8 @@ from typing import Any
 
 from ...generation.chat import ChatTemplate
 from ...manifest import MANIFEST_NAME, Manifest
+from .answers import TokenTexts
+from .parameters import ParameterPolicy
 
 __all__ = ["ServedGenerator", "is_generation_export"]
 
@@ -45,22 +47,35 @@ def _export_template(generator: Any) -> ChatTemplate | None:
 
 
 class ServedGenerator:
-    """A :class:`~ortbatch.BatchedGenerator` served under ``name``."""
+    """A :class:`~ortbatch.BatchedGenerator` served under ``name``. ``lenient_params``: request
+    fields no API defines are accepted and logged once each (``--lenient-params``), not refused."""
 
-    def __init__(self, generator: Any, name: str, chat_template: ChatTemplate | None = None) -> None:
+    def __init__(
+        self, generator: Any, name: str, chat_template: ChatTemplate | None = None, *, lenient_params: bool = False
+    ) -> None:
         self.generator = generator
         self.name = name
         #: renders /v1/chat/completions messages (default: the export's, when it has one)
         self.chat_template = chat_template if chat_template is not None else _export_template(generator)
+        #: which request fields are honoured, accepted or refused (every transport asks it)
+        self.policy = ParameterPolicy(lenient=lenient_params)
+        #: each token's text and bytes as logprobs name them
+        self.token_texts = TokenTexts(generator)
 
     @classmethod
     def load(
-        cls, directory: str | Path, *, name: str | None = None, generator_kwargs: dict[str, Any] | None = None
+        cls,
+        directory: str | Path,
+        *,
+        name: str | None = None,
+        generator_kwargs: dict[str, Any] | None = None,
+        lenient_params: bool = False,
     ) -> ServedGenerator:
         from ...generation import BatchedGenerator
 
         path = Path(directory)
-        return cls(BatchedGenerator(path, **(generator_kwargs or {})), name or path.resolve().name)
+        generator = BatchedGenerator(path, **(generator_kwargs or {}))
+        return cls(generator, name or path.resolve().name, lenient_params=lenient_params)
 
     @property
     def ready(self) -> bool:

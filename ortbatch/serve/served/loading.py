@@ -10,6 +10,7 @@ from typing import Any
 
 from ...errors import ValidationError
 from ...manifest import MANIFEST_NAME, Manifest
+from .. import tracing
 from ..config import ServeConfig
 from .generator import ServedGenerator, is_generation_export
 from .model import ServedModel
@@ -45,15 +46,20 @@ def load_served(
     replica's CPUs). An export whose accuracy checks failed is refused
     (:func:`refuse_unvalidated`) unless ``config.allow_unvalidated``."""
     refuse_unvalidated(directory, config.allow_unvalidated)
+    served: ServedModel | ServedGenerator
     if is_generation_export(directory):
         gen_kw = config.generator_kwargs()
         if session_options is not None:
             gen_kw["session_options"] = session_options(True)
-        return ServedGenerator.load(directory, name=name, generator_kwargs=gen_kw)
+        served = ServedGenerator.load(
+            directory, name=name, generator_kwargs=gen_kw, lenient_params=config.lenient_params
+        )
+        tracing.observe(served, tracing.active())  # when tracing is on (ortbatch.serve.tracing)
+        return served
     kw = config.session_kwargs()
     if session_options is not None:
         kw["session_options"] = session_options(False)
-    return ServedModel.load(
+    served = ServedModel.load(
         directory,
         name=name,
         session_kwargs=kw,
@@ -61,3 +67,5 @@ def load_served(
         max_text_chars=config.max_text_chars,
         truncate=config.truncate,
     )
+    tracing.observe(served, tracing.active())
+    return served

@@ -18,13 +18,18 @@ from typing import Any
 import numpy as np
 
 from ..._extras import require
+from ...embed import ops
+from ...embed.options import EmbedOptions
+from ...embed.pipeline import EmbeddingPipeline
 from ...errors import InvalidInputError, NonFiniteOutputError, RequestTimeoutError, RequestTooLargeError
 from ...manifest import MANIFEST_NAME, Manifest
+from .. import tracing
 from ..config import DEFAULT_MAX_TEXT_CHARS
 from .protocol import DATATYPES, InferRequest, ort_type_to_datatype
 
 __all__ = [
     "DEFAULT_MAX_TEXT_CHARS",
+    "V2_ENCODING_FORMATS",
     "EmbeddingResult",
     "ServedModel",
     "TensorMetadata",
@@ -38,6 +43,9 @@ TOKENIZER_FILE = "tokenizer.json"
 TEXT_INPUT = "text"
 #: Suffix of the text-in model entry (``minilm`` -> ``minilm_text``).
 TEXT_MODEL_SUFFIX = "_text"
+#: ``encoding_format`` a KServe v2 request parameter may name (its outputs are typed
+#: tensors: base64 is what ``binary_data_output`` already gives)
+V2_ENCODING_FORMATS = ("float", *ops.QUANTIZED_FORMATS)
 # Tasks whose exports answer /v1/embeddings (token embeddings, pooled here).
 EMBEDDING_TASKS = frozenset({"feature-extraction", "sentence-similarity", "sentence-embeddings"})
 # Already-pooled outputs, preferred over pooling token embeddings ourselves.
@@ -101,7 +109,8 @@ class TensorMetadata:
 
 @dataclass(frozen=True)
 class EmbeddingResult:
-    """Pooled embeddings (one row per input) and the number of tokens they used."""
+    """Embeddings (one row per input: the export's pipeline output, or pooled here for an
+    export that records none) and the number of tokens the model saw, prompts included."""
 
     embeddings: np.ndarray
     tokens: int
@@ -129,8 +138,9 @@ class ServedModel:
         manifest: the export's manifest (default: the session's own).
         tokenizer: a ``tokenizers.Tokenizer`` for BYTES text inputs and
             ``/v1/embeddings``; ``None`` disables text input.
-        normalize_embeddings: L2-normalize ``/v1/embeddings`` vectors (as
-            sentence-transformers models such as all-MiniLM-L6-v2 do).
+        normalize_embeddings: L2-normalize ``/v1/embeddings`` vectors of an export that
+            records no embedding pipeline (an export that does answers its pipeline's own
+            vectors, normalized exactly when the checkpoint has a Normalize module).
         id_limits: exclusive upper bound of the ids each integer input may carry
             (``{"input_ids": 30522, "token_type_ids": 2}``), checked before a request is
             queued: an out-of-range id fails inside ONNX Runtime's embedding lookup,
@@ -168,6 +178,9 @@ class ServedModel:
         self._input_types = {m.name: m.datatype for m in self.inputs}
         self._output_names = [m.name for m in self.outputs]
         self.normalize_embeddings = normalize_embeddings
+        #: the sentence-transformers pipeline the export records (``None``: an older export)
+        self.pipeline = EmbeddingPipeline.from_manifest(self.manifest) if self.manifest is not None else None
+        self._prompt_lengths: dict[str, int] = {}
         self.tokenizer: Any = None
         self.text_input: str | None = None
         self.text_disabled_reason = "the export has no tokenizer.json"
@@ -178,6 +191,7 @@ class ServedModel:
             {k: v for k, v in (id_limits or {}).items() if k in self._input_types and isinstance(v, int) and v > 0}
         )
         self.embedding_output, self.embeddings_disabled_reason = self._pick_embedding_output()
+        self.sparse_output, self.sparse_disabled_reason = self._pick_sparse_output()
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -243,12 +257,15 @@ class ServedModel:
         )
 
     def _setup_tokenizer(self, tokenizer: Any) -> None:
-        known = {"input_ids", "attention_mask", "token_type_ids"}
+        # position_ids: 0..n-1 for each text, what the model computes for one unpadded row
+        known = {"input_ids", "attention_mask", "token_type_ids", "position_ids"}
+        if self.pipeline is not None and self.pipeline.needs_prompt_length:
+            known.add("prompt_length")  # filled here: the tokens of the prompt, left out of pooling
         unknown = [n for n in self._input_types if n not in known]
         if "input_ids" not in self._input_types or unknown:
             self.text_disabled_reason = (
                 f"the model's inputs {sorted(self._input_types)} are not input_ids/attention_mask/"
-                "token_type_ids, so text cannot be tokenized for it"
+                "token_type_ids/position_ids, so text cannot be tokenized for it"
             )
             log.warning("text input disabled: %s", self.text_disabled_reason)
             return
@@ -267,6 +284,13 @@ class ServedModel:
         task = (self.manifest.source.get("task") if self.manifest is not None else None) or None
         if self.tokenizer is None:
             return None, self.text_disabled_reason
+        pipe = self.pipeline
+        if pipe is not None:
+            if pipe.is_sparse:
+                return None, "it is a sparse (SPLADE) export: use /embed_sparse"
+            if pipe.output not in self._output_names:
+                return None, f"the graph has no {pipe.output!r} output, which its manifest's pipeline names"
+            return pipe.output, ""
         if task not in EMBEDDING_TASKS:
             return None, f"the export's task is {task!r}, not one of {sorted(EMBEDDING_TASKS)}"
         by_name = {m.name: m for m in self.outputs}
@@ -277,6 +301,16 @@ class ServedModel:
             if len(m.shape) == 3:
                 return m.name, ""
         return None, f"no output looks like embeddings (outputs: {self._output_names})"
+
+    def _pick_sparse_output(self) -> tuple[str | None, str]:
+        pipe = self.pipeline
+        if self.tokenizer is None:
+            return None, self.text_disabled_reason
+        if pipe is None or not pipe.is_sparse:
+            return None, "it is not a sparse (SPLADE) export"
+        if pipe.output not in self._output_names:
+            return None, f"the graph has no {pipe.output!r} output, which its manifest's pipeline names"
+        return pipe.output, ""
 
     # -- protocol views --------------------------------------------------------------
     @property
@@ -308,6 +342,12 @@ class ServedModel:
         if self.text_input is not None:
             params["text_input"] = self.text_input
             params["text_model"] = self.text_model_name
+        pipe = self.pipeline
+        if pipe is not None:  # what the embedding request parameters may name
+            params["embedding_output"] = pipe.output
+            params["embedding_dimension"] = pipe.dimension
+            params["prompt_names"] = sorted(pipe.prompts)
+            params["default_prompt_name"] = pipe.default_prompt_name
         doc["parameters"] = {k: v for k, v in params.items() if v is not None}
         return doc
 
@@ -341,8 +381,14 @@ class ServedModel:
 
     async def infer(self, req: InferRequest) -> list[tuple[str, np.ndarray]]:
         """Run a decoded request through the BatchedSession; returns ``(name, array)``
-        pairs in the order the request asked for (model order by default)."""
+        pairs in the order the request asked for (model order by default). For an export
+        with an embedding pipeline, the request's parameters ``dimensions``,
+        ``encoding_format``, ``prompt_name``/``prompt`` (text inputs only; the checkpoint's
+        default prompt otherwise) and, for SPLADE, ``top_k``/``threshold`` shape its
+        pipeline output as they do on ``/v1/embeddings`` (:meth:`finish_output`)."""
         names = self._output_names_for(req)
+        # an export without a pipeline reads no embedding parameters (v2 parameters are free-form)
+        options = self.embed_options(req.parameters, V2_ENCODING_FORMATS) if self.pipeline is not None else None
         if self.text_input is not None and self.text_input in req.inputs:
             if len(req.inputs) != 1:
                 raise InvalidInputError(
@@ -354,8 +400,11 @@ class ServedModel:
                     f"input {self.text_input!r}: expected datatype BYTES, got {req.datatypes[self.text_input]}"
                 )
             texts = _texts(req.inputs[self.text_input], self.text_input)
-            coro = self._run_texts(texts, names)
+            prompt = self.resolve_prompt(options, texts=True) if options is not None else None
+            coro = self._run_texts(texts, names, prompt)
         else:
+            if options is not None:
+                self.resolve_prompt(options, texts=False)  # refuses a prompt asked for token ids
             feed = self._tensor_feed(req)
             coro = self.session.run_async(names, feed)
         if req.timeout_s is None:
@@ -369,7 +418,41 @@ class ServedModel:
                 ) from None
         pairs = list(zip(names, outs, strict=True))
         check_finite_outputs(pairs)
+        if options is not None and self.pipeline is not None:
+            out = self.pipeline.output
+            pairs = [(n, self.finish_output(a, options) if n == out else a) for n, a in pairs]
         return pairs
+
+    def embed_options(self, fields: dict[str, Any], formats: Sequence[str]) -> EmbedOptions:
+        """A request's embedding options (:class:`~ortbatch.embed.EmbedOptions`), checked
+        against what this export is: top_k/threshold only for SPLADE, dimensions and
+        quantized encodings only for dense pipelines; an export without a pipeline takes none
+        of them but ``dimensions`` equal to its width (as OpenAI's clients may send)."""
+        options = EmbedOptions.parse(fields, formats=formats)
+        if self.pipeline is None:
+            return options
+        if self.pipeline.is_sparse:
+            options.refuse_for_sparse()
+        else:
+            options.refuse_for_dense()
+        return options
+
+    def finish_output(self, vectors: np.ndarray, options: EmbedOptions) -> np.ndarray:
+        """Embedding rows as ``options`` ask: truncated (re-normalized when the pipeline
+        normalizes) and quantized, or for SPLADE all but the ``top_k`` largest / those over
+        ``threshold`` zeroed. An export without a pipeline: its vectors are normalized when
+        ``normalize_embeddings``, and it has no int8/uint8 calibration ranges."""
+        pipe = self.pipeline
+        if pipe is not None and pipe.is_sparse:
+            return ops.keep_top(vectors, options.top_k, options.threshold)
+        return ops.finish(
+            vectors,
+            options.dimensions,
+            options.encoding_format,
+            normalize=pipe.normalize if pipe is not None else self.normalize_embeddings,
+            calibration=pipe.calibration if pipe is not None else None,
+            ranges=pipe.quantization_ranges if pipe is not None else None,
+        )
 
     def _tensor_feed(self, req: InferRequest) -> dict[str, np.ndarray]:
         missing = [n for n in self._input_types if n not in req.inputs]
@@ -405,24 +488,30 @@ class ServedModel:
                 )
 
     # -- text ------------------------------------------------------------------------
-    def tokenize(self, texts: Sequence[str]) -> list[dict[str, np.ndarray]]:
-        """One feed (1 row each) per text, in the model's input dtypes (blocking; texts
-        as they are, see :meth:`tokenize_async` for the bounded, non-blocking form)."""
+    def tokenize(self, texts: Sequence[str], prompt: str | None = None) -> list[dict[str, np.ndarray]]:
+        """One feed (1 row each) per text (after ``prompt``, as sentence-transformers
+        prepends it), in the model's input dtypes (blocking; texts as they are, see
+        :meth:`tokenize_async` for the bounded, non-blocking form)."""
         if self.tokenizer is None:
             raise InvalidInputError(f"this model takes no text: {self.text_disabled_reason}")
-        encodings = self.tokenizer.encode_batch(list(texts))
-        return [self._feed_from_ids(e.ids, e.attention_mask, e.type_ids) for e in encodings]
+        full = list(texts) if not prompt else [prompt + t for t in texts]
+        encodings = self.tokenizer.encode_batch(full)
+        n = self.prompt_length(prompt)
+        return [self._feed_from_ids(e.ids, e.attention_mask, e.type_ids, n) for e in encodings]
 
-    async def tokenize_async(self, texts: Sequence[str], field: str) -> list[dict[str, np.ndarray]]:
+    async def tokenize_async(
+        self, texts: Sequence[str], field: str, prompt: str | None = None
+    ) -> list[dict[str, np.ndarray]]:
         """:meth:`tokenize` for a request's ``field``: the count and each text bounded
         first (see the class docs), and a large batch tokenized in a thread."""
         if self.tokenizer is None:
             raise InvalidInputError(f"this model takes no text: {self.text_disabled_reason}")
         self.check_count(len(texts), field)
         bounded = check_texts(texts, field, self._cut_at, self.max_text_chars)
-        if sum(map(len, bounded)) <= _INLINE_TOKENIZE_CHARS:
-            return self.tokenize(bounded)
-        return await asyncio.to_thread(self.tokenize, bounded)
+        with tracing.span("ortbatch.tokenize", {"ortbatch.texts": len(bounded)}):
+            if sum(map(len, bounded)) <= _INLINE_TOKENIZE_CHARS:
+                return self.tokenize(bounded, prompt)
+            return await asyncio.to_thread(self.tokenize, bounded, prompt)
 
     def check_count(self, count: int, field: str) -> None:
         """Refuse (413) a request of more items than the session can ever queue at once."""
@@ -461,31 +550,66 @@ class ServedModel:
     async def encode_async(self, items: Sequence[str | tuple[str, str]], truncate: bool, field: str) -> list[Any]:
         """:meth:`encode`, in a thread when the request is large."""
         chars = sum(len(x) if isinstance(x, str) else len(x[0]) + len(x[1]) for x in items)
-        if chars <= _INLINE_TOKENIZE_CHARS:
-            return self.encode(items, truncate, field)
-        return await asyncio.to_thread(self.encode, items, truncate, field)
+        with tracing.span("ortbatch.tokenize", {"ortbatch.texts": len(items)}):
+            if chars <= _INLINE_TOKENIZE_CHARS:
+                return self.encode(items, truncate, field)
+            return await asyncio.to_thread(self.encode, items, truncate, field)
 
     def _feed_from_ids(
-        self, ids: Sequence[int], mask: Sequence[int] | None = None, type_ids: Sequence[int] | None = None
+        self,
+        ids: Sequence[int],
+        mask: Sequence[int] | None = None,
+        type_ids: Sequence[int] | None = None,
+        prompt_length: int = 0,
     ) -> dict[str, np.ndarray]:
         n = len(ids)
         columns = {
             "input_ids": ids,
             "attention_mask": mask if mask is not None else [1] * n,
             "token_type_ids": type_ids if type_ids is not None else [0] * n,
+            "position_ids": range(n),
         }
         try:
-            return {
+            feed = {
                 name: np.asarray(columns[name], dtype=DATATYPES[dt]).reshape(1, n)
                 for name, dt in self._input_types.items()
+                if name != "prompt_length"
             }
         except OverflowError:
             raise InvalidInputError("a token id is out of range for the model's input dtype") from None
+        if "prompt_length" in self._input_types:  # one value per row: [batch]
+            feed["prompt_length"] = np.array([prompt_length], dtype=DATATYPES[self._input_types["prompt_length"]])
+        return feed
 
-    async def _run_texts(self, texts: Sequence[str], names: list[str]) -> list[np.ndarray]:
+    def prompt_length(self, prompt: str | None) -> int:
+        """Tokens of ``prompt`` the pipeline leaves out of pooling (``include_prompt``
+        false; else 0), counted as sentence-transformers counts them."""
+        if not prompt or self.pipeline is None or not self.pipeline.needs_prompt_length:
+            return 0
+        n = self._prompt_lengths.get(prompt)
+        if n is None:
+            assert self.tokenizer is not None
+            n = self._prompt_lengths[prompt] = ops.prompt_length(self.tokenizer, prompt)
+        return n
+
+    def resolve_prompt(self, options: EmbedOptions, texts: bool) -> str | None:
+        """The prompt to put before each text: the request's ``prompt``, or the
+        ``prompt_name`` it names, or the checkpoint's default prompt (sentence-transformers'
+        rules). Token-id inputs are what the model sees: none is added to them, and asking
+        for one with them is an InvalidInputError."""
+        if not texts:
+            field = options.asks_prompt
+            if field is not None:
+                raise InvalidInputError(
+                    f"'{field}' needs text inputs: token ids are sent to the model as they are", input_name=field
+                )
+            return None
+        return ops.resolve_prompt(self.pipeline, options.prompt_name, options.prompt) or None
+
+    async def _run_texts(self, texts: Sequence[str], names: list[str], prompt: str | None) -> list[np.ndarray]:
         if not texts:
             raise InvalidInputError(f"input {self.text_input!r} has no texts")
-        feeds = await self.tokenize_async(texts, f"input {self.text_input!r}")
+        feeds = await self.tokenize_async(texts, f"input {self.text_input!r}", prompt)
         results = await self._gather(feeds, names)
         return [_stack_ragged([r[i] for r in results]) for i in range(len(names))]
 
@@ -514,30 +638,27 @@ class ServedModel:
         return [t.result() for t in tasks]
 
     async def embed(
-        self, inputs: Sequence[str] | Sequence[Sequence[int]], truncate: bool | None = None
+        self,
+        inputs: Sequence[str] | Sequence[Sequence[int]],
+        truncate: bool | None = None,
+        prompt: str | None = None,
+        *,
+        output: str | None = None,
     ) -> EmbeddingResult:
-        """Pooled (and by default L2-normalized) embeddings, one row per input: texts
-        are tokenized here; token-id lists are used as they are. An input longer than the
-        model's limit is cut to it when ``truncate`` (default: ``self.truncate``), else
-        refused with an InvalidInputError naming it."""
-        if self.embedding_output is None:
+        """Embeddings, one row per input: the export's pipeline output (``output``, default
+        :attr:`embedding_output`), or for an export without a pipeline its token embeddings
+        mean-pooled here (L2-normalized unless ``normalize_embeddings`` is off). Texts are
+        tokenized here, after ``prompt`` (see :meth:`resolve_prompt`); token-id lists are
+        used as they are. An input longer than the model's limit is cut to it when
+        ``truncate`` (default: ``self.truncate``), else refused with an InvalidInputError
+        naming it."""
+        output = output or self.embedding_output
+        if output is None:
             raise LookupError(self.embeddings_disabled_reason)
         if not inputs:
             raise InvalidInputError("'input' must not be empty")
-        truncate = self.truncate if truncate is None else truncate
-        if all(isinstance(x, str) for x in inputs):
-            encodings = await self.encode_async(inputs, truncate, "input")  # type: ignore[arg-type]
-            feeds = [self._feed_from_ids(e.ids, e.attention_mask, e.type_ids) for e in encodings]
-        else:
-            self.check_count(len(inputs), "input")
-            limit = self.manifest.max_sequence_length if self.manifest is not None else None
-            id_rows: list[list[int]] = [list(ids) for ids in inputs]  # type: ignore[arg-type]
-            if truncate and limit:
-                id_rows = [r[:limit] for r in id_rows]
-            feeds = [self._feed_from_ids(r) for r in id_rows]
-            for feed in feeds:
-                self._check_ids(feed)
-        results = await self._gather(feeds, [self.embedding_output])
+        feeds = await self._embedding_feeds(inputs, self.truncate if truncate is None else truncate, prompt)
+        results = await self._gather(feeds, [output])
         rows = []
         tokens = 0
         for feed, (out,) in zip(feeds, results, strict=True):
@@ -547,11 +668,30 @@ class ServedModel:
             tokens += int(mask.sum())
             rows.append(_pool(out, mask))
         emb = np.concatenate(rows, axis=0).astype(np.float32, copy=False)
-        check_finite_outputs([(self.embedding_output, emb)])
-        if self.normalize_embeddings:
+        check_finite_outputs([(output, emb)])
+        if self.normalize_embeddings and self.pipeline is None:
             norms = np.linalg.norm(emb, axis=1, keepdims=True)
             emb = emb / np.maximum(norms, 1e-12)
         return EmbeddingResult(emb, tokens)
+
+    async def _embedding_feeds(
+        self, inputs: Sequence[str] | Sequence[Sequence[int]], truncate: bool, prompt: str | None
+    ) -> list[dict[str, np.ndarray]]:
+        if all(isinstance(x, str) for x in inputs):
+            texts: list[str] = list(inputs)  # type: ignore[arg-type]
+            full = texts if not prompt else [prompt + t for t in texts]
+            encodings = await self.encode_async(full, truncate, "input")
+            n = self.prompt_length(prompt)
+            return [self._feed_from_ids(e.ids, e.attention_mask, e.type_ids, n) for e in encodings]
+        self.check_count(len(inputs), "input")
+        limit = self.manifest.max_sequence_length if self.manifest is not None else None
+        id_rows: list[list[int]] = [list(ids) for ids in inputs]  # type: ignore[arg-type]
+        if truncate and limit:
+            id_rows = [r[:limit] for r in id_rows]
+        feeds = [self._feed_from_ids(r) for r in id_rows]
+        for feed in feeds:
+            self._check_ids(feed)
+        return feeds
 
     @property
     def text_model_name(self) -> str | None:

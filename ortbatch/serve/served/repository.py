@@ -106,11 +106,22 @@ def discover(root: str | Path) -> list[tuple[str, Path]]:
     base = Path(root)
     if not base.is_dir():
         raise OrtBatchError(f"model repository {base} is not a directory")
-    found = [d for d in sorted(base.iterdir()) if d.is_dir() and (d / MANIFEST_NAME).is_file()]
+    found = [d for d in sorted(base.iterdir()) if _holds_manifest(d)]
     for d in found:
         if d.name.endswith(FAILED_SUFFIX):
             log.warning("skipping %s: a failed export (its accuracy checks failed), not a model to serve", d)
     return [(d.name, d) for d in found if not d.name.endswith(FAILED_SUFFIX)]
+
+
+def _holds_manifest(folder: Path) -> bool:
+    """Whether ``folder`` is a folder holding an ``ortbatch.json``. One the server may not
+    read (the root-only ``lost+found`` at the top of a mounted volume) holds none: skipped
+    and logged, not a crash."""
+    try:
+        return folder.is_dir() and (folder / MANIFEST_NAME).is_file()
+    except OSError as exc:
+        log.warning("skipping %s: cannot read it (%s)", folder, exc.strerror or exc)
+        return False
 
 
 def parse_model_args(args: Sequence[str]) -> list[tuple[str, Path]]:

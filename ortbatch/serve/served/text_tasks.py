@@ -104,6 +104,7 @@ def served_endpoints(model: ServedModel) -> dict[str, str]:
     no_text = f"model {model.name!r} takes no text: {model.text_disabled_reason}"
     out["tokenize"] = "" if model.tokenizer is not None else no_text
     out["embeddings"] = "" if model.embedding_output is not None else model.embeddings_disabled_reason
+    out["embed_sparse"] = "" if model.sparse_output is not None else model.sparse_disabled_reason
     if model.tokenizer is None:
         out["rerank"] = out["classify"] = no_text
         return out

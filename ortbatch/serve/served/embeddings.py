@@ -1,0 +1,96 @@
+"""The embedding endpoints' logic, transport-free: each ``*_answer`` takes the request's
+JSON document and returns the answer's (the HTTP routes only read the body and send it).
+
+``POST /v1/embeddings`` (OpenAI's shape; :func:`embeddings_answer`)::
+
+    {"input": "text" | ["text", ...] | [ids] | [[ids], ...],
+     "dimensions": 128,                 # Matryoshka: the first 128, re-normalized when the
+                                        # pipeline normalizes (sentence-transformers' truncate_dim)
+     "prompt_name": "query",            # one of the checkpoint's prompts (TEI, sentence-transformers)
+     "prompt": "Represent this: ",      # or the prompt itself (Infinity's "instruction")
+     "encoding_format": "float",        # float | base64 | int8 | uint8 | binary | ubinary
+     "truncate": false}
+    -> {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [...]}],
+        "model": ..., "usage": {"prompt_tokens": N, "total_tokens": N}}
+
+``POST /embed_sparse`` (text-embeddings-inference's shape; :func:`embed_sparse_answer`), for
+a SPLADE export::
+
+    {"inputs": "text" | ["text", ...], "truncate": false, "prompt_name": null,
+     "top_k": null, "threshold": 0.0}                 # ortbatch's own two options
+    -> [[{"index": 1037, "value": 0.82}, ...], ...]   # per input, in vocabulary order
+
+Without ``prompt``/``prompt_name`` a text gets the checkpoint's default prompt, as
+``encode`` gives it; ``usage`` counts the tokens the model saw, prompts included. Token-id
+inputs are sent as they are (no prompt). The vectors are the export's pipeline output
+(:class:`~ortbatch.embed.EmbeddingPipeline`), so they equal sentence-transformers' own.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from ...embed import ops
+from ...errors import InvalidInputError
+from .completions import text_or_ids
+from .model import ServedModel
+
+__all__ = ["embed_sparse_answer", "embeddings_answer", "embedding_json"]
+
+
+def _truncate(doc: dict[str, Any], model: ServedModel) -> bool:
+    value = doc.get("truncate")
+    if value is None:
+        return model.truncate
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"'truncate' must be true or false, got {str(value)[:40]}", input_name="truncate")
+    return value
+
+
+def embedding_json(row: np.ndarray, encoding_format: str) -> Any:
+    """One vector as the answer carries it: base64 of its little-endian float32 bytes
+    (OpenAI's ``base64``), else a list of numbers (ints for the quantized formats)."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(row, dtype="<f4").tobytes()).decode("ascii")
+    return row.tolist()
+
+
+async def embeddings_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, Any]:
+    """``/v1/embeddings``: the model's embeddings of ``input``, as the request's options ask."""
+    inputs = text_or_ids(doc.get("input"), "input")
+    options = model.embed_options(doc, ops.ENCODING_FORMATS)
+    options.refuse_for_dense()
+    prompt = model.resolve_prompt(options, texts=isinstance(inputs[0], str))
+    result = await model.embed(inputs, _truncate(doc, model), prompt)
+    vectors = model.finish_output(result.embeddings, options)
+    data = [
+        {"object": "embedding", "index": i, "embedding": embedding_json(row, options.encoding_format)}
+        for i, row in enumerate(vectors)
+    ]
+    return {
+        "object": "list",
+        "data": data,
+        "model": model.name,
+        "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
+    }
+
+
+async def embed_sparse_answer(model: ServedModel, doc: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """``/embed_sparse`` (TEI): each input's non-zero SPLADE weights as ``{index, value}``,
+    in vocabulary order; ``top_k`` keeps the largest, ``threshold`` those above it."""
+    if model.sparse_output is None:
+        raise InvalidInputError(f"model {model.name!r} does not serve /embed_sparse: {model.sparse_disabled_reason}")
+    if "inputs" not in doc:
+        raise InvalidInputError("'inputs' is required: a string or a list of strings", input_name="inputs")
+    inputs = text_or_ids(doc.get("inputs"), "inputs")
+    options = model.embed_options(doc, ("float",))
+    prompt = model.resolve_prompt(options, texts=isinstance(inputs[0], str))
+    result = await model.embed(inputs, _truncate(doc, model), prompt, output=model.sparse_output)
+    rows = ops.sparsify(result.embeddings, top_k=options.top_k, threshold=options.threshold)
+    return [
+        [{"index": int(i), "value": float(v)} for i, v in zip(idx.tolist(), values.tolist(), strict=True)]
+        for idx, values in rows
+    ]

@@ -1,0 +1,117 @@
+"""A streamed completion's pieces, transport-free: from the generator's token callbacks (on its
+own thread) to one asyncio consumer, as :class:`~ortbatch.serve.served.answers.Piece` objects
+in order. HTTP's event streams, gRPC's decoupled responses and KServe v2 ``generate_stream``
+all read them (:mod:`ortbatch.serve.http.openai_api`, :mod:`ortbatch.serve.served.decoupled`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from functools import partial
+from typing import Any
+
+from .answers import Piece, opening, stop_reason
+from .completions import CompletionRequest, Prompts, admitted, submit_all
+
+__all__ = ["PieceStream"]
+
+# queue item index meaning: the consumer is gone (the client disconnected)
+_GONE = -1
+
+
+class PieceStream:
+    """The pieces of one streamed request, every choice of every prompt interleaved.
+
+    :meth:`start` submits (a refusal, such as a full queue, raises there, before anything is
+    streamed); :meth:`pieces` then yields each choice's pieces: its opening (the echo, when
+    asked) with its first token, a piece per token that brings text (or logprobs, or ids when
+    asked), and a last piece with the finish reason and the Completion, or the error that
+    ended the choice. :meth:`abandon` (the client left, from any task) ends the iteration;
+    leaving it cancels every request still running.
+    """
+
+    def __init__(self, generator: Any, req: CompletionRequest, prompts: Prompts) -> None:
+        self.generator, self.req, self.prompts = generator, req, prompts
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.futures: list[Future[Any]] = []
+
+    def _put(self, item: tuple[int, Any]) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def _on_token(self, prompt: int) -> Callable[[Any], None]:
+        runs = self.req.runs
+        return lambda tok: self._put((prompt * runs + tok.choice, tok))
+
+    async def start(self) -> None:
+        """Submit every prompt's choices and wait until they are queued."""
+        self.futures = submit_all(self.generator, self.req, self.prompts, self._on_token)
+        await admitted(self.futures)
+        for k, fut in enumerate(self.futures):
+            # tokens are put before the future settles, on the same thread: the end
+            # marker (token None) comes after the request's last token
+            fut.add_done_callback(partial(lambda k, _fut: self._put((k, None)), k))
+
+    def abandon(self) -> None:
+        """End :meth:`pieces` (from the event loop's thread)."""
+        self._queue.put_nowait((_GONE, None))
+
+    def cancel(self) -> None:
+        for fut in self.futures:
+            fut.cancel()
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        req = self.req
+        sent = [""] * len(self.futures)  # generated text streamed so far, per choice
+        counts = [0] * len(self.futures)
+        started = [False] * len(self.futures)
+        still_open = len(self.futures)
+        try:
+            while still_open:
+                k, tok = await self._queue.get()
+                if k == _GONE:
+                    return
+                if tok is None:
+                    still_open -= 1
+                    piece = self._last(k, started[k], sent[k], counts[k])
+                    if piece is not None:
+                        yield piece
+                    continue
+                counts[k] += 1
+                piece = Piece(k, generated=counts[k])
+                if not started[k]:
+                    started[k] = True
+                    piece = opening(req, self.prompts, k, tok.prompt_logprobs)
+                    piece.generated = counts[k]
+                piece.text += tok.text
+                piece.token_ids = [tok.token_id]
+                sent[k] += tok.text
+                if req.logprobs is not None:
+                    piece.entries = [*(piece.entries or []), (tok.token_id, tok.logprob)]
+                if piece.text or piece.entries or req.return_token_ids:
+                    yield piece
+        finally:  # the consumer left (or every choice ended): free any row still held
+            self.cancel()
+
+    def _last(self, k: int, started: bool, sent: str, count: int) -> Piece | None:
+        """Choice ``k``'s last piece once its request settled (``None`` when it was cancelled)."""
+        fut = self.futures[k]
+        if fut.cancelled():
+            return None
+        exc = fut.exception()
+        if exc is not None:
+            return Piece(k, error=exc)
+        completion = fut.result()
+        piece = Piece(k) if started else opening(self.req, self.prompts, k, completion.prompt_logprobs)
+        # what the stream has not carried yet (text held back until the end)
+        piece.text += completion.text[len(sent) :] if completion.text.startswith(sent) else ""
+        piece.generated = count
+        piece.finish_reason = completion.finish_reason
+        piece.stop_reason = stop_reason(completion, self.req.params)
+        piece.completion = completion
+        return piece
