@@ -29,14 +29,16 @@ from typing import Any
 
 import numpy as np
 
+from .batch_completions import COMPLETION_URLS, CompletionLines
 from .sources import Row
 from .tasks import EmbeddingHead, EncoderTask, Field, Outcome, RowFailure, Task
 
 __all__ = ["BatchApiTask", "batch_error_line"]
 
 EMBEDDINGS_URL = "/v1/embeddings"
-COMPLETION_URLS = ("/v1/completions", "/v1/chat/completions")
 _STATUS = {"unsupported_url": 404, "inference": 500}
+#: an error's ``type`` by status, as ``ortbatch serve`` names them
+_ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_exceeded", 503: "service_unavailable", 504: "timeout_error"}
 
 
 def _ids(row: Row) -> tuple[str, str]:
@@ -45,9 +47,19 @@ def _ids(row: Row) -> tuple[str, str]:
     return "batch_req_" + digest[:24], "req_" + digest[24:48]
 
 
+def _line(row: Row, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    line_id, request_id = _ids(row)
+    return {
+        "id": line_id,
+        "custom_id": row.id,
+        "response": {"status_code": status, "request_id": request_id, "body": body},
+        "error": None,
+    }
+
+
 def batch_error_line(row: Row, failure: RowFailure) -> dict[str, Any]:
     """The Batch API output line of a line that failed."""
-    line_id, request_id = _ids(row)
+    line_id, _ = _ids(row)
     if row.body is None and failure.kind in ("invalid_json", "invalid_utf8", "invalid_request") and row.id is None:
         return {
             "id": line_id,
@@ -55,15 +67,10 @@ def batch_error_line(row: Row, failure: RowFailure) -> dict[str, Any]:
             "response": None,
             "error": {"code": failure.kind, "message": failure.message, "line": row.index + 1},
         }
-    status = _STATUS.get(failure.kind, 400)
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = {"error": {"message": failure.message, "type": kind, "param": None, "code": failure.kind}}
-    return {
-        "id": line_id,
-        "custom_id": row.id,
-        "response": {"status_code": status, "request_id": request_id, "body": body},
-        "error": None,
-    }
+    status = failure.status or _STATUS.get(failure.kind, 400)
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": failure.message, "type": kind, "param": failure.param, "code": failure.kind}}
+    return _line(row, status, body)
 
 
 def _inputs(body: dict[str, Any]) -> list[str] | list[list[int]] | RowFailure:
@@ -88,14 +95,23 @@ def _inputs(body: dict[str, Any]) -> list[str] | list[list[int]] | RowFailure:
 
 
 class BatchApiTask(Task):
-    """Batch API lines over an embedding :class:`EncoderTask` (its encoder and head)."""
+    """Batch API lines: ``/v1/embeddings`` over an embedding :class:`EncoderTask` (``inner``, its
+    encoder and head), ``/v1/completions`` and ``/v1/chat/completions`` over
+    :class:`~ortbatch.bulk.batch_completions.CompletionLines` (``completions``, a text-generation
+    export's). ``reason``: why the kind of line the export does not serve is not served."""
 
     kind = "openai-batch"
 
-    def __init__(self, inner: EncoderTask | None, model_name: str, reason: str = "") -> None:
+    def __init__(
+        self,
+        inner: EncoderTask | None,
+        model_name: str,
+        reason: str = "",
+        completions: CompletionLines | None = None,
+    ) -> None:
         self.inner = inner
+        self.completions = completions
         self.model_name = model_name
-        # why /v1/embeddings is not served by this export ("" when it is)
         self.reason = reason
 
     @property
@@ -111,63 +127,80 @@ class BatchApiTask(Task):
 
     def run(self, rows: Sequence[Row]) -> list[Outcome]:
         out: list[Outcome | None] = [None] * len(rows)
-        # every input of every embeddings line, flattened: (row position, truncate, input)
-        flat: list[tuple[int, bool, Any]] = []
-        formats: dict[int, str] = {}
+        embed: list[int] = []
+        complete: list[int] = []
         for i, row in enumerate(rows):
             if row.error is not None:
                 out[i] = RowFailure(*row.error)
-                continue
-            url, body = row.text, row.body or {}
-            if url in COMPLETION_URLS:
-                out[i] = RowFailure(
-                    "unsupported_url", f"{url} lines are not answered by `ortbatch run` yet (only {EMBEDDINGS_URL})"
-                )
-                continue
-            if url != EMBEDDINGS_URL:
-                out[i] = RowFailure("unsupported_url", f"unknown url {str(url)[:80]!r}; served: {EMBEDDINGS_URL}")
-                continue
-            if self.inner is None:
-                out[i] = RowFailure("unsupported_url", f"this export does not serve embeddings: {self.reason}")
-                continue
-            checked = self._check(body)
+            elif row.text == EMBEDDINGS_URL and self.inner is not None:
+                embed.append(i)
+            elif row.text in COMPLETION_URLS and self.completions is not None:
+                complete.append(i)
+            else:
+                out[i] = RowFailure("unsupported_url", self._unserved(row.text))
+        self.last_tokens = 0
+        for i, outcome in zip(embed, self._embeddings([rows[i] for i in embed]), strict=True):
+            out[i] = outcome
+        if self.completions is not None and complete:
+            answers = self.completions.run([rows[i] for i in complete])
+            for i, answer in zip(complete, answers, strict=True):
+                if isinstance(answer, RowFailure):
+                    out[i] = answer
+                    continue
+                self.last_tokens += answer["tokens"]
+                out[i] = {"line": _line(rows[i], 200, answer["body"])}
+        return [o if o is not None else RowFailure("inference", "no result") for o in out]
+
+    def _unserved(self, url: str | None) -> str:
+        served = [EMBEDDINGS_URL] if self.inner is not None else list(COMPLETION_URLS)
+        if url in (EMBEDDINGS_URL, *COMPLETION_URLS):
+            return f"this export does not serve {url}: {self.reason}"
+        return f"unknown url {str(url)[:80]!r}; served: {', '.join(served)}"
+
+    def _embeddings(self, rows: Sequence[Row]) -> list[Outcome]:
+        """Embedding lines: every input of every line encoded and run together."""
+        out: list[Outcome | None] = [None] * len(rows)
+        # every input of every line, flattened: (row position, truncate, input)
+        flat: list[tuple[int, bool, Any]] = []
+        formats: dict[int, str] = {}
+        for i, row in enumerate(rows):
+            checked = self._check(row.body or {})
             if isinstance(checked, RowFailure):
                 out[i] = checked
                 continue
             inputs, fmt, truncate = checked
             formats[i] = fmt
             flat.extend((i, truncate, x) for x in inputs)
-        tokens = 0
-        if flat and self.inner is not None:
-            head = self.inner.head
-            assert isinstance(head, EmbeddingHead)
-            encoded: list[Any] = [None] * len(flat)
-            for flag in (False, True):
-                where = [k for k, (_, t, _) in enumerate(flat) if t == flag]
-                if where:
-                    for k, e in zip(where, self.inner.encoder.encode([flat[k][2] for k in where], flag), strict=True):
-                        encoded[k] = e
-            outs = self.inner.encoder.infer(encoded, [head.output])
-            per_row: dict[int, list[Any]] = {}
-            for (i, _, _), enc, res in zip(flat, encoded, outs, strict=True):
-                bucket = per_row.setdefault(i, [])
-                if isinstance(res, RowFailure):
-                    bucket.append(res)
-                    continue
-                try:
-                    bucket.append((head.value(res[0], enc, rows[i])["embedding"], enc.tokens))
-                except Exception as exc:
-                    bucket.append(RowFailure("inference", str(exc)))
-            for i, parts in per_row.items():
-                failed = next((p for p in parts if isinstance(p, RowFailure)), None)
-                if failed is not None:
-                    k = next(n for n, p in enumerate(parts) if isinstance(p, RowFailure))
-                    out[i] = RowFailure(failed.kind, f"input[{k}]: {failed.message}")
-                    continue
-                used = sum(t for _, t in parts)
-                tokens += used
-                out[i] = {"line": self._line(rows[i], [v for v, _ in parts], used, formats[i])}
-        self.last_tokens = tokens
+        if not flat or self.inner is None:
+            return [o if o is not None else RowFailure("inference", "no result") for o in out]
+        head = self.inner.head
+        assert isinstance(head, EmbeddingHead)
+        encoded: list[Any] = [None] * len(flat)
+        for flag in (False, True):
+            where = [k for k, (_, t, _) in enumerate(flat) if t == flag]
+            if where:
+                for k, e in zip(where, self.inner.encoder.encode([flat[k][2] for k in where], flag), strict=True):
+                    encoded[k] = e
+        outs = self.inner.encoder.infer(encoded, [head.output])
+        per_row: dict[int, list[Any]] = {}
+        for (i, _, _), enc, res in zip(flat, encoded, outs, strict=True):
+            bucket = per_row.setdefault(i, [])
+            if isinstance(res, RowFailure):
+                bucket.append(res)
+                continue
+            try:
+                bucket.append((head.value(res[0], enc, rows[i])["embedding"], enc.tokens))
+            except Exception as exc:
+                bucket.append(RowFailure("inference", str(exc)))
+        for i, parts in per_row.items():
+            failed = next((p for p in parts if isinstance(p, RowFailure)), None)
+            if failed is not None:
+                k = next(n for n, p in enumerate(parts) if isinstance(p, RowFailure))
+                out[i] = RowFailure(failed.kind, f"input[{k}]: {failed.message}")
+                continue
+            used = sum(t for _, t in parts)
+            self.last_tokens += used
+            out[i] = {"line": self._embedding_line(rows[i], [v for v, _ in parts], used, formats[i])}
         return [o if o is not None else RowFailure("inference", "no result") for o in out]
 
     def _check(self, body: dict[str, Any]) -> tuple[list[Any], str, bool] | RowFailure:
@@ -191,7 +224,7 @@ class BatchApiTask(Task):
             )
         return list(inputs), str(fmt), truncate
 
-    def _line(self, row: Row, vectors: list[np.ndarray], tokens: int, fmt: str) -> dict[str, Any]:
+    def _embedding_line(self, row: Row, vectors: list[np.ndarray], tokens: int, fmt: str) -> dict[str, Any]:
         data = []
         for i, v in enumerate(vectors):
             value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else v.tolist()
@@ -202,17 +235,16 @@ class BatchApiTask(Task):
             "model": self.model_name,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-        line_id, request_id = _ids(row)
-        return {
-            "id": line_id,
-            "custom_id": row.id,
-            "response": {"status_code": 200, "request_id": request_id, "body": body},
-            "error": None,
-        }
+        return _line(row, 200, body)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "inner": self.inner.describe() if self.inner is not None else None}
+        inner = self.inner.describe() if self.inner is not None else None
+        if self.completions is not None:
+            inner = {"kind": "completions"}
+        return {"kind": self.kind, "inner": inner}
 
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()
+        if self.completions is not None:
+            self.completions.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -158,16 +158,18 @@ def build_task(export: Path, options: TaskOptions, batch_api: bool) -> Task:
     """The task that computes the export for rows of this input (Batch API lines, or rows)."""
     if not batch_api:
         return task_for(export, options)
+    from .batch_completions import CompletionLines
     from .batchapi import BatchApiTask
 
     if export_task(export) in GENERATION_TASKS:
-        return BatchApiTask(None, export.resolve().name, "it is a text-generation export")
+        name = export.resolve().name or "model"
+        return BatchApiTask(None, name, "it is a text-generation export", CompletionLines(export, options, name))
     inner = task_for(export, options)
     if not isinstance(inner, EncoderTask) or inner.kind != "embedding":
         name, kind = inner.model_name, inner.kind
         inner.close()
         return BatchApiTask(None, name, f"it is a {kind} export")
-    return BatchApiTask(inner, inner.model_name)
+    return BatchApiTask(inner, inner.model_name, "it is an embedding export")
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,13 @@ class Prepared:
     @property
     def format(self) -> str:
         return self.outdir.format
+
+    def task_options(self, cpus: int | None = None) -> TaskOptions:
+        """The config's :class:`TaskOptions`, with ``created``: the input's modification time
+        (its newest file's, in whole seconds), which Batch API completion answers carry."""
+        files = self.source.fingerprint()["files"]
+        created = max((int(f["mtime_ns"]) for f in files), default=0) // 1_000_000_000
+        return replace(self.config.task_options(cpus), created=created)
 
     def job(self, task: dict[str, Any]) -> dict[str, Any]:
         """What a resume must match, given the task's ``describe()``."""

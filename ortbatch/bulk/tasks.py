@@ -78,6 +78,11 @@ class RowFailure:
 
     kind: str
     message: str
+    #: the HTTP status ``ortbatch serve`` would answer this request with (Batch API lines;
+    #: None: the kind's usual one)
+    status: int | None = None
+    #: the request field the failure is about (the OpenAI error's ``param``)
+    param: str | None = None
 
 
 #: one row's result (its output fields) or why it failed
@@ -109,6 +114,9 @@ class TaskOptions:
     #: cores the task's sessions share (a Ray worker's share of its node); None: this
     #: machine's, as BatchedSession sizes its threads by itself
     cpus: int | None = None
+    #: Batch API completion answers' ``created`` (the input's modification time, so a resumed
+    #: job writes the same bytes)
+    created: int = 0
 
 
 class Task(abc.ABC):
@@ -606,6 +614,18 @@ class EncoderTask(Task):
         self.encoder.close()
 
 
+def open_generator(export_dir: Path, options: TaskOptions) -> Any:
+    """The :class:`~ortbatch.BatchedGenerator` a generation job runs on (one per worker)."""
+    from ..generation import BatchedGenerator
+
+    kwargs: dict[str, Any] = {"max_queue": options.max_queue, "providers": options.providers}
+    if options.cpus is not None:
+        kwargs["session_options"] = cpu_session_options(options.cpus, 1)  # one decode step at a time
+    if options.max_batch_size:
+        kwargs["max_batch_size"] = options.max_batch_size
+    return BatchedGenerator(export_dir, **kwargs)
+
+
 class GenerationTask(Task):
     """Generations through a :class:`~ortbatch.BatchedGenerator`: each window's prompts are
     queued at once (shortest first, so prefill groups similar lengths) and decoded with
@@ -615,14 +635,7 @@ class GenerationTask(Task):
     kind = "generation"
 
     def __init__(self, export_dir: Path, options: TaskOptions) -> None:
-        from ..generation import BatchedGenerator
-
-        kwargs: dict[str, Any] = {"max_queue": options.max_queue, "providers": options.providers}
-        if options.cpus is not None:
-            kwargs["session_options"] = cpu_session_options(options.cpus, 1)  # one decode step at a time
-        if options.max_batch_size:
-            kwargs["max_batch_size"] = options.max_batch_size
-        self.generator = BatchedGenerator(export_dir, **kwargs)
+        self.generator = open_generator(export_dir, options)
         self.options = options
         self.model_name = export_dir.resolve().name or "model"
 

@@ -96,3 +96,9 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         timeout=120,
         check=False,
     )
+
+
+def output_bytes(out: Path) -> dict[str, bytes]:
+    """What a run leaves as its result: the part files and the errors file."""
+    names = [*sorted(p.name for p in out.iterdir() if p.name.startswith("part-")), "_errors.jsonl"]
+    return {n: (out / n).read_bytes() for n in names}
