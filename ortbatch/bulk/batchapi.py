@@ -6,18 +6,22 @@ with one line of the Batch API's output format::
 
 ``body`` is what ``ortbatch serve`` answers to the same request at ``url``. Lines that
 succeed go to the output (``part-*.jsonl``); lines that fail go to the errors file in the
-same shape, with ``status_code`` 400 (a bad request), 404 (a url this export does not
-serve) or 500 (the model failed) and an OpenAI error object as the body — the split
-OpenAI makes between a batch's output and error files. A line that is not a request at
-all (not JSON, no ``custom_id``) has ``response: null`` and ``error: {code, message, line}``.
-The ``id`` and ``request_id`` are derived from the line's number and ``custom_id``, so a
-resumed run writes the same bytes as an uninterrupted one.
+same shape, with the status ``ortbatch serve`` would answer (400 a bad request, 404 a url
+this export does not serve, 413 too large, 501 a constraint the export cannot compile, 500
+the model failed) and an OpenAI error object as the body (``param``: the field at fault;
+``code``: the failure's kind, e.g. ``too_long``) — the split OpenAI makes between a batch's
+output and error files. A line that is not a request at all (not JSON, no ``custom_id``) has
+``response: null`` and ``error: {code, message, line}``. The ``id`` and ``request_id`` are
+derived from the line's number and ``custom_id``, so a resumed run writes the same bytes as
+an uninterrupted one.
 
-Served today: ``/v1/embeddings`` (``input``: a string, strings, token ids or lists of them;
-``encoding_format`` ``float`` or ``base64``; ``dimensions`` equal to the model's;
-``truncate``, an ortbatch extension, default off). ``/v1/completions`` and
-``/v1/chat/completions`` lines are answered 404 for now: their answers are built inside
-``ortbatch.serve`` and will be shared once that code sits below both.
+Served: ``/v1/embeddings`` by an embedding export (``input``: a string, strings, token ids
+or lists of them; ``encoding_format`` ``float`` or ``base64``; ``dimensions`` equal to the
+model's; ``truncate``, an ortbatch extension, default off); ``/v1/completions`` and
+``/v1/chat/completions`` by a text-generation export, every field as ``ortbatch serve``
+takes it (:mod:`ortbatch.bulk.batch_completions`, which drives serve's transport-free core;
+``stream`` is refused, and answers' ids, ``created`` and a missing ``seed`` are derived from
+the line, so a resumed job writes the same bytes).
 """
 
 from __future__ import annotations

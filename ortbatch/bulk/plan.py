@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from ..errors import InvalidInputError, UnsupportedModelError
 from ..manifest import MANIFEST_NAME
 from .output import OutputDir, OutputError, ShardFiles, ShardInfo, encode_shard
 from .sources import Row, Source, SourceOptions
-from .tasks import GENERATION_TASKS, EncoderTask, RowFailure, Task, TaskOptions, export_task, task_for
+from .tasks import GENERATION_TASKS, EncoderTask, RowFailure, Task, TaskOptions, export_task, job_sampling, task_for
 
 __all__ = [
     "EXIT_ROW_ERRORS",
@@ -81,6 +81,9 @@ class RunConfig:
     max_batch_size: int | None = None
     providers: Any = None
     max_new_tokens: int = 64
+    #: a generation job's sampling parameters, as ``/v1/completions`` takes them (``temperature``,
+    #: ``top_p``, ``top_k``, ``seed``, ...; see ``tasks.SAMPLING_FIELDS``); None: greedy
+    sampling: Mapping[str, Any] | None = None
     restart: bool = False
     progress: bool | None = None  # None: a bar on a terminal, lines every progress_every_s otherwise
     progress_every_s: float = 10.0
@@ -91,6 +94,8 @@ class RunConfig:
             raise InvalidInputError(f"window must be at least 1 row, got {self.window}")
         if self.max_new_tokens < 1:
             raise InvalidInputError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.sampling is not None:
+            job_sampling(self.sampling, self.max_new_tokens)  # refused here, before anything is opened
         if self.ray is True:
             object.__setattr__(self, "ray", RayOptions())
         elif self.ray is False:
@@ -106,6 +111,7 @@ class RunConfig:
             max_batch_size=self.max_batch_size,
             providers=self.providers,
             max_new_tokens=self.max_new_tokens,
+            sampling=self.sampling,
             # a window's batches are queued at once: room for all of them, whatever their size
             max_queue=max(self.window, 1024),
             cpus=cpus,

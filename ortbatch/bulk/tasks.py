@@ -30,9 +30,11 @@ Heads turn a row's model outputs into its fields, by the export's task:
 from __future__ import annotations
 
 import abc
+import dataclasses
+import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,9 @@ class TaskOptions:
     #: Batch API completion answers' ``created`` (the input's modification time, so a resumed
     #: job writes the same bytes)
     created: int = 0
+    #: a generation job's sampling parameters (:data:`SAMPLING_FIELDS`, as ``/v1/completions``
+    #: takes them); None: greedy
+    sampling: Mapping[str, Any] | None = None
 
 
 class Task(abc.ABC):
@@ -614,6 +619,62 @@ class EncoderTask(Task):
         self.encoder.close()
 
 
+#: the fields ``--sampling`` takes: ``/v1/completions``' sampling fields, as ``ortbatch serve`` reads them
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "min_tokens",
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+)
+
+
+def job_sampling(sampling: Mapping[str, Any] | None, max_new_tokens: int) -> Any:
+    """The :class:`~ortbatch.generation.SamplingParams` of a generation job: greedy without
+    ``sampling``; else its fields read as ``ortbatch serve`` reads them in a ``/v1/completions``
+    body (the same checks and defaults: ``temperature`` 1 when not given). Raises
+    :class:`InvalidInputError` naming a field that is not one of :data:`SAMPLING_FIELDS` or a
+    value that is refused."""
+    from ..generation.sampling import SamplingParams
+
+    if sampling is None:
+        return SamplingParams(max_new_tokens=max_new_tokens)
+    if not isinstance(sampling, Mapping):
+        raise InvalidInputError("sampling must be a JSON object of sampling parameters")
+    unknown = [k for k in sampling if k not in SAMPLING_FIELDS]
+    if unknown:
+        hint = " (use --max-new-tokens)" if unknown[0] in ("max_tokens", "max_completion_tokens") else ""
+        raise InvalidInputError(
+            f"sampling: unknown parameter {str(unknown[0])[:40]!r}{hint}; a generation job takes "
+            + ", ".join(SAMPLING_FIELDS),
+            input_name=str(unknown[0]),
+        )
+    from ..serve.served.completions import parse_completion_request
+
+    doc = {**sampling, "prompt": "-", "max_tokens": max_new_tokens}
+    try:
+        return parse_completion_request(doc).params
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"sampling: {exc}", input_name=exc.input_name) from None
+
+
+def row_seed(seed: int | None, row: Row) -> int:
+    """The seed row ``row`` of a sampled generation job draws with: derived from the job's
+    ``seed`` (0 when not given) and the row's number, so a rerun or a resumed job repeats it."""
+    digest = hashlib.sha256(f"{seed or 0}\0{row.index}".encode()).hexdigest()
+    return int(digest[:16], 16)
+
+
 def open_generator(export_dir: Path, options: TaskOptions) -> Any:
     """The :class:`~ortbatch.BatchedGenerator` a generation job runs on (one per worker)."""
     from ..generation import BatchedGenerator
@@ -629,12 +690,14 @@ def open_generator(export_dir: Path, options: TaskOptions) -> Any:
 class GenerationTask(Task):
     """Generations through a :class:`~ortbatch.BatchedGenerator`: each window's prompts are
     queued at once (shortest first, so prefill groups similar lengths) and decoded with
-    continuous batching; greedy, ``max_new_tokens`` each. Fields: ``text``,
+    continuous batching, ``max_new_tokens`` each: greedy, or sampled with ``options.sampling``
+    (:func:`job_sampling`), each row with its own seed (:func:`row_seed`). Fields: ``text``,
     ``finish_reason``, ``prompt_tokens``, ``completion_tokens``."""
 
     kind = "generation"
 
     def __init__(self, export_dir: Path, options: TaskOptions) -> None:
+        self.params = job_sampling(options.sampling, options.max_new_tokens)
         self.generator = open_generator(export_dir, options)
         self.options = options
         self.model_name = export_dir.resolve().name or "model"
@@ -661,7 +724,7 @@ class GenerationTask(Task):
         futures = {}
         for i in sorted(prompts, key=lambda i: (len(prompts[i]), i)):
             try:
-                futures[i] = self.generator.submit(prompts[i], self.options.max_new_tokens)
+                futures[i] = self.generator.submit(prompts[i], params=self._params(rows[i]))
             except InvalidInputError as exc:
                 kind = "too_long" if "long" in str(exc) or "context" in str(exc) else "invalid_input"
                 out[i] = RowFailure(kind, str(exc))
@@ -682,8 +745,16 @@ class GenerationTask(Task):
         self.last_tokens = tokens
         return [o if o is not None else RowFailure("inference", "no result") for o in out]
 
+    def _params(self, row: Row) -> Any:
+        if self.options.sampling is None:
+            return self.params
+        return dataclasses.replace(self.params, seed=row_seed(self.params.seed, row))
+
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "max_new_tokens": self.options.max_new_tokens}
+        described = {**super().describe(), "max_new_tokens": self.options.max_new_tokens}
+        if self.options.sampling is not None:
+            described["sampling"] = dict(self.options.sampling)
+        return described
 
     def close(self) -> None:
         self.generator.close(drain=False)
