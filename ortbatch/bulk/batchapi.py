@@ -26,14 +26,15 @@ the line, so a resumed job writes the same bytes).
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .batch_completions import COMPLETION_URLS, CompletionLines
+from ..embed.options import EmbedOptions
+from ..errors import InvalidInputError
+from .batch_completions import COMPLETION_URLS, CompletionLines, failure_of
 from .sources import Row
 from .tasks import EmbeddingHead, EncoderTask, Field, Outcome, RowFailure, Task
 
@@ -75,27 +76,6 @@ def batch_error_line(row: Row, failure: RowFailure) -> dict[str, Any]:
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     body = {"error": {"message": failure.message, "type": kind, "param": failure.param, "code": failure.kind}}
     return _line(row, status, body)
-
-
-def _inputs(body: dict[str, Any]) -> list[str] | list[list[int]] | RowFailure:
-    value = body.get("input")
-
-    def is_ids(x: Any) -> bool:
-        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value:
-        if all(isinstance(x, str) for x in value):
-            return value
-        if is_ids(value):
-            return [value]
-        if all(is_ids(x) for x in value):
-            return value
-    return RowFailure(
-        "invalid_request",
-        "'input' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists",
-    )
 
 
 class BatchApiTask(Task):
@@ -162,29 +142,37 @@ class BatchApiTask(Task):
         return f"unknown url {str(url)[:80]!r}; served: {', '.join(served)}"
 
     def _embeddings(self, rows: Sequence[Row]) -> list[Outcome]:
-        """Embedding lines: every input of every line encoded and run together."""
+        """Embedding lines: every input of every line encoded (grouped by truncation and prompt)
+        and run together, then each line's vectors finished as its options ask."""
         out: list[Outcome | None] = [None] * len(rows)
-        # every input of every line, flattened: (row position, truncate, input)
-        flat: list[tuple[int, bool, Any]] = []
-        formats: dict[int, str] = {}
+        # every input of every line, flattened: (row position, (truncate, prompt), input)
+        flat: list[tuple[int, tuple[bool, str | None], Any]] = []
+        options: dict[int, EmbedOptions] = {}
         for i, row in enumerate(rows):
             checked = self._check(row.body or {})
             if isinstance(checked, RowFailure):
                 out[i] = checked
                 continue
-            inputs, fmt, truncate = checked
-            formats[i] = fmt
-            flat.extend((i, truncate, x) for x in inputs)
-        if not flat or self.inner is None:
-            return [o if o is not None else RowFailure("inference", "no result") for o in out]
+            inputs, options[i], how = checked
+            flat.extend((i, how, x) for x in inputs)
+        if flat and self.inner is not None:
+            for i, parts in self._vectors(rows, flat).items():
+                out[i] = self._finished(rows[i], parts, options[i])
+        return [o if o is not None else RowFailure("inference", "no result") for o in out]
+
+    def _vectors(
+        self, rows: Sequence[Row], flat: list[tuple[int, tuple[bool, str | None], Any]]
+    ) -> dict[int, list[Any]]:
+        """Per line, each input's ``(vector, tokens)`` or failure."""
+        assert self.inner is not None
         head = self.inner.head
         assert isinstance(head, EmbeddingHead)
         encoded: list[Any] = [None] * len(flat)
-        for flag in (False, True):
-            where = [k for k, (_, t, _) in enumerate(flat) if t == flag]
-            if where:
-                for k, e in zip(where, self.inner.encoder.encode([flat[k][2] for k in where], flag), strict=True):
-                    encoded[k] = e
+        for how in sorted({h for _, h, _ in flat}, key=lambda h: (h[0], h[1] or "")):
+            where = [k for k, (_, h, _) in enumerate(flat) if h == how]
+            items = [flat[k][2] for k in where]
+            for k, e in zip(where, self.inner.encoder.encode(items, *how), strict=True):
+                encoded[k] = e
         outs = self.inner.encoder.infer(encoded, [head.output])
         per_row: dict[int, list[Any]] = {}
         for (i, _, _), enc, res in zip(flat, encoded, outs, strict=True):
@@ -196,50 +184,61 @@ class BatchApiTask(Task):
                 bucket.append((head.value(res[0], enc, rows[i])["embedding"], enc.tokens))
             except Exception as exc:
                 bucket.append(RowFailure("inference", str(exc)))
-        for i, parts in per_row.items():
-            failed = next((p for p in parts if isinstance(p, RowFailure)), None)
-            if failed is not None:
-                k = next(n for n, p in enumerate(parts) if isinstance(p, RowFailure))
-                out[i] = RowFailure(failed.kind, f"input[{k}]: {failed.message}")
-                continue
-            used = sum(t for _, t in parts)
-            self.last_tokens += used
-            out[i] = {"line": self._embedding_line(rows[i], [v for v, _ in parts], used, formats[i])}
-        return [o if o is not None else RowFailure("inference", "no result") for o in out]
+        return per_row
 
-    def _check(self, body: dict[str, Any]) -> tuple[list[Any], str, bool] | RowFailure:
-        inputs = _inputs(body)
-        if isinstance(inputs, RowFailure):
-            return inputs
-        fmt = body.get("encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            return RowFailure("invalid_request", f"encoding_format must be 'float' or 'base64', got {str(fmt)[:40]!r}")
-        truncate = body.get("truncate", False)
-        if not isinstance(truncate, bool):
-            return RowFailure("invalid_request", f"'truncate' must be true or false, got {str(truncate)[:40]}")
-        dims = body.get("dimensions")
+    def _finished(self, row: Row, parts: list[Any], options: EmbedOptions) -> Outcome:
+        """A line's answer from its inputs' vectors, or its first input's failure."""
+        from ..serve.served.embeddings import embedding_json
+
+        failed = next((p for p in parts if isinstance(p, RowFailure)), None)
+        if failed is not None:
+            k = next(n for n, p in enumerate(parts) if isinstance(p, RowFailure))
+            return RowFailure(failed.kind, f"input[{k}]: {failed.message}")
+        assert self.inner is not None and isinstance(self.inner.head, EmbeddingHead)
+        try:
+            vectors = self.inner.head.finish(
+                np.stack([v for v, _ in parts]), options.dimensions, options.encoding_format
+            )
+        except InvalidInputError as exc:
+            return failure_of(exc)
+        used = sum(t for _, t in parts)
+        self.last_tokens += used
+        data = [
+            {"object": "embedding", "index": k, "embedding": embedding_json(v, options.encoding_format)}
+            for k, v in enumerate(vectors)
+        ]
+        usage = {"prompt_tokens": used, "total_tokens": used}
+        body = {"object": "list", "data": data, "model": self.model_name, "usage": usage}
+        return {"line": _line(row, 200, body)}
+
+    def _check(self, body: dict[str, Any]) -> tuple[list[Any], EmbedOptions, tuple[bool, str | None]] | RowFailure:
+        """A line's inputs, its :class:`~ortbatch.embed.EmbedOptions` (the fields serve's
+        ``/v1/embeddings`` takes, checked by the same code) and ``(truncate, prompt)``."""
+        from ..embed import ops
+        from ..serve.served.completions import text_or_ids
+
         assert self.inner is not None
         head = self.inner.head
         assert isinstance(head, EmbeddingHead)
-        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != head.dim):
-            return RowFailure(
-                "invalid_request",
-                f"dimensions: this model's embeddings have {head.dim} dimensions, got {str(dims)[:40]}",
-            )
-        return list(inputs), str(fmt), truncate
-
-    def _embedding_line(self, row: Row, vectors: list[np.ndarray], tokens: int, fmt: str) -> dict[str, Any]:
-        data = []
-        for i, v in enumerate(vectors):
-            value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else v.tolist()
-            data.append({"object": "embedding", "index": i, "embedding": value})
-        body = {
-            "object": "list",
-            "data": data,
-            "model": self.model_name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-        return _line(row, 200, body)
+        try:
+            inputs = text_or_ids(body.get("input"), "input")
+            options = EmbedOptions.parse(body, formats=ops.ENCODING_FORMATS)
+            options.refuse_for_dense()
+            truncate = body.get("truncate")
+            if truncate is not None and not isinstance(truncate, bool):
+                raise InvalidInputError(
+                    f"'truncate' must be true or false, got {str(truncate)[:40]}", input_name="truncate"
+                )
+            texts = isinstance(inputs[0], str)
+            if not texts and options.asks_prompt is not None:
+                raise InvalidInputError(
+                    f"'{options.asks_prompt}' needs text inputs: token ids are sent to the model as they are",
+                    input_name=options.asks_prompt,
+                )
+            prompt = head.resolve_prompt(options.prompt_name, options.prompt) if texts else None
+        except InvalidInputError as exc:
+            return failure_of(exc)
+        return list(inputs), options, (bool(truncate), prompt)
 
     def describe(self) -> dict[str, Any]:
         inner = self.inner.describe() if self.inner is not None else None

@@ -18,8 +18,9 @@ that fails; the others still get their outputs.
 
 Heads turn a row's model outputs into its fields, by the export's task:
 
-* ``feature-extraction`` (and sentence-similarity): ``embedding``, pooled and L2-normalized
-  as ``ortbatch serve``'s ``/v1/embeddings`` does today (:class:`EmbeddingHead`);
+* ``feature-extraction`` (and sentence-similarity): ``embedding``, the export's
+  sentence-transformers pipeline output (default prompt applied), as ``ortbatch serve``'s
+  ``/v1/embeddings`` and :class:`~ortbatch.embed.Embedder` give it (:class:`EmbeddingHead`);
 * ``text-classification`` with one logit (a cross-encoder): ``score`` = sigmoid(logit);
   with several: ``label`` and ``scores`` (softmax), as ``/v1/classify``;
 * ``token-classification``: ``entities`` (spans with character offsets);
@@ -213,13 +214,15 @@ class Encoder:
             latency_session=False,
         )
         self.input_names = list(self.session.input_names)
-        known = {"input_ids", "attention_mask", "token_type_ids"}
+        # prompt_length: a pipeline's include_prompt=false (the prompt's tokens left out of pooling)
+        known = {"input_ids", "attention_mask", "token_type_ids", "prompt_length"}
         if "input_ids" not in self.input_names or not known.issuperset(self.input_names):
             self.session.close()
             raise UnsupportedModelError(
                 f"the model's inputs {self.input_names} are not input_ids/attention_mask/token_type_ids, "
                 "so text cannot be tokenized for it"
             )
+        self._prompt_lengths: dict[str, int] = {}
         self._dtypes = {i.name: _ort_dtype(i.type) for i in self.session.get_inputs()}
         self.vocab_limit = _config_vocab(export_dir / "config.json")
         # what `ortbatch tune` chose caps a batch's padded tokens, as it caps the session's
@@ -233,9 +236,12 @@ class Encoder:
     def outputs(self) -> list[Any]:
         return list(self.session.get_outputs())
 
-    def encode(self, items: Sequence[str | tuple[str, str] | list[int]], truncate: bool) -> list[_Encoded | RowFailure]:
-        """Tokenize texts, ``(first, second)`` pairs or token-id lists; an item over the
-        model's limit is a ``too_long`` failure unless ``truncate``."""
+    def encode(
+        self, items: Sequence[str | tuple[str, str] | list[int]], truncate: bool, prompt: str | None = None
+    ) -> list[_Encoded | RowFailure]:
+        """Tokenize texts (after ``prompt``, when given), ``(first, second)`` pairs or token-id
+        lists; an item over the model's limit is a ``too_long`` failure unless ``truncate``."""
+        prompt_length = self._prompt_length(prompt)
         out: list[_Encoded | RowFailure | None] = [None] * len(items)
         texts: list[Any] = []
         where: list[int] = []
@@ -256,7 +262,7 @@ class Encoder:
                 if not ids:
                     out[i] = RowFailure("invalid_input", "an empty list of token ids")
                     continue
-                out[i] = _Encoded(self._feed(ids, None, None), len(ids), None)
+                out[i] = _Encoded(self._feed(ids, None, None, 0), len(ids), None)
                 continue
             parts = item if isinstance(item, tuple) else (item,)
             cut = []
@@ -273,24 +279,34 @@ class Encoder:
                 cut.append(t)
             if failed:
                 continue
-            texts.append(tuple(cut) if len(cut) == 2 else cut[0])
+            texts.append(tuple(cut) if len(cut) == 2 else (prompt or "") + cut[0])
             where.append(i)
         if texts:
             for i, enc in zip(where, self.tokenizer.encode_batch(texts), strict=True):
                 if enc.overflowing and not truncate:
                     out[i] = RowFailure("too_long", self._too_long(None))
                     continue
-                out[i] = _Encoded(
-                    self._feed(enc.ids, enc.attention_mask, enc.type_ids), int(sum(enc.attention_mask)), enc
-                )
+                feed = self._feed(enc.ids, enc.attention_mask, enc.type_ids, prompt_length)
+                out[i] = _Encoded(feed, int(sum(enc.attention_mask)), enc)
         return [o if o is not None else RowFailure("invalid_input", "not computed") for o in out]
 
     def _too_long(self, n: int | None) -> str:
         got = f" ({n} tokens)" if n is not None else ""
         return f"the input is longer than the model's limit of {self.max_length} tokens{got}; pass --truncate to cut it"
 
+    def _prompt_length(self, prompt: str | None) -> int:
+        """Tokens of ``prompt`` a pipeline with ``include_prompt=false`` leaves out of pooling
+        (counted as sentence-transformers counts them); 0 when the model does not ask."""
+        if not prompt or "prompt_length" not in self.input_names:
+            return 0
+        if prompt not in self._prompt_lengths:
+            from ..embed.ops import prompt_length
+
+            self._prompt_lengths[prompt] = prompt_length(self.tokenizer, prompt)
+        return self._prompt_lengths[prompt]
+
     def _feed(
-        self, ids: Sequence[int], mask: Sequence[int] | None, types: Sequence[int] | None
+        self, ids: Sequence[int], mask: Sequence[int] | None, types: Sequence[int] | None, prompt_length: int
     ) -> dict[str, np.ndarray]:
         n = len(ids)
         cols = {
@@ -298,7 +314,14 @@ class Encoder:
             "attention_mask": mask if mask is not None else [1] * n,
             "token_type_ids": types if types is not None else [0] * n,
         }
-        return {name: np.asarray(cols[name], dtype=self._dtypes[name]).reshape(1, n) for name in self.input_names}
+        feed = {
+            name: np.asarray(cols[name], dtype=self._dtypes[name]).reshape(1, n)
+            for name in self.input_names
+            if name != "prompt_length"
+        }
+        if "prompt_length" in self.input_names:  # one value per row: [batch]
+            feed["prompt_length"] = np.array([prompt_length], dtype=self._dtypes["prompt_length"])
+        return feed
 
     def infer(self, items: Sequence[_Encoded | RowFailure], names: list[str]) -> list[list[np.ndarray] | RowFailure]:
         """Run every encoded item (failures pass through): per item, its outputs
@@ -385,6 +408,8 @@ def _config_vocab(config: Path) -> int | None:
 # -- heads: a row's outputs -> its fields -----------------------------------------------------
 class Head(abc.ABC):
     output: str
+    #: put before each text (an embedding pipeline's default prompt)
+    prompt: str | None = None
 
     @property
     @abc.abstractmethod
@@ -395,19 +420,65 @@ class Head(abc.ABC):
 
 
 class EmbeddingHead(Head):
-    """Sentence embeddings as ``ortbatch serve``'s ``/v1/embeddings`` makes them today: the
-    export's pooled output when it has one, else the mean of its token embeddings over the
-    attention mask; L2-normalized unless ``normalize`` is off.
+    """Sentence embeddings as ``ortbatch serve``'s ``/v1/embeddings`` makes them.
 
-    EMBEDDER PLUG-IN POINT: when the ``embed`` branch's Embedder (the sentence-transformers
-    pipeline as the manifest records it) lands, :meth:`vector` is the one place that
-    becomes ``embedder.vector(...)`` (and ``pick_output`` its output choice); nothing else
-    in ``ortbatch.bulk`` knows how a vector is made.
+    An export whose manifest records its sentence-transformers pipeline
+    (:class:`~ortbatch.embed.EmbeddingPipeline`: pooling, Dense, Normalize, all inside the graph;
+    prompts) gives that pipeline's output as it is, each text after the checkpoint's default
+    prompt (:attr:`prompt`): sentence-transformers' ``encode``, as :class:`~ortbatch.embed.Embedder`
+    gives it; :meth:`finish` applies a request's ``dimensions`` and encoding with the same
+    :func:`ortbatch.embed.ops.finish` serve uses. An older export without a pipeline gives its pooled
+    output, else the mean of its token embeddings over the attention mask, L2-normalized unless
+    ``normalize`` is off (what serve does for such an export). Nothing else in ``ortbatch.bulk``
+    knows how a vector is made.
     """
 
     def __init__(self, encoder: Encoder, normalize: bool) -> None:
-        self.output, self.dim = self.pick_output(encoder)
-        self.normalize = normalize
+        from ..embed.pipeline import EmbeddingPipeline
+
+        manifest = encoder.manifest
+        self.pipeline = EmbeddingPipeline.from_manifest(manifest) if manifest is not None else None
+        if self.pipeline is None:
+            self.output, self.dim = self.pick_output(encoder)
+            self.normalize = normalize
+            return
+        pipe = self.pipeline
+        if pipe.is_sparse:
+            raise UnsupportedModelError(
+                f"{encoder.directory} is a sparse (SPLADE) export: `ortbatch run` computes dense embeddings"
+            )
+        if pipe.output not in {o.name for o in encoder.outputs()}:
+            raise UnsupportedModelError(f"{encoder.directory}: the graph has no {pipe.output!r} output")
+        if pipe.normalize and not normalize:
+            raise InvalidInputError(
+                "--no-normalize: this export's pipeline normalizes inside its graph (sentence-transformers' "
+                "Normalize module); its vectors are the checkpoint's own",
+                input_name="normalize",
+            )
+        self.output, self.dim, self.normalize = pipe.output, pipe.dimension, pipe.normalize
+        self.prompt = self.resolve_prompt(None, None)
+
+    def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str | None:
+        """The prompt before each text: ``prompt``, the checkpoint's prompt ``prompt_name``, or
+        its default one (sentence-transformers' rules; ``""`` is none)."""
+        from ..embed import ops
+
+        return ops.resolve_prompt(self.pipeline, prompt_name, prompt) or None
+
+    def finish(self, vectors: np.ndarray, dimensions: int | None, encoding_format: str) -> np.ndarray:
+        """``vectors`` as a request asks: truncated to ``dimensions`` (re-normalized when the
+        pipeline normalizes) and quantized for the int8/uint8/binary formats, as serve does."""
+        from ..embed import ops
+
+        pipe = self.pipeline
+        return ops.finish(
+            vectors,
+            dimensions,
+            encoding_format,
+            normalize=self.normalize,
+            calibration=pipe.calibration if pipe is not None else None,
+            ranges=pipe.quantization_ranges if pipe is not None else None,
+        )
 
     @staticmethod
     def pick_output(encoder: Encoder) -> tuple[str, int | None]:
@@ -426,6 +497,8 @@ class EmbeddingHead(Head):
         return [Field("embedding", "vector", self.dim, "float32")]
 
     def vector(self, out: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        if self.pipeline is not None:  # the pipeline's own vector, computed in the graph
+            return np.asarray(out.reshape(-1), dtype=np.float32)
         if out.ndim == 2:
             v = out.astype(np.float32, copy=False)
         else:
@@ -596,7 +669,7 @@ class EncoderTask(Task):
             else:
                 items.append((r.text, r.pair) if r.pair is not None else r.text)
         texts = [x for x in items if not isinstance(x, RowFailure)]
-        encoded = iter(self.encoder.encode(texts, self.options.truncate))
+        encoded = iter(self.encoder.encode(texts, self.options.truncate, self.head.prompt))
         enc: list[_Encoded | RowFailure] = [x if isinstance(x, RowFailure) else next(encoded) for x in items]
         self.last_tokens = sum(e.tokens for e in enc if isinstance(e, _Encoded))
         outs = self.encoder.infer(enc, [self.head.output])
