@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,14 +155,14 @@ class CompletionLines:
         if row.text == CHAT_URL:
             chat, req = parse_chat_request(doc, self.served.chat_template, policy)
             if req.tools is not None or req.params.constraint is not None:
-                asyncio.run(compile_constraints(self.generator, req))
+                _wait(compile_constraints(self.generator, req))
             template = self.served.chat_template
             assert template is not None  # parse_chat_request refuses a model without one
             text = render_bounded(template, chat, CHAT_RENDER_TIMEOUT_S, self.max_chars)
             return req, prepare_prompts(self.generator, req, text)
         req = parse_completion_request(doc, self.max_chars, policy)
         if req.params.constraint is not None:
-            asyncio.run(compile_constraints(self.generator, req))
+            _wait(compile_constraints(self.generator, req))
         return req, prepare_prompts(self.generator, req)
 
     def _submit(self, line: _Line, lines: Sequence[_Line]) -> RowFailure | None:
@@ -199,6 +199,18 @@ class CompletionLines:
 
     def close(self) -> None:
         self.served.close(drain=False)
+
+
+def _wait(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run one of the core's coroutines to its end from this blocking code: on a thread of its
+    own when this thread already runs an event loop (``ortbatch.run`` called from a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coroutine)
+        return
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, coroutine).result()
 
 
 def _derive_call_ids(body: dict[str, Any], row: Row) -> None:

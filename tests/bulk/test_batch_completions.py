@@ -197,3 +197,17 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_bytes(export: Path, tmp_path
     again = cli(*args, "-o", str(tmp_path / "out"))
     assert again.returncode == 3 and "resumed after 3 rows" in again.stderr
     assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "whole")
+
+
+def test_a_job_run_from_inside_an_event_loop(export: Path, tmp_path: Path) -> None:
+    """``ortbatch.run`` called where an event loop runs (a notebook's cell): constrained lines
+    are compiled all the same."""
+    import asyncio
+
+    src = write_jsonl(tmp_path / "batch.jsonl", [r for r in GOOD if r["custom_id"] in ("tools", "schema")])
+
+    async def in_a_loop() -> Any:
+        return ortbatch.run(export, src, tmp_path / "out", progress=False)
+
+    summary = asyncio.run(in_a_loop())
+    assert (summary.succeeded, summary.failed) == (2, 0)
