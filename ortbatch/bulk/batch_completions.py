@@ -82,7 +82,7 @@ def failure_of(exc: BaseException) -> RowFailure:
     for cls, status, kind in STATUSES:
         if isinstance(exc, cls):
             message = str(exc)
-            if status == 400 and ("too long" in message or "context" in message):
+            if status == 400 and ("too long" in message or "exceeds the model's context" in message):
                 kind = "too_long"
             return RowFailure(kind, message, status, getattr(exc, "input_name", None))
     return RowFailure("inference", f"{type(exc).__name__}: {exc}", 500)
@@ -120,7 +120,7 @@ class CompletionLines:
         for i, row in enumerate(rows):
             try:
                 req, prompts = self._prepare(row)
-            except OrtBatchError as exc:
+            except Exception as exc:  # a line's failure, whatever it is, is that line's alone
                 out[i] = failure_of(exc)
                 continue
             lines.append(_Line(i, row, req, prompts, []))
@@ -186,7 +186,7 @@ class CompletionLines:
 
         try:
             results = [f.result() for f in line.futures]
-        except OrtBatchError as exc:
+        except Exception as exc:
             for f in line.futures:
                 f.cancel()
             return failure_of(exc)
