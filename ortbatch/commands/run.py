@@ -50,7 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rows read, sorted by length and committed together as one shard (default 4096): bounds memory",
     )
     parser.add_argument("--truncate", action="store_true", help="cut over-long inputs to the model's limit")
-    parser.add_argument("--no-normalize", action="store_true", help="embeddings as pooled, not L2-normalized")
+    parser.add_argument(
+        "--no-normalize",
+        action="store_true",
+        help="embeddings as pooled, not L2-normalized (an export without a sentence-transformers pipeline; "
+        "one with a pipeline gives the pipeline's own vectors)",
+    )
     parser.add_argument("--max-batch-size", type=int, default=None, help="rows per batch (default: the export's)")
     parser.add_argument("-n", "--max-new-tokens", type=int, default=64, help="tokens per generation (default 64)")
     parser.add_argument(
@@ -143,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         raise RunArgumentError(str(exc)) from None
     try:
         summary = run_job(export, args.input, args.output, config)
+    except InvalidInputError as exc:  # a setting the export cannot honour (rows never raise)
+        raise RunArgumentError(str(exc)) from None
     except KeyboardInterrupt:
         print(
             "ortbatch run: interrupted; the committed shards are kept: rerun the same command to resume",

@@ -18,7 +18,7 @@ import pytest
 import ortbatch
 from ortbatch.errors import InvalidInputError
 
-from .conftest import serve_embeddings, write_jsonl
+from .conftest import cli, serve_embeddings, write_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.export]
 
@@ -80,6 +80,8 @@ def test_no_normalize_is_refused_where_the_pipeline_normalizes(
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": "hello"}])
     with pytest.raises(InvalidInputError, match="normalizes inside its graph"):
         ortbatch.run(exports["prompted"][0], src, tmp_path / "out", normalize=False, progress=False)
+    proc = cli(str(exports["prompted"][0]), str(src), "-o", str(tmp_path / "cli"), "--no-normalize")
+    assert proc.returncode == 2 and "normalizes inside its graph" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def _line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
