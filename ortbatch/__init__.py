@@ -11,6 +11,7 @@ the exporter's torch/transformers/optimum are imported when first used.
 import importlib as _importlib
 import typing as _typing
 
+from ._version import __version__
 from .errors import (
     ExportError,
     InferenceError,
@@ -28,8 +29,6 @@ from .errors import (
     ValidationError,
 )
 from .manifest import Manifest
-
-__version__ = "0.1.0"
 
 __all__ = [
     # runtime

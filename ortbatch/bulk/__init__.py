@@ -6,7 +6,8 @@
 
 The rooms: :mod:`~ortbatch.bulk.sources` (input files as numbered rows),
 :mod:`~ortbatch.bulk.tasks` (rows in, one result or failure per row out, per kind of
-export), :mod:`~ortbatch.bulk.batchapi` (OpenAI Batch API lines),
+export), :mod:`~ortbatch.bulk.batchapi` (OpenAI Batch API lines; their completion and chat
+lines in :mod:`~ortbatch.bulk.batch_completions`, through serve's transport-free core),
 :mod:`~ortbatch.bulk.output` (atomic shards and the manifest a resume reads),
 :mod:`~ortbatch.bulk.plan` (what a job is, whichever engine runs it: settings, identity,
 one window → one shard, the summary), :mod:`~ortbatch.bulk.job` (the job in this process:

@@ -6,37 +6,44 @@ with one line of the Batch API's output format::
 
 ``body`` is what ``ortbatch serve`` answers to the same request at ``url``. Lines that
 succeed go to the output (``part-*.jsonl``); lines that fail go to the errors file in the
-same shape, with ``status_code`` 400 (a bad request), 404 (a url this export does not
-serve) or 500 (the model failed) and an OpenAI error object as the body — the split
-OpenAI makes between a batch's output and error files. A line that is not a request at
-all (not JSON, no ``custom_id``) has ``response: null`` and ``error: {code, message, line}``.
-The ``id`` and ``request_id`` are derived from the line's number and ``custom_id``, so a
-resumed run writes the same bytes as an uninterrupted one.
+same shape, with the status ``ortbatch serve`` would answer (400 a bad request, 404 a url
+this export does not serve, 413 too large, 501 a constraint the export cannot compile, 500
+the model failed) and an OpenAI error object as the body (``param``: the field at fault;
+``code``: the failure's kind, e.g. ``too_long``) — the split OpenAI makes between a batch's
+output and error files. A line that is not a request at all (not JSON, no ``custom_id``) has
+``response: null`` and ``error: {code, message, line}``. The ``id`` and ``request_id`` are
+derived from the line's number and ``custom_id``, so a resumed run writes the same bytes as
+an uninterrupted one.
 
-Served today: ``/v1/embeddings`` (``input``: a string, strings, token ids or lists of them;
-``encoding_format`` ``float`` or ``base64``; ``dimensions`` equal to the model's;
-``truncate``, an ortbatch extension, default off). ``/v1/completions`` and
-``/v1/chat/completions`` lines are answered 404 for now: their answers are built inside
-``ortbatch.serve`` and will be shared once that code sits below both.
+Served: ``/v1/embeddings`` by an embedding export (``input``: a string, strings, token ids
+or lists of them; ``encoding_format`` ``float`` or ``base64``; ``dimensions`` equal to the
+model's; ``truncate``, an ortbatch extension, default off); ``/v1/completions`` and
+``/v1/chat/completions`` by a text-generation export, every field as ``ortbatch serve``
+takes it (:mod:`ortbatch.bulk.batch_completions`, which drives serve's transport-free core;
+``stream`` is refused, and answers' ids, ``created`` and a missing ``seed`` are derived from
+the line, so a resumed job writes the same bytes).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ..embed.options import EmbedOptions
+from ..errors import InvalidInputError
+from .batch_completions import COMPLETION_URLS, CompletionLines, failure_of
 from .sources import Row
 from .tasks import EmbeddingHead, EncoderTask, Field, Outcome, RowFailure, Task
 
 __all__ = ["BatchApiTask", "batch_error_line"]
 
 EMBEDDINGS_URL = "/v1/embeddings"
-COMPLETION_URLS = ("/v1/completions", "/v1/chat/completions")
 _STATUS = {"unsupported_url": 404, "inference": 500}
+#: an error's ``type`` by status, as ``ortbatch serve`` names them
+_ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_exceeded", 503: "service_unavailable", 504: "timeout_error"}
 
 
 def _ids(row: Row) -> tuple[str, str]:
@@ -45,19 +52,8 @@ def _ids(row: Row) -> tuple[str, str]:
     return "batch_req_" + digest[:24], "req_" + digest[24:48]
 
 
-def batch_error_line(row: Row, failure: RowFailure) -> dict[str, Any]:
-    """The Batch API output line of a line that failed."""
+def _line(row: Row, status: int, body: dict[str, Any]) -> dict[str, Any]:
     line_id, request_id = _ids(row)
-    if row.body is None and failure.kind in ("invalid_json", "invalid_utf8", "invalid_request") and row.id is None:
-        return {
-            "id": line_id,
-            "custom_id": None,
-            "response": None,
-            "error": {"code": failure.kind, "message": failure.message, "line": row.index + 1},
-        }
-    status = _STATUS.get(failure.kind, 400)
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = {"error": {"message": failure.message, "type": kind, "param": None, "code": failure.kind}}
     return {
         "id": line_id,
         "custom_id": row.id,
@@ -66,36 +62,40 @@ def batch_error_line(row: Row, failure: RowFailure) -> dict[str, Any]:
     }
 
 
-def _inputs(body: dict[str, Any]) -> list[str] | list[list[int]] | RowFailure:
-    value = body.get("input")
-
-    def is_ids(x: Any) -> bool:
-        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value:
-        if all(isinstance(x, str) for x in value):
-            return value
-        if is_ids(value):
-            return [value]
-        if all(is_ids(x) for x in value):
-            return value
-    return RowFailure(
-        "invalid_request",
-        "'input' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists",
-    )
+def batch_error_line(row: Row, failure: RowFailure) -> dict[str, Any]:
+    """The Batch API output line of a line that failed."""
+    line_id, _ = _ids(row)
+    if row.body is None and failure.kind in ("invalid_json", "invalid_utf8", "invalid_request") and row.id is None:
+        return {
+            "id": line_id,
+            "custom_id": None,
+            "response": None,
+            "error": {"code": failure.kind, "message": failure.message, "line": row.index + 1},
+        }
+    status = failure.status or _STATUS.get(failure.kind, 400)
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": failure.message, "type": kind, "param": failure.param, "code": failure.kind}}
+    return _line(row, status, body)
 
 
 class BatchApiTask(Task):
-    """Batch API lines over an embedding :class:`EncoderTask` (its encoder and head)."""
+    """Batch API lines: ``/v1/embeddings`` over an embedding :class:`EncoderTask` (``inner``, its
+    encoder and head), ``/v1/completions`` and ``/v1/chat/completions`` over
+    :class:`~ortbatch.bulk.batch_completions.CompletionLines` (``completions``, a text-generation
+    export's). ``reason``: why the kind of line the export does not serve is not served."""
 
     kind = "openai-batch"
 
-    def __init__(self, inner: EncoderTask | None, model_name: str, reason: str = "") -> None:
+    def __init__(
+        self,
+        inner: EncoderTask | None,
+        model_name: str,
+        reason: str = "",
+        completions: CompletionLines | None = None,
+    ) -> None:
         self.inner = inner
+        self.completions = completions
         self.model_name = model_name
-        # why /v1/embeddings is not served by this export ("" when it is)
         self.reason = reason
 
     @property
@@ -111,108 +111,143 @@ class BatchApiTask(Task):
 
     def run(self, rows: Sequence[Row]) -> list[Outcome]:
         out: list[Outcome | None] = [None] * len(rows)
-        # every input of every embeddings line, flattened: (row position, truncate, input)
-        flat: list[tuple[int, bool, Any]] = []
-        formats: dict[int, str] = {}
+        embed: list[int] = []
+        complete: list[int] = []
         for i, row in enumerate(rows):
             if row.error is not None:
                 out[i] = RowFailure(*row.error)
-                continue
-            url, body = row.text, row.body or {}
-            if url in COMPLETION_URLS:
-                out[i] = RowFailure(
-                    "unsupported_url", f"{url} lines are not answered by `ortbatch run` yet (only {EMBEDDINGS_URL})"
-                )
-                continue
-            if url != EMBEDDINGS_URL:
-                out[i] = RowFailure("unsupported_url", f"unknown url {str(url)[:80]!r}; served: {EMBEDDINGS_URL}")
-                continue
-            if self.inner is None:
-                out[i] = RowFailure("unsupported_url", f"this export does not serve embeddings: {self.reason}")
-                continue
-            checked = self._check(body)
+            elif row.text == EMBEDDINGS_URL and self.inner is not None:
+                embed.append(i)
+            elif row.text in COMPLETION_URLS and self.completions is not None:
+                complete.append(i)
+            else:
+                out[i] = RowFailure("unsupported_url", self._unserved(row.text))
+        self.last_tokens = 0
+        for i, outcome in zip(embed, self._embeddings([rows[i] for i in embed]), strict=True):
+            out[i] = outcome
+        if self.completions is not None and complete:
+            answers = self.completions.run([rows[i] for i in complete])
+            for i, answer in zip(complete, answers, strict=True):
+                if isinstance(answer, RowFailure):
+                    out[i] = answer
+                    continue
+                self.last_tokens += answer["tokens"]
+                out[i] = {"line": _line(rows[i], 200, answer["body"])}
+        return [o if o is not None else RowFailure("inference", "no result") for o in out]
+
+    def _unserved(self, url: str | None) -> str:
+        served = [EMBEDDINGS_URL] if self.inner is not None else list(COMPLETION_URLS)
+        if url in (EMBEDDINGS_URL, *COMPLETION_URLS):
+            return f"this export does not serve {url}: {self.reason}"
+        return f"unknown url {str(url)[:80]!r}; served: {', '.join(served)}"
+
+    def _embeddings(self, rows: Sequence[Row]) -> list[Outcome]:
+        """Embedding lines: every input of every line encoded (grouped by truncation and prompt)
+        and run together, then each line's vectors finished as its options ask."""
+        out: list[Outcome | None] = [None] * len(rows)
+        # every input of every line, flattened: (row position, (truncate, prompt), input)
+        flat: list[tuple[int, tuple[bool, str | None], Any]] = []
+        options: dict[int, EmbedOptions] = {}
+        for i, row in enumerate(rows):
+            checked = self._check(row.body or {})
             if isinstance(checked, RowFailure):
                 out[i] = checked
                 continue
-            inputs, fmt, truncate = checked
-            formats[i] = fmt
-            flat.extend((i, truncate, x) for x in inputs)
-        tokens = 0
+            inputs, options[i], how = checked
+            flat.extend((i, how, x) for x in inputs)
         if flat and self.inner is not None:
-            head = self.inner.head
-            assert isinstance(head, EmbeddingHead)
-            encoded: list[Any] = [None] * len(flat)
-            for flag in (False, True):
-                where = [k for k, (_, t, _) in enumerate(flat) if t == flag]
-                if where:
-                    for k, e in zip(where, self.inner.encoder.encode([flat[k][2] for k in where], flag), strict=True):
-                        encoded[k] = e
-            outs = self.inner.encoder.infer(encoded, [head.output])
-            per_row: dict[int, list[Any]] = {}
-            for (i, _, _), enc, res in zip(flat, encoded, outs, strict=True):
-                bucket = per_row.setdefault(i, [])
-                if isinstance(res, RowFailure):
-                    bucket.append(res)
-                    continue
-                try:
-                    bucket.append((head.value(res[0], enc, rows[i])["embedding"], enc.tokens))
-                except Exception as exc:
-                    bucket.append(RowFailure("inference", str(exc)))
-            for i, parts in per_row.items():
-                failed = next((p for p in parts if isinstance(p, RowFailure)), None)
-                if failed is not None:
-                    k = next(n for n, p in enumerate(parts) if isinstance(p, RowFailure))
-                    out[i] = RowFailure(failed.kind, f"input[{k}]: {failed.message}")
-                    continue
-                used = sum(t for _, t in parts)
-                tokens += used
-                out[i] = {"line": self._line(rows[i], [v for v, _ in parts], used, formats[i])}
-        self.last_tokens = tokens
+            for i, parts in self._vectors(rows, flat).items():
+                out[i] = self._finished(rows[i], parts, options[i])
         return [o if o is not None else RowFailure("inference", "no result") for o in out]
 
-    def _check(self, body: dict[str, Any]) -> tuple[list[Any], str, bool] | RowFailure:
-        inputs = _inputs(body)
-        if isinstance(inputs, RowFailure):
-            return inputs
-        fmt = body.get("encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            return RowFailure("invalid_request", f"encoding_format must be 'float' or 'base64', got {str(fmt)[:40]!r}")
-        truncate = body.get("truncate", False)
-        if not isinstance(truncate, bool):
-            return RowFailure("invalid_request", f"'truncate' must be true or false, got {str(truncate)[:40]}")
-        dims = body.get("dimensions")
+    def _vectors(
+        self, rows: Sequence[Row], flat: list[tuple[int, tuple[bool, str | None], Any]]
+    ) -> dict[int, list[Any]]:
+        """Per line, each input's ``(vector, tokens)`` or failure."""
         assert self.inner is not None
         head = self.inner.head
         assert isinstance(head, EmbeddingHead)
-        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims != head.dim):
-            return RowFailure(
-                "invalid_request",
-                f"dimensions: this model's embeddings have {head.dim} dimensions, got {str(dims)[:40]}",
-            )
-        return list(inputs), str(fmt), truncate
+        encoded: list[Any] = [None] * len(flat)
+        for how in sorted({h for _, h, _ in flat}, key=lambda h: (h[0], h[1] or "")):
+            where = [k for k, (_, h, _) in enumerate(flat) if h == how]
+            items = [flat[k][2] for k in where]
+            for k, e in zip(where, self.inner.encoder.encode(items, *how), strict=True):
+                encoded[k] = e
+        outs = self.inner.encoder.infer(encoded, [head.output])
+        per_row: dict[int, list[Any]] = {}
+        for (i, _, _), enc, res in zip(flat, encoded, outs, strict=True):
+            bucket = per_row.setdefault(i, [])
+            if isinstance(res, RowFailure):
+                bucket.append(res)
+                continue
+            try:
+                bucket.append((head.value(res[0], enc, rows[i])["embedding"], enc.tokens))
+            except Exception as exc:
+                bucket.append(RowFailure("inference", str(exc)))
+        return per_row
 
-    def _line(self, row: Row, vectors: list[np.ndarray], tokens: int, fmt: str) -> dict[str, Any]:
-        data = []
-        for i, v in enumerate(vectors):
-            value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else v.tolist()
-            data.append({"object": "embedding", "index": i, "embedding": value})
-        body = {
-            "object": "list",
-            "data": data,
-            "model": self.model_name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-        line_id, request_id = _ids(row)
-        return {
-            "id": line_id,
-            "custom_id": row.id,
-            "response": {"status_code": 200, "request_id": request_id, "body": body},
-            "error": None,
-        }
+    def _finished(self, row: Row, parts: list[Any], options: EmbedOptions) -> Outcome:
+        """A line's answer from its inputs' vectors, or its first input's failure."""
+        from ..serve.served.embeddings import embedding_json
+
+        failed = next((p for p in parts if isinstance(p, RowFailure)), None)
+        if failed is not None:
+            k = next(n for n, p in enumerate(parts) if isinstance(p, RowFailure))
+            return RowFailure(failed.kind, f"input[{k}]: {failed.message}")
+        assert self.inner is not None and isinstance(self.inner.head, EmbeddingHead)
+        try:
+            vectors = self.inner.head.finish(
+                np.stack([v for v, _ in parts]), options.dimensions, options.encoding_format
+            )
+        except InvalidInputError as exc:
+            return failure_of(exc)
+        used = sum(t for _, t in parts)
+        self.last_tokens += used
+        data = [
+            {"object": "embedding", "index": k, "embedding": embedding_json(v, options.encoding_format)}
+            for k, v in enumerate(vectors)
+        ]
+        usage = {"prompt_tokens": used, "total_tokens": used}
+        body = {"object": "list", "data": data, "model": self.model_name, "usage": usage}
+        return {"line": _line(row, 200, body)}
+
+    def _check(self, body: dict[str, Any]) -> tuple[list[Any], EmbedOptions, tuple[bool, str | None]] | RowFailure:
+        """A line's inputs, its :class:`~ortbatch.embed.EmbedOptions` (the fields serve's
+        ``/v1/embeddings`` takes, checked by the same code) and ``(truncate, prompt)``."""
+        from ..embed import ops
+        from ..serve.served.completions import text_or_ids
+
+        assert self.inner is not None
+        head = self.inner.head
+        assert isinstance(head, EmbeddingHead)
+        try:
+            inputs = text_or_ids(body.get("input"), "input")
+            options = EmbedOptions.parse(body, formats=ops.ENCODING_FORMATS)
+            options.refuse_for_dense()
+            truncate = body.get("truncate")
+            if truncate is not None and not isinstance(truncate, bool):
+                raise InvalidInputError(
+                    f"'truncate' must be true or false, got {str(truncate)[:40]}", input_name="truncate"
+                )
+            texts = isinstance(inputs[0], str)
+            if not texts and options.asks_prompt is not None:
+                raise InvalidInputError(
+                    f"'{options.asks_prompt}' needs text inputs: token ids are sent to the model as they are",
+                    input_name=options.asks_prompt,
+                )
+            prompt = head.resolve_prompt(options.prompt_name, options.prompt) if texts else None
+        except InvalidInputError as exc:
+            return failure_of(exc)
+        return list(inputs), options, (bool(truncate), prompt)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "inner": self.inner.describe() if self.inner is not None else None}
+        inner = self.inner.describe() if self.inner is not None else None
+        if self.completions is not None:
+            inner = {"kind": "completions"}
+        return {"kind": self.kind, "inner": inner}
 
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()
+        if self.completions is not None:
+            self.completions.close()

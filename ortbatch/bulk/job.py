@@ -92,7 +92,7 @@ def run(
         from .ray_data import run_on_ray
 
         return run_on_ray(prepared, config.ray, out_stream)
-    task = build_task(prepared.export, config.task_options(), prepared.batch_api)
+    task = build_task(prepared.export, prepared.task_options(), prepared.batch_api)
     try:
         job = prepared.job(task.describe())
         shards = prepared.outdir.open(job, config.restart)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from ..errors import InvalidInputError, UnsupportedModelError
 from ..manifest import MANIFEST_NAME
 from .output import OutputDir, OutputError, ShardFiles, ShardInfo, encode_shard
 from .sources import Row, Source, SourceOptions
-from .tasks import GENERATION_TASKS, EncoderTask, RowFailure, Task, TaskOptions, export_task, task_for
+from .tasks import GENERATION_TASKS, EncoderTask, RowFailure, Task, TaskOptions, export_task, job_sampling, task_for
 
 __all__ = [
     "EXIT_ROW_ERRORS",
@@ -81,6 +81,9 @@ class RunConfig:
     max_batch_size: int | None = None
     providers: Any = None
     max_new_tokens: int = 64
+    #: a generation job's sampling parameters, as ``/v1/completions`` takes them (``temperature``,
+    #: ``top_p``, ``top_k``, ``seed``, ...; see ``tasks.SAMPLING_FIELDS``); None: greedy
+    sampling: Mapping[str, Any] | None = None
     restart: bool = False
     progress: bool | None = None  # None: a bar on a terminal, lines every progress_every_s otherwise
     progress_every_s: float = 10.0
@@ -91,6 +94,8 @@ class RunConfig:
             raise InvalidInputError(f"window must be at least 1 row, got {self.window}")
         if self.max_new_tokens < 1:
             raise InvalidInputError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.sampling is not None:
+            job_sampling(self.sampling, self.max_new_tokens)  # refused here, before anything is opened
         if self.ray is True:
             object.__setattr__(self, "ray", RayOptions())
         elif self.ray is False:
@@ -106,6 +111,7 @@ class RunConfig:
             max_batch_size=self.max_batch_size,
             providers=self.providers,
             max_new_tokens=self.max_new_tokens,
+            sampling=self.sampling,
             # a window's batches are queued at once: room for all of them, whatever their size
             max_queue=max(self.window, 1024),
             cpus=cpus,
@@ -158,16 +164,18 @@ def build_task(export: Path, options: TaskOptions, batch_api: bool) -> Task:
     """The task that computes the export for rows of this input (Batch API lines, or rows)."""
     if not batch_api:
         return task_for(export, options)
+    from .batch_completions import CompletionLines
     from .batchapi import BatchApiTask
 
     if export_task(export) in GENERATION_TASKS:
-        return BatchApiTask(None, export.resolve().name, "it is a text-generation export")
+        name = export.resolve().name or "model"
+        return BatchApiTask(None, name, "it is a text-generation export", CompletionLines(export, options, name))
     inner = task_for(export, options)
     if not isinstance(inner, EncoderTask) or inner.kind != "embedding":
         name, kind = inner.model_name, inner.kind
         inner.close()
         return BatchApiTask(None, name, f"it is a {kind} export")
-    return BatchApiTask(inner, inner.model_name)
+    return BatchApiTask(inner, inner.model_name, "it is an embedding export")
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,13 @@ class Prepared:
     @property
     def format(self) -> str:
         return self.outdir.format
+
+    def task_options(self, cpus: int | None = None) -> TaskOptions:
+        """The config's :class:`TaskOptions`, with ``created``: the input's modification time
+        (its newest file's, in whole seconds), which Batch API completion answers carry."""
+        files = self.source.fingerprint()["files"]
+        created = max((int(f["mtime_ns"]) for f in files), default=0) // 1_000_000_000
+        return replace(self.config.task_options(cpus), created=created)
 
     def job(self, task: dict[str, Any]) -> dict[str, Any]:
         """What a resume must match, given the task's ``describe()``."""

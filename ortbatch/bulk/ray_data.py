@@ -217,7 +217,7 @@ def run_on_ray(prepared: Prepared, options: RayOptions, stream: TextIO) -> RunSu
 def _worker_options(prepared: Prepared, options: RayOptions) -> TaskOptions:
     # ONNX Runtime's threads follow the worker's CPUs, not the node's (several share a node)
     cpus = max(1, int(options.cpus)) if not options.gpus else None
-    return prepared.config.task_options(cpus)
+    return prepared.task_options(cpus)
 
 
 def _describe(export: str, options: TaskOptions, batch_api: bool) -> dict[str, Any]:

@@ -18,8 +18,9 @@ that fails; the others still get their outputs.
 
 Heads turn a row's model outputs into its fields, by the export's task:
 
-* ``feature-extraction`` (and sentence-similarity): ``embedding``, pooled and L2-normalized
-  as ``ortbatch serve``'s ``/v1/embeddings`` does today (:class:`EmbeddingHead`);
+* ``feature-extraction`` (and sentence-similarity): ``embedding``, the export's
+  sentence-transformers pipeline output (default prompt applied), as ``ortbatch serve``'s
+  ``/v1/embeddings`` and :class:`~ortbatch.embed.Embedder` give it (:class:`EmbeddingHead`);
 * ``text-classification`` with one logit (a cross-encoder): ``score`` = sigmoid(logit);
   with several: ``label`` and ``scores`` (softmax), as ``/v1/classify``;
 * ``token-classification``: ``entities`` (spans with character offsets);
@@ -30,9 +31,11 @@ Heads turn a row's model outputs into its fields, by the export's task:
 from __future__ import annotations
 
 import abc
+import dataclasses
+import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +81,11 @@ class RowFailure:
 
     kind: str
     message: str
+    #: the HTTP status ``ortbatch serve`` would answer this request with (Batch API lines;
+    #: None: the kind's usual one)
+    status: int | None = None
+    #: the request field the failure is about (the OpenAI error's ``param``)
+    param: str | None = None
 
 
 #: one row's result (its output fields) or why it failed
@@ -109,6 +117,12 @@ class TaskOptions:
     #: cores the task's sessions share (a Ray worker's share of its node); None: this
     #: machine's, as BatchedSession sizes its threads by itself
     cpus: int | None = None
+    #: Batch API completion answers' ``created`` (the input's modification time, so a resumed
+    #: job writes the same bytes)
+    created: int = 0
+    #: a generation job's sampling parameters (:data:`SAMPLING_FIELDS`, as ``/v1/completions``
+    #: takes them); None: greedy
+    sampling: Mapping[str, Any] | None = None
 
 
 class Task(abc.ABC):
@@ -200,13 +214,15 @@ class Encoder:
             latency_session=False,
         )
         self.input_names = list(self.session.input_names)
-        known = {"input_ids", "attention_mask", "token_type_ids"}
+        # prompt_length: a pipeline's include_prompt=false (the prompt's tokens left out of pooling)
+        known = {"input_ids", "attention_mask", "token_type_ids", "prompt_length"}
         if "input_ids" not in self.input_names or not known.issuperset(self.input_names):
             self.session.close()
             raise UnsupportedModelError(
                 f"the model's inputs {self.input_names} are not input_ids/attention_mask/token_type_ids, "
                 "so text cannot be tokenized for it"
             )
+        self._prompt_lengths: dict[str, int] = {}
         self._dtypes = {i.name: _ort_dtype(i.type) for i in self.session.get_inputs()}
         self.vocab_limit = _config_vocab(export_dir / "config.json")
         # what `ortbatch tune` chose caps a batch's padded tokens, as it caps the session's
@@ -220,9 +236,12 @@ class Encoder:
     def outputs(self) -> list[Any]:
         return list(self.session.get_outputs())
 
-    def encode(self, items: Sequence[str | tuple[str, str] | list[int]], truncate: bool) -> list[_Encoded | RowFailure]:
-        """Tokenize texts, ``(first, second)`` pairs or token-id lists; an item over the
-        model's limit is a ``too_long`` failure unless ``truncate``."""
+    def encode(
+        self, items: Sequence[str | tuple[str, str] | list[int]], truncate: bool, prompt: str | None = None
+    ) -> list[_Encoded | RowFailure]:
+        """Tokenize texts (after ``prompt``, when given), ``(first, second)`` pairs or token-id
+        lists; an item over the model's limit is a ``too_long`` failure unless ``truncate``."""
+        prompt_length = self._prompt_length(prompt)
         out: list[_Encoded | RowFailure | None] = [None] * len(items)
         texts: list[Any] = []
         where: list[int] = []
@@ -243,7 +262,7 @@ class Encoder:
                 if not ids:
                     out[i] = RowFailure("invalid_input", "an empty list of token ids")
                     continue
-                out[i] = _Encoded(self._feed(ids, None, None), len(ids), None)
+                out[i] = _Encoded(self._feed(ids, None, None, 0), len(ids), None)
                 continue
             parts = item if isinstance(item, tuple) else (item,)
             cut = []
@@ -260,24 +279,34 @@ class Encoder:
                 cut.append(t)
             if failed:
                 continue
-            texts.append(tuple(cut) if len(cut) == 2 else cut[0])
+            texts.append(tuple(cut) if len(cut) == 2 else (prompt or "") + cut[0])
             where.append(i)
         if texts:
             for i, enc in zip(where, self.tokenizer.encode_batch(texts), strict=True):
                 if enc.overflowing and not truncate:
                     out[i] = RowFailure("too_long", self._too_long(None))
                     continue
-                out[i] = _Encoded(
-                    self._feed(enc.ids, enc.attention_mask, enc.type_ids), int(sum(enc.attention_mask)), enc
-                )
+                feed = self._feed(enc.ids, enc.attention_mask, enc.type_ids, prompt_length)
+                out[i] = _Encoded(feed, int(sum(enc.attention_mask)), enc)
         return [o if o is not None else RowFailure("invalid_input", "not computed") for o in out]
 
     def _too_long(self, n: int | None) -> str:
         got = f" ({n} tokens)" if n is not None else ""
         return f"the input is longer than the model's limit of {self.max_length} tokens{got}; pass --truncate to cut it"
 
+    def _prompt_length(self, prompt: str | None) -> int:
+        """Tokens of ``prompt`` a pipeline with ``include_prompt=false`` leaves out of pooling
+        (counted as sentence-transformers counts them); 0 when the model does not ask."""
+        if not prompt or "prompt_length" not in self.input_names:
+            return 0
+        if prompt not in self._prompt_lengths:
+            from ..embed.ops import prompt_length
+
+            self._prompt_lengths[prompt] = prompt_length(self.tokenizer, prompt)
+        return self._prompt_lengths[prompt]
+
     def _feed(
-        self, ids: Sequence[int], mask: Sequence[int] | None, types: Sequence[int] | None
+        self, ids: Sequence[int], mask: Sequence[int] | None, types: Sequence[int] | None, prompt_length: int
     ) -> dict[str, np.ndarray]:
         n = len(ids)
         cols = {
@@ -285,7 +314,14 @@ class Encoder:
             "attention_mask": mask if mask is not None else [1] * n,
             "token_type_ids": types if types is not None else [0] * n,
         }
-        return {name: np.asarray(cols[name], dtype=self._dtypes[name]).reshape(1, n) for name in self.input_names}
+        feed = {
+            name: np.asarray(cols[name], dtype=self._dtypes[name]).reshape(1, n)
+            for name in self.input_names
+            if name != "prompt_length"
+        }
+        if "prompt_length" in self.input_names:  # one value per row: [batch]
+            feed["prompt_length"] = np.array([prompt_length], dtype=self._dtypes["prompt_length"])
+        return feed
 
     def infer(self, items: Sequence[_Encoded | RowFailure], names: list[str]) -> list[list[np.ndarray] | RowFailure]:
         """Run every encoded item (failures pass through): per item, its outputs
@@ -372,6 +408,8 @@ def _config_vocab(config: Path) -> int | None:
 # -- heads: a row's outputs -> its fields -----------------------------------------------------
 class Head(abc.ABC):
     output: str
+    #: put before each text (an embedding pipeline's default prompt)
+    prompt: str | None = None
 
     @property
     @abc.abstractmethod
@@ -382,19 +420,65 @@ class Head(abc.ABC):
 
 
 class EmbeddingHead(Head):
-    """Sentence embeddings as ``ortbatch serve``'s ``/v1/embeddings`` makes them today: the
-    export's pooled output when it has one, else the mean of its token embeddings over the
-    attention mask; L2-normalized unless ``normalize`` is off.
+    """Sentence embeddings as ``ortbatch serve``'s ``/v1/embeddings`` makes them.
 
-    EMBEDDER PLUG-IN POINT: when the ``embed`` branch's Embedder (the sentence-transformers
-    pipeline as the manifest records it) lands, :meth:`vector` is the one place that
-    becomes ``embedder.vector(...)`` (and ``pick_output`` its output choice); nothing else
-    in ``ortbatch.bulk`` knows how a vector is made.
+    An export whose manifest records its sentence-transformers pipeline
+    (:class:`~ortbatch.embed.EmbeddingPipeline`: pooling, Dense, Normalize, all inside the graph;
+    prompts) gives that pipeline's output as it is, each text after the checkpoint's default
+    prompt (:attr:`prompt`): sentence-transformers' ``encode``, as :class:`~ortbatch.embed.Embedder`
+    gives it; :meth:`finish` applies a request's ``dimensions`` and encoding with the same
+    :func:`ortbatch.embed.ops.finish` serve uses. An older export without a pipeline gives its pooled
+    output, else the mean of its token embeddings over the attention mask, L2-normalized unless
+    ``normalize`` is off (what serve does for such an export). Nothing else in ``ortbatch.bulk``
+    knows how a vector is made.
     """
 
     def __init__(self, encoder: Encoder, normalize: bool) -> None:
-        self.output, self.dim = self.pick_output(encoder)
-        self.normalize = normalize
+        from ..embed.pipeline import EmbeddingPipeline
+
+        manifest = encoder.manifest
+        self.pipeline = EmbeddingPipeline.from_manifest(manifest) if manifest is not None else None
+        if self.pipeline is None:
+            self.output, self.dim = self.pick_output(encoder)
+            self.normalize = normalize
+            return
+        pipe = self.pipeline
+        if pipe.is_sparse:
+            raise UnsupportedModelError(
+                f"{encoder.directory} is a sparse (SPLADE) export: `ortbatch run` computes dense embeddings"
+            )
+        if pipe.output not in {o.name for o in encoder.outputs()}:
+            raise UnsupportedModelError(f"{encoder.directory}: the graph has no {pipe.output!r} output")
+        if pipe.normalize and not normalize:
+            raise InvalidInputError(
+                "--no-normalize: this export's pipeline normalizes inside its graph (sentence-transformers' "
+                "Normalize module); its vectors are the checkpoint's own",
+                input_name="normalize",
+            )
+        self.output, self.dim, self.normalize = pipe.output, pipe.dimension, pipe.normalize
+        self.prompt = self.resolve_prompt(None, None)
+
+    def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str | None:
+        """The prompt before each text: ``prompt``, the checkpoint's prompt ``prompt_name``, or
+        its default one (sentence-transformers' rules; ``""`` is none)."""
+        from ..embed import ops
+
+        return ops.resolve_prompt(self.pipeline, prompt_name, prompt) or None
+
+    def finish(self, vectors: np.ndarray, dimensions: int | None, encoding_format: str) -> np.ndarray:
+        """``vectors`` as a request asks: truncated to ``dimensions`` (re-normalized when the
+        pipeline normalizes) and quantized for the int8/uint8/binary formats, as serve does."""
+        from ..embed import ops
+
+        pipe = self.pipeline
+        return ops.finish(
+            vectors,
+            dimensions,
+            encoding_format,
+            normalize=self.normalize,
+            calibration=pipe.calibration if pipe is not None else None,
+            ranges=pipe.quantization_ranges if pipe is not None else None,
+        )
 
     @staticmethod
     def pick_output(encoder: Encoder) -> tuple[str, int | None]:
@@ -413,6 +497,8 @@ class EmbeddingHead(Head):
         return [Field("embedding", "vector", self.dim, "float32")]
 
     def vector(self, out: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        if self.pipeline is not None:  # the pipeline's own vector, computed in the graph
+            return np.asarray(out.reshape(-1), dtype=np.float32)
         if out.ndim == 2:
             v = out.astype(np.float32, copy=False)
         else:
@@ -583,7 +669,7 @@ class EncoderTask(Task):
             else:
                 items.append((r.text, r.pair) if r.pair is not None else r.text)
         texts = [x for x in items if not isinstance(x, RowFailure)]
-        encoded = iter(self.encoder.encode(texts, self.options.truncate))
+        encoded = iter(self.encoder.encode(texts, self.options.truncate, self.head.prompt))
         enc: list[_Encoded | RowFailure] = [x if isinstance(x, RowFailure) else next(encoded) for x in items]
         self.last_tokens = sum(e.tokens for e in enc if isinstance(e, _Encoded))
         outs = self.encoder.infer(enc, [self.head.output])
@@ -606,23 +692,86 @@ class EncoderTask(Task):
         self.encoder.close()
 
 
+#: the fields ``--sampling`` takes: ``/v1/completions``' sampling fields, as ``ortbatch serve`` reads them
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "min_tokens",
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+)
+
+
+def job_sampling(sampling: Mapping[str, Any] | None, max_new_tokens: int) -> Any:
+    """The :class:`~ortbatch.generation.SamplingParams` of a generation job: greedy without
+    ``sampling``; else its fields read as ``ortbatch serve`` reads them in a ``/v1/completions``
+    body (the same checks and defaults: ``temperature`` 1 when not given). Raises
+    :class:`InvalidInputError` naming a field that is not one of :data:`SAMPLING_FIELDS` or a
+    value that is refused."""
+    from ..generation.sampling import SamplingParams
+
+    if sampling is None:
+        return SamplingParams(max_new_tokens=max_new_tokens)
+    if not isinstance(sampling, Mapping):
+        raise InvalidInputError("sampling must be a JSON object of sampling parameters")
+    unknown = [k for k in sampling if k not in SAMPLING_FIELDS]
+    if unknown:
+        hint = " (use --max-new-tokens)" if unknown[0] in ("max_tokens", "max_completion_tokens") else ""
+        raise InvalidInputError(
+            f"sampling: unknown parameter {str(unknown[0])[:40]!r}{hint}; a generation job takes "
+            + ", ".join(SAMPLING_FIELDS),
+            input_name=str(unknown[0]),
+        )
+    from ..serve.served.completions import parse_completion_request
+
+    doc = {**sampling, "prompt": "-", "max_tokens": max_new_tokens}
+    try:
+        return parse_completion_request(doc).params
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"sampling: {exc}", input_name=exc.input_name) from None
+
+
+def row_seed(seed: int | None, row: Row) -> int:
+    """The seed row ``row`` of a sampled generation job draws with: derived from the job's
+    ``seed`` (0 when not given) and the row's number, so a rerun or a resumed job repeats it."""
+    digest = hashlib.sha256(f"{seed or 0}\0{row.index}".encode()).hexdigest()
+    return int(digest[:16], 16)
+
+
+def open_generator(export_dir: Path, options: TaskOptions) -> Any:
+    """The :class:`~ortbatch.BatchedGenerator` a generation job runs on (one per worker)."""
+    from ..generation import BatchedGenerator
+
+    kwargs: dict[str, Any] = {"max_queue": options.max_queue, "providers": options.providers}
+    if options.cpus is not None:
+        kwargs["session_options"] = cpu_session_options(options.cpus, 1)  # one decode step at a time
+    if options.max_batch_size:
+        kwargs["max_batch_size"] = options.max_batch_size
+    return BatchedGenerator(export_dir, **kwargs)
+
+
 class GenerationTask(Task):
     """Generations through a :class:`~ortbatch.BatchedGenerator`: each window's prompts are
     queued at once (shortest first, so prefill groups similar lengths) and decoded with
-    continuous batching; greedy, ``max_new_tokens`` each. Fields: ``text``,
+    continuous batching, ``max_new_tokens`` each: greedy, or sampled with ``options.sampling``
+    (:func:`job_sampling`), each row with its own seed (:func:`row_seed`). Fields: ``text``,
     ``finish_reason``, ``prompt_tokens``, ``completion_tokens``."""
 
     kind = "generation"
 
     def __init__(self, export_dir: Path, options: TaskOptions) -> None:
-        from ..generation import BatchedGenerator
-
-        kwargs: dict[str, Any] = {"max_queue": options.max_queue, "providers": options.providers}
-        if options.cpus is not None:
-            kwargs["session_options"] = cpu_session_options(options.cpus, 1)  # one decode step at a time
-        if options.max_batch_size:
-            kwargs["max_batch_size"] = options.max_batch_size
-        self.generator = BatchedGenerator(export_dir, **kwargs)
+        self.params = job_sampling(options.sampling, options.max_new_tokens)
+        self.generator = open_generator(export_dir, options)
         self.options = options
         self.model_name = export_dir.resolve().name or "model"
 
@@ -648,7 +797,7 @@ class GenerationTask(Task):
         futures = {}
         for i in sorted(prompts, key=lambda i: (len(prompts[i]), i)):
             try:
-                futures[i] = self.generator.submit(prompts[i], self.options.max_new_tokens)
+                futures[i] = self.generator.submit(prompts[i], params=self._params(rows[i]))
             except InvalidInputError as exc:
                 kind = "too_long" if "long" in str(exc) or "context" in str(exc) else "invalid_input"
                 out[i] = RowFailure(kind, str(exc))
@@ -669,8 +818,16 @@ class GenerationTask(Task):
         self.last_tokens = tokens
         return [o if o is not None else RowFailure("inference", "no result") for o in out]
 
+    def _params(self, row: Row) -> Any:
+        if self.options.sampling is None:
+            return self.params
+        return dataclasses.replace(self.params, seed=row_seed(self.params.seed, row))
+
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "max_new_tokens": self.options.max_new_tokens}
+        described = {**super().describe(), "max_new_tokens": self.options.max_new_tokens}
+        if self.options.sampling is not None:
+            described["sampling"] = dict(self.options.sampling)
+        return described
 
     def close(self) -> None:
         self.generator.close(drain=False)

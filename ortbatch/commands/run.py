@@ -10,11 +10,15 @@ Exit status: 0 when every row succeeded; 3 when the job finished but some rows f
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, OrtBatchError
 from ._flags import PROVIDERS_HELP, positive_int, providers_arg
+
+if TYPE_CHECKING:
+    from ..bulk import RunConfig
 
 HELP = "compute an export's task for every row of JSONL/CSV/Parquet files (or an OpenAI Batch API file), resumably"
 
@@ -46,9 +50,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rows read, sorted by length and committed together as one shard (default 4096): bounds memory",
     )
     parser.add_argument("--truncate", action="store_true", help="cut over-long inputs to the model's limit")
-    parser.add_argument("--no-normalize", action="store_true", help="embeddings as pooled, not L2-normalized")
+    parser.add_argument(
+        "--no-normalize",
+        action="store_true",
+        help="embeddings as pooled, not L2-normalized (an export without a sentence-transformers pipeline; "
+        "one with a pipeline gives the pipeline's own vectors)",
+    )
     parser.add_argument("--max-batch-size", type=int, default=None, help="rows per batch (default: the export's)")
     parser.add_argument("-n", "--max-new-tokens", type=int, default=64, help="tokens per generation (default 64)")
+    parser.add_argument(
+        "--sampling",
+        default=None,
+        help="sample generations (default greedy): a JSON object of /v1/completions sampling fields, e.g. "
+        '\'{"temperature": 0.8, "top_p": 0.95, "seed": 1}\'; each row draws with a seed derived from '
+        "seed and its number",
+    )
     parser.add_argument("--providers", default=None, type=providers_arg, help=PROVIDERS_HELP)
     parser.add_argument("--restart", action="store_true", help="discard this output's shards and start over")
     parser.add_argument("--quiet", action="store_true", help="no progress, only the summary")
@@ -75,6 +91,20 @@ def _add_ray(ray: Any) -> None:
         "--ray-cpus", type=float, default=1.0, help="CPUs per worker; its ONNX Runtime threads follow (default 1)"
     )
     ray.add_argument("--ray-gpus", type=float, default=0.0, help="GPUs per worker (1: one worker per GPU)")
+
+
+def _sampling(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise RunArgumentError(
+            f'--sampling must be a JSON object, e.g. \'{{"temperature": 0.8, "seed": 1}}\', got {text[:60]!r}'
+        )
+    return value
 
 
 class RunArgumentError(OrtBatchError):
@@ -107,14 +137,33 @@ def _ray_options(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bulk import RunConfig
     from ..bulk import run as run_job
     from ._target import export_target
 
     export = export_target(args.export, need_manifest=False)
     ray = _ray_options(args)
+    try:
+        config = _config(args, ray)
+    except InvalidInputError as exc:  # a bad value of a flag: one line, exit 2
+        raise RunArgumentError(str(exc)) from None
+    try:
+        summary = run_job(export, args.input, args.output, config)
+    except InvalidInputError as exc:  # a setting the export cannot honour (rows never raise)
+        raise RunArgumentError(str(exc)) from None
+    except KeyboardInterrupt:
+        print(
+            "ortbatch run: interrupted; the committed shards are kept: rerun the same command to resume",
+            file=sys.stderr,
+        )
+        return 130
+    print(summary.describe(), file=sys.stderr)
+    return summary.exit_code
 
-    config = RunConfig(
+
+def _config(args: argparse.Namespace, ray: Any) -> RunConfig:
+    from ..bulk import RunConfig
+
+    return RunConfig(
         text_column=args.text_column,
         pair_column=args.pair_column,
         id_column=args.id_column,
@@ -130,14 +179,5 @@ def run(args: argparse.Namespace) -> int:
         progress=False if args.quiet else None,
         progress_every_s=args.progress_every,
         ray=ray,
+        sampling=_sampling(args.sampling),
     )
-    try:
-        summary = run_job(export, args.input, args.output, config)
-    except KeyboardInterrupt:
-        print(
-            "ortbatch run: interrupted; the committed shards are kept: rerun the same command to resume",
-            file=sys.stderr,
-        )
-        return 130
-    print(summary.describe(), file=sys.stderr)
-    return summary.exit_code

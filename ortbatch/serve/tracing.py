@@ -165,7 +165,7 @@ class Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from .. import __version__
+        from .._version import __version__
 
         self.endpoint = endpoint or ""
         attributes = {"service.version": __version__}

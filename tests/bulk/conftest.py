@@ -96,3 +96,32 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         timeout=120,
         check=False,
     )
+
+
+def output_bytes(out: Path) -> dict[str, bytes]:
+    """What a run leaves as its result: the part files and the errors file."""
+    names = [*sorted(p.name for p in out.iterdir() if p.name.startswith("part-")), "_errors.jsonl"]
+    return {n: (out / n).read_bytes() for n in names}
+
+
+def serve_embeddings(export: Path, body: dict[str, Any]) -> tuple[int, Any]:
+    """What ``ortbatch serve``'s ``/v1/embeddings`` answers ``body`` (status, JSON), in process."""
+    import asyncio
+
+    import httpx
+
+    from ortbatch.serve import ServedModel, create_app
+
+    model = ServedModel.load(export, name=export.name)
+    app = create_app(model)
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/v1/embeddings", json={k: v for k, v in body.items() if k != "model"})
+
+    try:
+        r = asyncio.run(go())
+    finally:
+        model.close()
+    return r.status_code, r.json()

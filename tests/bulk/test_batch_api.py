@@ -4,19 +4,17 @@ ErrorObject / BatchError) and the body equals what ``ortbatch serve`` answers.""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
 import ortbatch
 
-from .conftest import write_jsonl
+from .conftest import serve_embeddings, write_jsonl
 
 openai_types = pytest.importorskip("openai.types")
 pytest.importorskip("starlette")
@@ -53,24 +51,6 @@ LINES: list[Any] = [
 ]
 
 
-def _serve_answer(export: Path, body: dict[str, Any]) -> tuple[int, Any]:
-    from ortbatch.serve import ServedModel, create_app
-
-    model = ServedModel.load(export, name=export.name)
-    app = create_app(model)
-
-    async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.post("/v1/embeddings", json={k: v for k, v in body.items() if k != "model"})
-
-    try:
-        r = asyncio.run(go())
-    finally:
-        model.close()
-    return r.status_code, r.json()
-
-
 def test_batch_api_lines_in_the_batch_output_format_equal_to_serve(encoder: Path, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "batch.jsonl", LINES)
     summary = ortbatch.run(encoder, src, tmp_path / "out", window=3, progress=False)
@@ -89,7 +69,7 @@ def test_batch_api_lines_in_the_batch_output_format_equal_to_serve(encoder: Path
         assert body.object == "list" and len(body.data) == len(
             sent["body"]["input"] if isinstance(sent["body"]["input"], list) else [1]
         )
-        status, served = _serve_answer(encoder, sent["body"])
+        status, served = serve_embeddings(encoder, sent["body"])
         assert status == 200 and line["response"]["body"] == served
     errors = [json.loads(x) for x in (tmp_path / "out" / "_errors.jsonl").read_text().splitlines()]
     by_id = {e["custom_id"]: e for e in errors}
@@ -97,7 +77,7 @@ def test_batch_api_lines_in_the_batch_output_format_equal_to_serve(encoder: Path
     assert long_err["status_code"] == 400
     err = openai_types.shared.ErrorObject.model_validate(long_err["body"]["error"])
     assert err.code == "too_long" and "limit of 16 tokens" in err.message
-    status, served = _serve_answer(encoder, LINES[4]["body"])
+    status, served = serve_embeddings(encoder, LINES[4]["body"])
     assert status == 400  # serve refuses it too
     assert by_id["chat"]["response"]["status_code"] == 404
     bad = by_id[None]

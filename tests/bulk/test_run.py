@@ -17,17 +17,11 @@ import pytest
 import ortbatch
 from ortbatch.bulk import OutputError, RunConfig
 
-from .conftest import alone, cli, mixed_texts, write_jsonl
+from .conftest import alone, cli, mixed_texts, output_bytes, write_jsonl
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-def _output_bytes(out: Path) -> dict[str, bytes]:
-    """What a run leaves as its result: the part files and the errors file."""
-    names = [*sorted(p.name for p in out.iterdir() if p.name.startswith("part-")), "_errors.jsonl"]
-    return {n: (out / n).read_bytes() for n in names}
 
 
 def test_rows_equal_the_session_alone_in_input_order(encoder: Path, tmp_path: Path) -> None:
@@ -104,7 +98,7 @@ def reference_run(encoder: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     src = write_jsonl(root / "in.jsonl", docs)
     proc = cli(str(encoder), str(src), "-o", str(root / "out"), "--window", "8")
     assert proc.returncode == 3, proc.stderr
-    return src, _output_bytes(root / "out")
+    return src, output_bytes(root / "out")
 
 
 @pytest.mark.parametrize("point", ["1:committed", "2:computed", "2:written", "3:renamed"])
@@ -122,7 +116,7 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_bytes(
     again = cli(*args)
     assert again.returncode == 3, again.stderr
     assert f"resumed after {committed * 8} rows" in again.stderr
-    assert _output_bytes(out) == want
+    assert output_bytes(out) == want
     assert not list(out.glob(".*.tmp")) and not list((out / "_shards").glob(".*"))
 
 
@@ -138,7 +132,7 @@ def test_ctrl_c_keeps_the_committed_shards_and_a_rerun_completes_them(
     assert len(list((out / "_shards").glob("*.json"))) == 2
     again = cli(*args)
     assert again.returncode == 3 and "resumed after 16 rows" in again.stderr
-    assert _output_bytes(out) == want
+    assert output_bytes(out) == want
 
 
 @pytest.mark.parametrize("kind", ["parquet", "csv", "folder"])
@@ -159,13 +153,13 @@ def test_resume_skips_exactly_the_committed_rows_of_each_input_kind(encoder: Pat
         write_jsonl(src / "c.jsonl", [{"text": t} for t in texts[11:]])
     out = tmp_path / "out"
     ortbatch.run(encoder, src, out, window=3, progress=False)
-    want = _output_bytes(out)
+    want = output_bytes(out)
     # as after a crash once shard 1 was committed: later shards' manifests gone, their files left over
     for p in sorted((out / "_shards").glob("*.json"))[2:]:
         p.unlink()
     again = ortbatch.run(encoder, src, out, window=3, progress=False)
     assert again.resumed_rows == 6 and again.rows == 17
-    assert _output_bytes(out) == want
+    assert output_bytes(out) == want
 
 
 def test_resume_computes_only_the_windows_missing_between_committed_ones(encoder: Path, tmp_path: Path) -> None:
@@ -174,14 +168,14 @@ def test_resume_computes_only_the_windows_missing_between_committed_ones(encoder
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in mixed_texts(23, seed=8)])
     out = tmp_path / "out"
     ortbatch.run(encoder, src, out, window=4, progress=False)
-    want = _output_bytes(out)
+    want = output_bytes(out)
     for k in (1, 3, 5):  # windows 1, 3 and 5 (the short last one) were not committed
         (out / "_shards" / f"{k:06d}.json").unlink()
     (out / "part-000003.parquet").unlink()
     kept = {p.name: p.stat().st_ino for p in out.glob("part-*") if p.name[5:11] not in ("000001", "000003", "000005")}
     again = ortbatch.run(encoder, src, out, window=4, progress=False)
     assert (again.rows, again.resumed_rows, again.shards) == (23, 23 - 4 - 4 - 3, 6)
-    assert _output_bytes(out) == want
+    assert output_bytes(out) == want
     assert {name: (out / name).stat().st_ino for name in kept} == kept  # the committed ones were left alone
 
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -221,8 +222,10 @@ def test_the_driver_sigkilled_mid_job_then_rerun_gives_the_local_bytes(
 
 @inner_only
 def test_generation_and_batch_api_jobs_give_the_local_bytes(cluster: str, job: dict[str, Path], tmp_path: Path) -> None:
-    """The other kinds of job: a text-generation export (each worker owns a BatchedGenerator)
-    and an OpenAI Batch API file of embeddings lines."""
+    """The other kinds of job: a text-generation export (each worker owns a BatchedGenerator),
+    an OpenAI Batch API file of embeddings lines, and one of completion lines (greedy, seeded,
+    sampled with the line's derived seed, n choices; a chat line the export has no template
+    for) on the text-generation export."""
     pytest.importorskip("torch")
     import ortbatch
     from ortbatch.bulk import RayOptions
@@ -237,7 +240,18 @@ def test_generation_and_batch_api_jobs_give_the_local_bytes(cluster: str, job: d
     ]
     lines.insert(2, {"custom_id": "gen", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi"}})
     batch = write_jsonl(tmp_path / "batch.jsonl", lines)
-    cases = [(gpt2.export, prompts, {"max_new_tokens": 6}), (job["export"], batch, {})]
+    bodies: list[tuple[str, dict[str, Any]]] = [
+        ("completions", {"prompt": "Once upon", "max_tokens": 6, "temperature": 0}),
+        ("completions", {"prompt": "The quick", "max_tokens": 6}),
+        ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("completions", {"prompt": ["a lazy", "Héllo"], "n": 2, "max_tokens": 4, "seed": 5}),
+        ("completions", {"prompt": "Continuous", "max_tokens": 5, "top_k": 9, "seed": 1}),
+    ]
+    completions = write_jsonl(
+        tmp_path / "completions.jsonl",
+        [{"custom_id": f"g{i}", "method": "POST", "url": f"/v1/{u}", "body": b} for i, (u, b) in enumerate(bodies)],
+    )
+    cases = [(gpt2.export, prompts, {"max_new_tokens": 6}), (job["export"], batch, {}), (gpt2.export, completions, {})]
     for k, (export, src, extra) in enumerate(cases):
         common = {"window": 2, "output_format": "jsonl", "progress": False, **extra}
         local = ortbatch.run(export, src, tmp_path / f"local-{k}", **common)

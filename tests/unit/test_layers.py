@@ -26,6 +26,7 @@ GROUND = (
     "ortbatch._lifecycle",
     "ortbatch._extras",
     "ortbatch._observe",
+    "ortbatch._version",
 )
 #: what the two runtimes never import
 ABOVE_RUNTIMES = (
@@ -35,6 +36,7 @@ ABOVE_RUNTIMES = (
     "ortbatch.commands",
     "ortbatch.bench",
     "ortbatch.cli",
+    "ortbatch.bulk",
 )
 
 #: private names imported across modules in files the ``funcs`` branch rewrites
@@ -206,6 +208,20 @@ def test_http_and_grpc_never_import_each_other_nor_the_runners():
 def test_assembly_and_listen_never_import_the_runners():
     runners = (f"{SERVE}.server", f"{SERVE}.frontends", "ortbatch.ray")
     assert _crossing((f"{SERVE}.assembly", f"{SERVE}.listen"), runners) == []
+
+
+BULK = "ortbatch.bulk"
+
+
+def test_bulk_uses_serves_core_only():
+    """``ortbatch run`` answers Batch API completion lines with serve's transport-free core: it may
+    import ``serve.served`` (and so what the core imports), never serve's package itself, its
+    transports, its runners or front ends; and serve never imports bulk."""
+    into_serve = [(a, b) for a, b in edges() if _inside(a, BULK) and _inside(b, SERVE)]
+    assert [(a, b) for a, b in into_serve if not _inside(b, CORE)] == []
+    assert _crossing((SERVE,), (BULK,)) == []
+    # the rule is not empty: bulk does use the core
+    assert into_serve
 
 
 def test_no_private_name_is_imported_across_modules():

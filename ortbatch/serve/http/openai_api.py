@@ -50,6 +50,7 @@ from ...errors import InvalidInputError, ModelNotFoundError, RequestTooLargeErro
 from .. import tracing
 from ..served.answers import OpenAIAnswer, whole_pieces
 from ..served.completions import (
+    CHAT_RENDER_TIMEOUT_S,
     CompletionRequest,
     Prompts,
     compile_constraints,
@@ -79,10 +80,9 @@ from .plumbing import (
     run_or_abandon,
 )
 
+# CHAT_RENDER_TIMEOUT_S (seconds a chat template may take to render one request's messages) is the
+# core's, shared with `ortbatch run`; still exported here for those who import it from here
 __all__ = ["CHAT_RENDER_TIMEOUT_S", "completion_routes", "embedding_routes", "read_openai_body"]
-
-#: seconds a chat template may take to render one request's messages
-CHAT_RENDER_TIMEOUT_S = 2.0
 
 
 async def read_openai_body(request: Any, body: BodyLimits, model_name: str) -> dict[str, Any]:

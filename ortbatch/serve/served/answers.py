@@ -205,14 +205,27 @@ def _vllm_logprob(texts: TokenTexts, token_id: int, logprob: float, rank: int | 
 class OpenAIAnswer:
     """The JSON of one answer of ``/v1/completions`` or ``/v1/chat/completions``."""
 
-    def __init__(self, req: CompletionRequest, prompts: Prompts, texts: TokenTexts, model: str) -> None:
+    def __init__(
+        self,
+        req: CompletionRequest,
+        prompts: Prompts,
+        texts: TokenTexts,
+        model: str,
+        *,
+        ident: str | None = None,
+        created: int | None = None,
+    ) -> None:
+        """``ident`` (after ``cmpl-`` or ``chatcmpl-``; default the request's ``request_id``,
+        else random) and ``created`` (default now): given by ``ortbatch run``, whose answers
+        must be the same bytes when a job is resumed."""
         self.req, self.prompts, self.texts = req, prompts, texts
         self.chat = req.chat
         self.object = "chat.completion" if req.chat else "text_completion"
         self.chunk_object = "chat.completion.chunk" if req.chat else "text_completion"
         prefix = "chatcmpl-" if req.chat else "cmpl-"
-        ident = req.request_id or secrets.token_hex(12)
-        self.head = {"id": prefix + ident, "created": int(time.time()), "model": model}
+        ident = req.request_id or ident or secrets.token_hex(12)
+        when = int(time.time()) if created is None else created
+        self.head = {"id": prefix + ident, "created": when, "model": model}
         self._offsets: dict[int, int] = {}  # a stream's text_offset so far, per choice
         self._parsers: dict[int, ToolStreamParser] = {}  # a stream's tool calls so far, per choice
 

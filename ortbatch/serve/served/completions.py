@@ -33,6 +33,7 @@ from .model import check_texts
 from .parameters import CHAT, COMPLETIONS, Constrained, ParameterPolicy, structured_output, tool_fields
 
 __all__ = [
+    "CHAT_RENDER_TIMEOUT_S",
     "ChatPrompt",
     "CompletionRequest",
     "Prompts",
@@ -48,6 +49,8 @@ __all__ = [
     "usage",
 ]
 
+#: how long a chat template may take to render one request's messages
+CHAT_RENDER_TIMEOUT_S = 2.0
 _DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Below this a temperature is greedy decoding: dividing logits by 1e-308 overflows to
 # inf and the probabilities become NaN (vLLM draws the same line).
