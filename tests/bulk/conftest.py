@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.signals import sigint_default
+
 pytest.importorskip("tokenizers")
 pytest.importorskip("onnx")
 pytest.importorskip("pyarrow")
@@ -95,6 +97,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         text=True,
         timeout=120,
         check=False,
+        preexec_fn=sigint_default,  # the Ctrl-C tests' child must take SIGINT however the suite was started
     )
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.signals import sigint_default
+
 pytestmark = pytest.mark.export
 
 
@@ -50,6 +52,7 @@ def _interrupt_export(src: Path, target: Path, after: str) -> subprocess.Complet
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_default,  # SIGINT must not stay ignored when the suite runs in a background job
     ) as proc:
 
         def read() -> None:

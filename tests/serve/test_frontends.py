@@ -20,6 +20,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from tests.signals import sigint_default
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -300,6 +302,7 @@ def test_ctrl_c_stops_the_whole_group_without_a_traceback(tmp_path, encoder_dir)
             stderr=subprocess.STDOUT,
             cwd=REPO,
             start_new_session=True,
+            preexec_fn=sigint_default,  # SIGINT must not stay ignored when the suite runs in a background job
         )
     try:
         deadline = time.monotonic() + 60
