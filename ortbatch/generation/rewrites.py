@@ -33,6 +33,10 @@ the unmodified graph to float rounding. A model whose weights live in external d
 rewritten too: only its graph is loaded, and the rewritten graph is written to a temporary
 file beside the original (ONNX Runtime only reads external data from the model's own
 directory), to be removed with :meth:`RewrittenGraph.close` once a session has loaded it.
+A model with its weights inline is written to a temporary file too (beside the original, or
+in the system's temporary directory), a piece at a time (:func:`write_model`): serialized to
+``bytes`` it would cost three times its size while loading, and ``onnxruntime`` keeps a
+session's model bytes for as long as the session lives (a second copy of the weights).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .gqa import IN_PLACE_KV, CacheSpec, NotRewritable, rewrite_in_place
 
@@ -55,6 +59,7 @@ __all__ = [
     "RewrittenGraph",
     "check_in_place",
     "rewrite_decoder",
+    "write_model",
 ]
 
 log = logging.getLogger("ortbatch")
@@ -68,6 +73,8 @@ _INT64_MAX = 2**63 - 1
 # Initializers above this many elements become plain inputs in the copy that shape
 # inference reads (it only needs their shapes; copying the weights costs seconds).
 _SMALL_INITIALIZER = 4096
+# write_model writes initializers over this size one at a time, smaller ones in groups.
+_PIECE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -75,19 +82,24 @@ class RewrittenGraph:
     """A rewritten model, ready for ``onnxruntime.InferenceSession``."""
 
     model: bytes | str
-    """The serialized ``ModelProto``, or for a model with external data the path of the
-    rewritten graph, a temporary file beside the original (see :meth:`close`)."""
+    """The path of the rewritten graph, a temporary file (see :meth:`close`), or where no
+    file could be written, the serialized ``ModelProto``."""
     rewrites: dict[str, int] = field(default_factory=dict)
     """Each rewrite applied and how many places it changed (e.g. one per layer)."""
     not_in_place: str = ""
     """Why the in-place KV cache rewrite, when asked for, did not apply (empty when it did)."""
+    folder: str = ""
+    """A temporary folder made to hold :attr:`model` alone, removed with it (empty: none)."""
 
     def close(self) -> None:
-        """Remove the temporary graph file, if any; call once the session is created
-        (ONNX Runtime does not read the graph file again)."""
+        """Remove the temporary graph file (and its folder), if any; call once the session
+        is created (ONNX Runtime does not read the graph file again)."""
         if isinstance(self.model, str):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.model)
+        if self.folder:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.folder)
 
     def __enter__(self) -> RewrittenGraph:
         return self
@@ -144,17 +156,172 @@ def rewrite_decoder(
         return None
     if not done:
         return None
-    if not external:
-        return RewrittenGraph(bytes(model.SerializeToString()), done, not_in_place)
-    # External data locations are relative to the graph file: write it beside the original.
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.ortbatch-", suffix=".onnx", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-    except OSError as exc:
-        log.info("cannot write a rewritten graph beside %s (%s): it runs as it is", path, exc)
+    # External data locations are relative to the graph file: only beside the original will
+    # do. A graph with its weights inline goes there too (usually a disk, where the system's
+    # temporary directory may be memory), else to that temporary directory, else to bytes.
+    places = [path.parent] if external else [path.parent, None]
+    for place in places:
+        try:
+            tmp, folder = _write_temporary(model, path, place, external)
+            return RewrittenGraph(tmp, done, not_in_place, folder)
+        except OSError as exc:
+            log.info("cannot write a rewritten graph to %s (%s)", place or tempfile.gettempdir(), exc)
+    if external:
+        log.info("%s: the rewritten graph could not be written beside its data: it runs as it is", path)
         return None
-    return RewrittenGraph(tmp, done, not_in_place)
+    return RewrittenGraph(model.SerializeToString(), done, not_in_place)
+
+
+def _write_temporary(model: Any, path: Path, place: Path | None, external: bool) -> tuple[str, str]:
+    """Write ``model`` to a new temporary file in ``place`` (``None``: the system's temporary
+    directory), a piece at a time (:func:`write_model`); returns its path and the folder
+    made for it (``""``: none).
+
+    A graph with inline weights is written under the original's own file name, in a folder
+    of its own: TensorRT's engine cache keys a graph by its file name, which must not change
+    from one load to the next. One with external data must sit beside that data: a file of
+    its own name there."""
+    prefix = f".{path.stem}.ortbatch-"
+    if external:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".onnx", dir=place)
+        folder = ""
+        os.close(fd)
+    else:
+        folder = tempfile.mkdtemp(prefix=prefix, dir=place)
+        tmp = os.path.join(folder, path.name)
+    try:
+        with open(tmp, "wb") as f:
+            write_model(model, f)
+    except BaseException:
+        RewrittenGraph(tmp, folder=folder).close()
+        raise
+    return tmp, folder
+
+
+def write_model(model: Any, file: BinaryIO) -> None:
+    """Write ``model`` (an ``onnx.ModelProto``) to ``file`` as ``SerializeToString`` would,
+    one piece at a time, so that no buffer holds the whole model.
+
+    Serializing a model in one call costs about three times its size on top of the model
+    (protobuf grows its buffer by doubling, then copies it into a ``bytes``): 2.4 GB for
+    GPT-2 small's 650 MB, the peak of loading a generator. Written in pieces (the model
+    without its graph, the graph without its initializers, then the initializers in their
+    order, each large one alone) it costs about the largest weight. Protobuf merges
+    a message field met more than once and appends to repeated fields, so the file parses
+    back to an equal model (``onnx.load(file) == model``).
+    """
+    graph_field = type(model).DESCRIPTOR.fields_by_name["graph"]
+    initializer_field = type(model.graph).DESCRIPTOR.fields_by_name["initializer"]
+    if not model.HasField("graph"):
+        file.write(model.SerializeToString())
+        return
+
+    def message_field(number: int, payload_size: int) -> bytes:
+        return _varint(number << 3 | 2) + _varint(payload_size)
+
+    def graph_piece(payload: bytes) -> None:
+        file.write(message_field(graph_field.number, len(payload)))
+        file.write(payload)
+
+    head = _copy_without(model, graph_field.name)
+    file.write(head.SerializeToString())
+    graph_piece(_copy_without(model.graph, initializer_field.name).SerializeToString())
+    small: list[bytes] = []  # consecutive small initializers, written as one piece
+    small_bytes = 0
+
+    def flush() -> None:
+        nonlocal small_bytes
+        if small:
+            graph_piece(b"".join(small))
+            small.clear()
+            small_bytes = 0
+
+    for tensor in model.graph.initializer:
+        # Not tensor.ByteSize(): protobuf's Python binding serializes the tensor to count it.
+        if _data_bytes(tensor) <= _PIECE_BYTES:
+            data = tensor.SerializeToString()
+            small.append(message_field(initializer_field.number, len(data)) + data)
+            small_bytes += len(small[-1])
+            if small_bytes > _PIECE_BYTES:
+                flush()
+            continue
+        flush()
+        # A graph piece holding this one initializer; the weights are freed before the next.
+        pieces = _tensor_pieces(tensor)
+        size = sum(map(len, pieces))
+        inner = message_field(initializer_field.number, size)
+        pieces[:0] = [message_field(graph_field.number, len(inner) + size), inner]
+        file.writelines(pieces)
+        del pieces
+    flush()
+
+
+def _data_bytes(tensor: Any) -> int:
+    """How many bytes ``tensor``'s elements take (an estimate: 8 per element of a type numpy
+    does not size), without reading them."""
+    import numpy as np
+    from onnx import helper
+
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        itemsize = 8
+    return math.prod(tensor.dims) * max(itemsize, 1)
+
+
+def _tensor_pieces(tensor: Any) -> list[bytes]:
+    """``tensor`` serialized as consecutive pieces: its fields but ``raw_data``, then
+    ``raw_data`` itself, so that the weights are copied once (``tensor.SerializeToString()``
+    holds them about four times over while it runs); a tensor without ``raw_data`` whole."""
+    raw_field = type(tensor).DESCRIPTOR.fields_by_name["raw_data"]
+    if not tensor.HasField(raw_field.name):
+        return [tensor.SerializeToString()]
+    raw = tensor.raw_data
+    head = _varint(raw_field.number << 3 | 2) + _varint(len(raw))
+    return [_copy_without(tensor, raw_field.name).SerializeToString(), head, raw]
+
+
+def _copy_without(message: Any, skipped: str) -> Any:
+    """A new message of ``message``'s type with every set field but ``skipped`` copied."""
+    copy = type(message)()
+    for descriptor in message.DESCRIPTOR.fields:  # not ListFields(): it would read ``skipped`` too
+        if descriptor.name == skipped or not _is_set(message, descriptor):
+            continue
+        value = getattr(message, descriptor.name)
+        if _is_repeated(descriptor):
+            getattr(copy, descriptor.name).extend(value)
+        elif descriptor.message_type is not None:
+            getattr(copy, descriptor.name).CopyFrom(value)
+        else:
+            setattr(copy, descriptor.name, value)
+    return copy
+
+
+def _is_set(message: Any, descriptor: Any) -> bool:
+    if _is_repeated(descriptor):
+        return len(getattr(message, descriptor.name)) > 0
+    try:
+        return bool(message.HasField(descriptor.name))
+    except ValueError:  # a proto3 scalar without presence: set when not the default
+        return bool(getattr(message, descriptor.name) != descriptor.default_value)
+
+
+def _is_repeated(descriptor: Any) -> bool:
+    if hasattr(type(descriptor), "is_repeated"):  # protobuf >= 6.31, where ``label`` is deprecated
+        return bool(descriptor.is_repeated)
+    return bool(descriptor.label == descriptor.LABEL_REPEATED)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
 
 
 def check_in_place(model_path: str | Path, spec: CacheSpec) -> str:

@@ -4,11 +4,20 @@ must not, and that a rewritten graph computes what the export computes."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from ortbatch.generation.rewrites import ATTENTION_SCALE, IN_PLACE_KV, LAST_POSITION_LOGITS, rewrite_decoder
+from ortbatch.generation import rewrites as rewrites_module
+from ortbatch.generation.rewrites import (
+    ATTENTION_SCALE,
+    IN_PLACE_KV,
+    LAST_POSITION_LOGITS,
+    RewrittenGraph,
+    rewrite_decoder,
+    write_model,
+)
 
 from .conftest import TinyModel
 
@@ -57,7 +66,8 @@ def test_one_element_scale_moves_after_the_scores(tmp_path: Path, scale: np.ndar
     path = _scores_graph(tmp_path / "m.onnx", scale)
     rewritten = rewrite_decoder(path, last_position=False)
     assert rewritten is not None and rewritten.rewrites == {ATTENTION_SCALE: 1}
-    nodes = onnx.load_from_string(rewritten.model).graph.node
+    assert isinstance(rewritten.model, str)
+    nodes = onnx.load(rewritten.model).graph.node
     assert [n.op_type for n in nodes] == ["Transpose", "MatMul", "Mul"]  # topologically sorted
     rs = np.random.RandomState(0)
     feed = {"q": rs.randn(B, H, 1, D).astype(np.float32), "k": rs.randn(B, H, S, D).astype(np.float32)}
@@ -252,3 +262,162 @@ def test_in_place_graph_that_does_not_load_falls_back_to_the_other_rewrites(
         assert list(gen.generate([5, 6, 7], 6).token_ids) == tiny_gpt2.reference([5, 6, 7], 6)
     with pytest.raises(ModelContractError, match="did not load"):
         BatchedGenerator(tiny_gpt2.export, kv_cache="in-place")
+
+
+# -- how the rewritten graph reaches ONNX Runtime ----------------------------------------------
+
+
+def _weights_model(sizes: list[int]) -> Any:
+    """``y = x + w0 + w1 + ...`` with one float32 weight of each size (elements), in that
+    order, and the fields of a real export around them (metadata, a doc string, opsets)."""
+    rs = np.random.RandomState(0)
+    weights = [numpy_helper.from_array(rs.randn(n).astype(np.float32), f"w{i}") for i, n in enumerate(sizes)]
+    names = ["x"] + [w.name for w in weights]
+    nodes = [helper.make_node("Sum", names, ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [max(sizes)])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [max(sizes)])],
+        initializer=weights,
+        doc_string="a graph",
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests")
+    model.ir_version = 8
+    helper.set_model_props(model, {"origin": "test_rewrites"})
+    return model
+
+
+@pytest.mark.parametrize("piece", [1 << 30, 1000, 1])
+def test_write_model_parses_back_to_the_same_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int) -> None:
+    """Written a piece at a time (every initializer alone, small ones grouped, or the whole
+    graph in one piece), the file is the same model: equal messages, initializers in their
+    order, and the same answers from ONNX Runtime."""
+    monkeypatch.setattr(rewrites_module, "_PIECE_BYTES", piece)
+    sizes = [1, 4000, 1, 1, 1, 4000, 1]  # large and small weights in turn (Sum broadcasts the 1s)
+    model = _weights_model(sizes)
+    path = tmp_path / "m.onnx"
+    with open(path, "wb") as f:
+        write_model(model, f)
+    back = onnx.load(str(path))
+    assert back == model
+    assert [t.name for t in back.graph.initializer] == [f"w{i}" for i in range(len(sizes))]
+    x = np.arange(4000, dtype=np.float32)
+    np.testing.assert_array_equal(_run(str(path), {"x": x})[0], _run(model.SerializeToString(), {"x": x})[0])
+
+
+_WRITE_PEAK = """
+import sys
+from pathlib import Path
+import onnx
+from ortbatch.generation.rewrites import write_model
+model = onnx.load(sys.argv[1])
+def rss(field):
+    return next(int(l.split()[1]) for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field))
+try:
+    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts again from here
+except OSError:
+    print("unmeasurable"); sys.exit()
+before = rss("VmRSS:")
+if sys.argv[2] == "pieces":
+    with open(sys.argv[3], "wb") as f:
+        write_model(model, f)
+else:
+    data = model.SerializeToString()
+print((rss("VmHWM:") - before) * 1024)
+"""
+
+
+def test_write_model_never_holds_the_whole_model(tmp_path: Path) -> None:
+    """The point of writing in pieces: serializing a model in one call costs more than its
+    own size again in memory (protobuf's growing buffer, then a copy into ``bytes``); pieces
+    cost about the largest weight. Six weights of 24 MB each, in a fresh process."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_weights_model([6 << 20] * 6), str(path))
+    size = path.stat().st_size
+
+    def peak(how: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", _WRITE_PEAK, str(path), how, str(tmp_path / "w.onnx")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        if out == "unmeasurable":
+            pytest.skip("this kernel does not let a process reset its peak RSS")
+        return int(out)
+
+    whole, pieces = peak("whole"), peak("pieces")
+    assert whole > size  # what the test guards against is measurable here
+    assert pieces < size / 4, f"writing in pieces raised the peak by {pieces / 2**20:.0f} MiB"
+    assert onnx.load(str(tmp_path / "w.onnx")) == onnx.load(str(path))
+
+
+def test_inline_model_is_written_under_its_own_name_and_removed(tiny_gpt2: TinyModel) -> None:
+    """A rewritten graph with inline weights is a file, not bytes (ONNX Runtime would keep the
+    bytes for the session's life), named as the original (TensorRT's engine cache keys a graph
+    by its file name), in a folder of its own beside the export; closing removes both."""
+    export = tiny_gpt2.export
+    before = sorted(p.name for p in export.iterdir())
+    rewritten = rewrite_decoder(export / "model.onnx")
+    assert rewritten is not None and isinstance(rewritten.model, str)
+    graph = Path(rewritten.model)
+    assert graph.name == "model.onnx" and graph.parent.parent == export and graph.parent == Path(rewritten.folder)
+    with rewritten:
+        ort.InferenceSession(rewritten.model, providers=["CPUExecutionProvider"])
+    assert sorted(p.name for p in export.iterdir()) == before
+
+
+def test_where_the_rewritten_graph_goes_when_the_export_folder_is_read_only(
+    tiny_gpt2: TinyModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside the export when that folder can be written; else in the system's temporary
+    directory; else bytes, so that a read-only model folder still gets its rewrites. A
+    model with external data can only be rewritten beside it (covered above)."""
+    export = tiny_gpt2.export
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(rewrites_module.tempfile, "tempdir", str(system_tmp))
+    real_mkdtemp = rewrites_module.tempfile.mkdtemp
+    refused: set[str] = {str(export)}
+
+    def mkdtemp(prefix: str = "", dir: str | Path | None = None) -> str:
+        if str(dir if dir is not None else system_tmp) in refused:
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real_mkdtemp(prefix=prefix, dir=dir)
+
+    monkeypatch.setattr(rewrites_module.tempfile, "mkdtemp", mkdtemp)
+    rewritten = rewrite_decoder(export / "model.onnx")
+    assert rewritten is not None and isinstance(rewritten.model, str)
+    assert Path(rewritten.model).parent.parent == system_tmp
+    rewritten.close()
+    assert list(system_tmp.iterdir()) == []
+
+    refused.add(str(system_tmp))
+    rewritten = rewrite_decoder(export / "model.onnx")
+    assert rewritten is not None and isinstance(rewritten.model, bytes)
+    assert rewritten.rewrites == {LAST_POSITION_LOGITS: 1, ATTENTION_SCALE: 2}
+    assert onnx.load_from_string(rewritten.model).graph.node  # a whole model
+    rewritten.close()  # nothing to remove
+
+
+def test_a_failed_write_leaves_nothing_behind(tiny_gpt2: TinyModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails half way (a full disk) removes its partial file and folder, and the
+    next place is tried."""
+    export = tiny_gpt2.export
+    before = sorted(p.name for p in export.iterdir())
+    calls = []
+
+    def full_disk(model: Any, file: Any) -> None:
+        calls.append(file.name)
+        file.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rewrites_module, "write_model", full_disk)
+    rewritten = rewrite_decoder(export / "model.onnx")
+    assert isinstance(rewritten, RewrittenGraph) and isinstance(rewritten.model, bytes)  # the last resort
+    assert len(calls) == 2 and all(not Path(c).exists() and not Path(c).parent.exists() for c in calls)
+    assert sorted(p.name for p in export.iterdir()) == before
