@@ -211,28 +211,25 @@ def write_model(model: Any, file: BinaryIO) -> None:
     back to an equal model (``onnx.load(file) == model``).
     """
     graph_field = type(model).DESCRIPTOR.fields_by_name["graph"]
-    initializer_field = type(model.graph).DESCRIPTOR.fields_by_name["initializer"]
-    if not model.HasField("graph"):
+    initializer = type(model.graph).DESCRIPTOR.fields_by_name["initializer"].number
+    if not model.HasField(graph_field.name):
         file.write(model.SerializeToString())
         return
 
-    def message_field(number: int, payload_size: int) -> bytes:
-        return _varint(number << 3 | 2) + _varint(payload_size)
+    def graph_piece(parts: list[bytes]) -> None:
+        """A graph message made of ``parts``, as a piece of the model."""
+        file.write(_field_head(graph_field.number, sum(map(len, parts))))
+        file.writelines(parts)
 
-    def graph_piece(payload: bytes) -> None:
-        file.write(message_field(graph_field.number, len(payload)))
-        file.write(payload)
-
-    head = _copy_without(model, graph_field.name)
-    file.write(head.SerializeToString())
-    graph_piece(_copy_without(model.graph, initializer_field.name).SerializeToString())
+    file.write(_copy_without(model, graph_field.name).SerializeToString())
+    graph_piece([_copy_without(model.graph, "initializer").SerializeToString()])
     small: list[bytes] = []  # consecutive small initializers, written as one piece
     small_bytes = 0
 
     def flush() -> None:
         nonlocal small_bytes
         if small:
-            graph_piece(b"".join(small))
+            graph_piece(small)
             small.clear()
             small_bytes = 0
 
@@ -240,18 +237,15 @@ def write_model(model: Any, file: BinaryIO) -> None:
         # Not tensor.ByteSize(): protobuf's Python binding serializes the tensor to count it.
         if _data_bytes(tensor) <= _PIECE_BYTES:
             data = tensor.SerializeToString()
-            small.append(message_field(initializer_field.number, len(data)) + data)
-            small_bytes += len(small[-1])
+            small += [_field_head(initializer, len(data)), data]
+            small_bytes += len(data)
             if small_bytes > _PIECE_BYTES:
                 flush()
             continue
         flush()
-        # A graph piece holding this one initializer; the weights are freed before the next.
+        # A piece of its own; its weights are freed before the next tensor's are read.
         pieces = _tensor_pieces(tensor)
-        size = sum(map(len, pieces))
-        inner = message_field(initializer_field.number, size)
-        pieces[:0] = [message_field(graph_field.number, len(inner) + size), inner]
-        file.writelines(pieces)
+        graph_piece([_field_head(initializer, sum(map(len, pieces))), *pieces])
         del pieces
     flush()
 
@@ -266,7 +260,7 @@ def _data_bytes(tensor: Any) -> int:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
     except (KeyError, TypeError, ValueError):
         itemsize = 8
-    return math.prod(tensor.dims) * max(itemsize, 1)
+    return math.prod(tensor.dims) * itemsize
 
 
 def _tensor_pieces(tensor: Any) -> list[bytes]:
@@ -277,8 +271,7 @@ def _tensor_pieces(tensor: Any) -> list[bytes]:
     if not tensor.HasField(raw_field.name):
         return [tensor.SerializeToString()]
     raw = tensor.raw_data
-    head = _varint(raw_field.number << 3 | 2) + _varint(len(raw))
-    return [_copy_without(tensor, raw_field.name).SerializeToString(), head, raw]
+    return [_copy_without(tensor, raw_field.name).SerializeToString(), _field_head(raw_field.number, len(raw)), raw]
 
 
 def _copy_without(message: Any, skipped: str) -> Any:
@@ -300,16 +293,18 @@ def _copy_without(message: Any, skipped: str) -> Any:
 def _is_set(message: Any, descriptor: Any) -> bool:
     if _is_repeated(descriptor):
         return len(getattr(message, descriptor.name)) > 0
-    try:
-        return bool(message.HasField(descriptor.name))
-    except ValueError:  # a proto3 scalar without presence: set when not the default
-        return bool(getattr(message, descriptor.name) != descriptor.default_value)
+    return bool(message.HasField(descriptor.name))  # ONNX's messages are proto2: every field has presence
 
 
 def _is_repeated(descriptor: Any) -> bool:
     if hasattr(type(descriptor), "is_repeated"):  # protobuf >= 6.31, where ``label`` is deprecated
         return bool(descriptor.is_repeated)
     return bool(descriptor.label == descriptor.LABEL_REPEATED)
+
+
+def _field_head(number: int, size: int) -> bytes:
+    """The wire-format head of length-delimited field ``number`` whose payload is ``size`` bytes."""
+    return _varint(number << 3 | 2) + _varint(size)
 
 
 def _varint(value: int) -> bytes:
