@@ -129,6 +129,11 @@ class ModeResult:
     load_peak_rss_mb: float | None = None  # high-water mark before serving (loading the model, for continuous modes)
     serve_cpu_s: float = 0.0  # this process's CPU time while serving only (no model loading)
     kv_cache: str = ""
+    # the generator's own counters (continuous modes): steps, live rows and the time in graph runs
+    decode_steps: int = 0
+    mean_decode_rows: float = 0.0
+    decode_time_s: float = 0.0
+    prefill_time_s: float = 0.0
     note: str = ""
     outputs_sha256: str = ""
     outputs: list[list[int]] = field(default_factory=list, repr=False)
@@ -434,6 +439,8 @@ def run_continuous(
     result = _summarise(mode, wall, [list(r.token_ids) for r in results], ttft, done, note=note)
     result.peak_rss_mb, result.load_peak_rss_mb, result.kv_cache = peak, load_peak, kv_cache
     result.serve_cpu_s = serve_cpu
+    result.decode_steps, result.mean_decode_rows = stats.decode_steps, stats.mean_decode_rows
+    result.decode_time_s, result.prefill_time_s = stats.decode_time_s, stats.prefill_time_s
     return result
 
 
@@ -566,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--providers", default="cpu", help="cpu, cuda, ... for every mode (default cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--save-outputs", action="store_true", help="each mode's generated token ids in the JSON (to compare peers)"
+    )
     p.add_argument("--markdown", type=Path)
     args = p.parse_args(argv)
 
@@ -646,7 +656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         payload = {
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "results": [{k: v for k, v in asdict(r).items() if k != "outputs"} for r in results],
+            "results": [{k: v for k, v in asdict(r).items() if k != "outputs" or args.save_outputs} for r in results],
             "skipped": skipped,
         }
         args.json.write_text(json.dumps(payload, indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import sys
@@ -44,11 +45,15 @@ def test_modes_agree_and_report(bench, fake_dir: Path, tmp_path: Path, no_thread
             str(out_json),
             "--markdown",
             str(out_md),
+            "--save-outputs",
         ]
     )
     assert rc == 0
     data = json.loads(out_json.read_text())
     modes = {r["mode"]: r for r in data["results"]}
+    for r in modes.values():  # --save-outputs: the tokens whose digest outputs_sha256 is (to compare peers)
+        assert len(r["outputs"]) == 10 and sum(map(len, r["outputs"])) == r["tokens"]
+        assert hashlib.sha256(json.dumps(r["outputs"]).encode()).hexdigest() == r["outputs_sha256"]
     assert set(modes) == {"sequential", "static", "continuous", "continuous-logprobs", "continuous-export-graph"}
     assert all(r["same_as_sequential"] == 10 for r in modes.values())
     assert len({r["tokens"] for r in modes.values()}) == 1
@@ -74,6 +79,7 @@ def test_baselines_on_the_rewritten_graph(bench, tiny_gpt2, tmp_path: Path, no_t
     )
     assert rc == 0
     results = {r["mode"]: r for r in json.loads(out_json.read_text())["results"]}
+    assert not any("outputs" in r for r in results.values())  # only with --save-outputs
     assert all(r["same_as_sequential"] == 6 for r in results.values())
     assert len({r["outputs_sha256"] for r in results.values()}) == 1
     rewritten = "graph rewrites: attention-scale-after-scores, last-position-logits"
@@ -86,3 +92,35 @@ def test_baselines_on_the_rewritten_graph(bench, tiny_gpt2, tmp_path: Path, no_t
     assert "graph rewrites: none" in results["continuous-export-graph"]["note"]
     text = out_md.read_text()
     assert "continuous / continuous-concat: tokens/s" in text and "same tokens 6/6" in text
+
+
+def test_decode_floor_bounds_a_run(bench, tiny_gpt2, tmp_path: Path, no_thread_leak: None) -> None:
+    """benchmarks/decode_floor.py charges a run's decode steps at the free-cache step time: a
+    ceiling on tokens/s that the run itself cannot be far above (only timing noise: the floor
+    is measured separately), and refuses runs of different workloads."""
+    run = tmp_path / "run.json"
+    common = ["--model", str(tiny_gpt2.export), "--requests", "6", "--prompt-lengths", "3-9", "--new-tokens", "4-9"]
+    assert bench.main([*common, "--max-batch-size", "3", "--modes", "continuous", "--json", str(run)]) == 0
+    stats = json.loads(run.read_text())["results"][0]
+    assert stats["decode_steps"] > 0 and 0 < stats["mean_decode_rows"] <= 3
+    assert stats["decode_time_s"] > 0 and stats["prefill_time_s"] > 0
+
+    spec = importlib.util.spec_from_file_location("ortbatch_decode_floor", ROOT / "benchmarks" / "decode_floor.py")
+    assert spec is not None and spec.loader is not None
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    out = tmp_path / "floor.json"
+    args = ["--export", str(tiny_gpt2.export), "--new", str(run), "--old", str(run), "--rows", "1,2,3", "--reps", "3"]
+    assert floor.main([*args, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["export_graph_step_ms"]) == {"1", "2", "3"} and result["generator_step_ms"]
+    assert result["free_cache_decode_s"] == pytest.approx(stats["decode_steps"] * result["free_cache_step_ms"] / 1e3)
+    assert result["ceiling_tokens_per_s"] == pytest.approx(
+        stats["tokens"] / (stats["prefill_time_s"] + result["free_cache_decode_s"])
+    )
+    other = tmp_path / "other.json"
+    data = json.loads(run.read_text())
+    data["results"][0]["tokens"] += 1
+    other.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="not the same workload"):
+        floor.main([*args[:4], "--old", str(other)])
