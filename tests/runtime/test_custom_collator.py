@@ -4,6 +4,7 @@ request, padded to the batch's largest with a mask the model honours."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from ortbatch import BatchedSession, Collator, InvalidInputError
 from ortbatch.runtime import Prepared
 from tests.models import image_mean_model
+from tests.runtime.helpers import GatedSession
 
 
 class ImageCollator(Collator):
@@ -41,6 +43,11 @@ class ImageCollator(Collator):
 
 
 def test_custom_collator_images_of_different_sizes(tmp_path):
+    """Eight client threads, 300 images of different sizes: each gets its own image's mean.
+    The first batch is held at a gate until every client has a request queued, so images of
+    different sizes are padded into one batch however the threads are scheduled."""
+    import onnxruntime as ort
+
     path = image_mean_model(tmp_path / "img.onnx")
     rng = np.random.default_rng(0)
     images = [
@@ -48,21 +55,38 @@ def test_custom_collator_images_of_different_sizes(tmp_path):
         for _ in range(300)
     ]
     results: list = [None] * len(images)
-    with BatchedSession(str(path), collator=ImageCollator(), max_batch_size=16) as bs:
+    errors: list[BaseException] = []
+    gated = GatedSession(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
+    with BatchedSession(gated, collator=ImageCollator(), max_batch_size=16, workers=1) as bs:
+        first = bs.submit({"image": images[0]}, ["mean"])
+        assert gated.entered.wait(30)  # the worker holds image 0 at the gate
 
         def client(k: int) -> None:
-            for i in range(k, len(images), 8):
-                results[i] = bs.run(["mean"], {"image": images[i]})[0]
+            try:
+                for i in range(1 + k, len(images), 8):
+                    results[i] = bs.run(["mean"], {"image": images[i]})[0]
+            except BaseException as exc:  # asserted in the main thread
+                errors.append(exc)
 
         threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + 30
+        while bs.stats().queued < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)  # polls a state the clients reach; no timing assumption
+        assert bs.stats().queued == 8
+        gated.gate.set()
+        results[0] = first.result(30)[0]
         for t in threads:
             t.join(60)
         stats = bs.stats()
         with pytest.raises(InvalidInputError, match="image"):
             bs.run(None, {"image": np.zeros((4, 4), np.uint8)})
+    assert not errors, errors[:3]
     for img, got in zip(images, results, strict=True):
         want = img.reshape(-1, 3).mean(axis=0) / 255.0
         np.testing.assert_allclose(got, want, rtol=1e-5)
-    assert stats.batches < len(images)
+    assert stats.completed == len(images) and stats.batches < len(images)
+    # the 8 images queued behind the gate ran together (at least two of them in one batch),
+    # padded to the largest and masked
+    assert any(b["pixels"].shape[0] >= 2 and 0 < b["mask"].mean() < 1 for b in gated.batches[1:])
