@@ -341,6 +341,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("bench-bulk"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))  # the checks and --engine-rounds use ortbatch in this process too
 
     import pyarrow as pa
     import pyarrow.parquet as pq
