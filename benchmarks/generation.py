@@ -139,6 +139,12 @@ class ModeResult:
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
 
+def outputs_sha256(outputs: list[list[int]]) -> str:
+    """The digest of every request's generated token ids, in request order: equal digests, equal tokens.
+    benchmarks/vllm_cpu.py reports vLLM's with this same function, so the two compare."""
+    return hashlib.sha256(json.dumps(outputs).encode()).hexdigest()
+
+
 def _summarise(
     mode: str, wall: float, outputs: list[list[int]], ttft: list[float], done: list[float], note: str = ""
 ) -> ModeResult:
@@ -149,7 +155,7 @@ def _summarise(
         tokens=tokens,
         tokens_per_s=tokens / wall,
         ttft_mean_s=float(np.mean(ttft)),
-        outputs_sha256=hashlib.sha256(json.dumps(outputs).encode()).hexdigest(),
+        outputs_sha256=outputs_sha256(outputs),
         ttft_p50_s=float(np.percentile(ttft, 50)),
         ttft_p99_s=float(np.percentile(ttft, 99)),
         latency_p50_s=float(np.percentile(done, 50)),

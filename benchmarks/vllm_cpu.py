@@ -24,7 +24,6 @@ the engine in this process.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generation import PRESETS, Workload, _range  # numpy and the standard library only
+from generation import PRESETS, Workload, _range, outputs_sha256  # numpy and the standard library only
 
 
 def main() -> int:
@@ -87,7 +86,7 @@ def main() -> int:
         "tokens": tokens,
         "tokens_per_s": tokens / wall,
         "ttft_mean_s": float(np.mean(ttft)) if len(ttft) == len(outs) else None,
-        "outputs_sha256": hashlib.sha256(json.dumps(outputs).encode()).hexdigest(),
+        "outputs_sha256": outputs_sha256(outputs),
         "load_average": os.getloadavg()[0],
     }
     if args.compare:

@@ -124,3 +124,17 @@ def test_decode_floor_bounds_a_run(bench, tiny_gpt2, tmp_path: Path, no_thread_l
     other.write_text(json.dumps(data))
     with pytest.raises(SystemExit, match="not the same workload"):
         floor.main([*args[:4], "--old", str(other)])
+
+
+def test_vllm_script_reports_with_the_same_digest(bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    # benchmarks/vllm_cpu.py (run in a vLLM venv, not here) imports without vLLM and digests
+    # its tokens with generation.py's function, so equal digests mean equal tokens across the two
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("ortbatch_vllm_bench", ROOT / "benchmarks" / "vllm_cpu.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    outputs = [[5, 7, 9], [], [11]]
+    want = hashlib.sha256(json.dumps(outputs).encode()).hexdigest()
+    assert module.outputs_sha256(outputs) == want == bench.outputs_sha256(outputs)
+    assert "vllm" not in sys.modules
