@@ -38,6 +38,7 @@ soft cap, an ALiBi bias the mask does not come from, a sliding window) does not 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,12 +47,14 @@ __all__ = [
     "CAPACITY_DIM",
     "IN_PLACE_KV",
     "LAST_INDEX",
+    "MIN_ONNXRUNTIME",
     "QUERY_LENGTHS",
     "SEQLENS_K",
     "TOTAL_LENGTH",
     "CacheSpec",
     "NotRewritable",
     "cache_spec",
+    "onnxruntime_too_old",
     "rewrite_in_place",
 ]
 
@@ -64,6 +67,22 @@ CAPACITY_DIM = "cache_capacity"
 
 _REPEATS = ("Unsqueeze", "Expand", "Reshape")
 _PREFIX = "ortbatch_gqa"
+
+
+#: The first onnxruntime whose ``GroupQueryAttention`` takes ``query_seqlens`` (its 17th
+#: input, which the rewrite uses); 1.31's schema stops at 16 and refuses the graph.
+MIN_ONNXRUNTIME = (1, 32)
+
+
+def onnxruntime_too_old(version: str) -> str:
+    """Why ``version`` of onnxruntime cannot run the rewritten graph (``""``: it can)."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found and (int(found[1]), int(found[2])) >= MIN_ONNXRUNTIME:
+        return ""
+    need = ".".join(map(str, MIN_ONNXRUNTIME))
+    return (
+        f"the in-place cache needs onnxruntime >= {need} (GroupQueryAttention's query_seqlens input); this is {version}"
+    )
 
 
 class NotRewritable(Exception):

@@ -32,7 +32,16 @@ from .._ort import CPU, build_session, device_of, resolve_providers
 from .._ort.trt import check_generation_profiles
 from ..errors import InferenceError, ModelContractError, ModelLoadError, OrtBatchError, map_ort_error
 from .cache import KVCache, SlotCache
-from .gqa import LAST_INDEX, QUERY_LENGTHS, SEQLENS_K, TOTAL_LENGTH, CacheSpec, NotRewritable, cache_spec
+from .gqa import (
+    LAST_INDEX,
+    QUERY_LENGTHS,
+    SEQLENS_K,
+    TOTAL_LENGTH,
+    CacheSpec,
+    NotRewritable,
+    cache_spec,
+    onnxruntime_too_old,
+)
 from .inplace import InPlaceRuns
 from .layout import GenerationLayout
 from .prefix_cache import PrefixCache
@@ -179,6 +188,8 @@ class DecoderRunner:
             self.kv_cache_reason = "last_position_logits=False (the in-place graph returns one position per row)"
         elif wanted[0][0] != CPU:
             self.kv_cache_reason = f"the in-place cache runs on the CPU provider only, not {wanted[0][0]}"
+        else:
+            self.kv_cache_reason = onnxruntime_too_old(require("onnxruntime").__version__)
         if self.kv_cache_reason:
             return None
         try:

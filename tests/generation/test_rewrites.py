@@ -264,6 +264,38 @@ def test_in_place_graph_that_does_not_load_falls_back_to_the_other_rewrites(
         BatchedGenerator(tiny_gpt2.export, kv_cache="in-place")
 
 
+def test_an_onnxruntime_without_query_seqlens_keeps_the_exports_cache_and_says_so(
+    tiny_gpt2: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxruntime 1.31's GroupQueryAttention takes 16 inputs and refuses the in-place graph
+    (seen with onnxruntime-gpu 1.31.1): the version is checked first, so no in-place graph is
+    built or loaded, the other rewrites run, and the reason names the version needed."""
+    import onnxruntime as ort
+
+    import ortbatch.generation.runner as runner_module
+    from ortbatch import BatchedGenerator
+    from ortbatch.errors import ModelContractError
+
+    real, asked = runner_module.rewrite_decoder, []
+
+    def rewrite(*args: object, **kwargs: object) -> Any:
+        asked.append(kwargs.get("in_place"))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_module, "rewrite_decoder", rewrite)
+    monkeypatch.setattr(ort, "__version__", "1.31.1")
+    with BatchedGenerator(tiny_gpt2.export, max_batch_size=2) as gen:
+        assert gen.kv_cache == "concat" and gen.runner.prefix_cache is None  # no prefix cache without it
+        assert gen.kv_cache_reason == (
+            "the in-place cache needs onnxruntime >= 1.32 (GroupQueryAttention's query_seqlens input); this is 1.31.1"
+        )
+        assert set(gen.graph_rewrites) == {LAST_POSITION_LOGITS, ATTENTION_SCALE}
+        assert list(gen.generate([5, 6, 7], 6).token_ids) == tiny_gpt2.reference([5, 6, 7], 6)
+    assert asked and all(spec is None for spec in asked)
+    with pytest.raises(ModelContractError, match=r"needs onnxruntime >= 1\.32.*this is 1\.31\.1"):
+        BatchedGenerator(tiny_gpt2.export, kv_cache="in-place")
+
+
 # -- how the rewritten graph reaches ONNX Runtime ----------------------------------------------
 
 
