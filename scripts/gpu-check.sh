@@ -13,15 +13,16 @@
 #   2. probe what really loads (python -m ortbatch._ort.probe: a tiny session per provider,
 #      not get_available_providers(), which lists TensorRT and CUDA in the wheel everywhere);
 #   3. pytest -m gpu (CUDA IOBinding, device KV cache, provider parity on real exports),
-#      120 s per test;
+#      120 s per test; a test module that cannot import on the image is reported, not fatal;
 #   4. a BERT-base-sized model from its config (random weights);
 #   5. ortbatch bench batched vs direct at 8-16 and 8-128 tokens on CUDA, and TensorRT fp16
 #      at 8-16 when TensorRT loads (otherwise reported SKIPPED, not failed). Target:
 #      batched >= 5x direct at 8-16 tokens;
 #   6. GPT-2-small-sized generation on CUDA: BatchedGenerator vs sequential and static;
 #   7. time to ready (warm-up) of a first and a second start.
-# Every step runs under `timeout` with the limit printed next to it; the whole script stays
-# under 7 minutes (--quick: about 3). The script goes on after a failed step and exits
+# Every step runs under `timeout` with the limit printed next to it, and BUDGET (default 540 s)
+# bounds the whole script so that its files come back from a 600 s device call; a step that
+# cannot start in time is reported NOT RUN. The script goes on after a failed step and exits
 # non-zero at the end. What comes back fits the device tool's limits (8 files, 2 folders
 # deep): $OUT/summary.txt and $OUT/gpu-check.tar.gz (logs, JSON, markdown, plots).
 #
@@ -50,13 +51,18 @@ SITE="${ORT_GPU_SITE:-/tmp/ortgpu}"
 MODEL="$WORK/bert-base"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# step limits in seconds: their sum bounds the run (full 390 s < 7 minutes, quick 345 s)
-T_INSTALL=40 T_PROBE=20 T_COLLECT=60 T_PYTEST=110 T_MODEL=60 T_TRT=90
+# step limits in seconds (without TensorRT, which does not load on the image: full 555 s,
+# quick 440 s); BUDGET (seconds, default 540) bounds the whole run: a step gets at most what is
+# left of it less 20 s for the summary, and one with under 5 s left is not started, so the
+# files come back inside a device call's 600 s even when steps run to their limits
+T_INSTALL=60 T_PROBE=20 T_COLLECT=60 T_PYTEST=180 T_MODEL=60 T_TRT=90
+BUDGET="${BUDGET:-540}"
+DEADLINE=$(($(date +%s) + BUDGET))
 if [ "$MODE" = quick ]; then
-    T_BENCH=30 T_GEN=35 T_READY=20
+    T_BENCH=30 T_GEN=90 T_READY=20
     REQUESTS=300 CONC=1,64 DURATION=3 GEN_REQUESTS=16 GEN_PRESET=gpt2-small
 else
-    T_BENCH=45 T_GEN=45 T_READY=25
+    T_BENCH=45 T_GEN=120 T_READY=25
     REQUESTS=1000 CONC=1,64,256 DURATION=4 GEN_REQUESTS=32 GEN_PRESET=gpt2-small
 fi
 PYTEST_PER_TEST=120
@@ -65,8 +71,16 @@ SKIPPED=()
 : > "$WORK/steps.tsv"
 
 run_step() {  # run_step LIMIT NAME CMD...: the command under `timeout`, its status recorded
-    local limit=$1 name=$2 t0 rc
+    local limit=$1 name=$2 t0 rc left
     shift 2
+    left=$((DEADLINE - $(date +%s) - 20))
+    if [ $left -lt 5 ]; then
+        echo; echo "=== $name: NOT RUN (the ${BUDGET}s budget is spent)"
+        FAILED+=("$name (not run: the ${BUDGET}s budget was spent)")
+        printf '%s\t%s\t0\t%s\n' "$name" "not run" "$limit" >> "$WORK/steps.tsv"
+        return 1
+    fi
+    [ $left -lt "$limit" ] && limit=$left
     echo
     echo "=== $(date -u +%H:%M:%S) $name (limit ${limit}s)"
     t0=$(date +%s)
@@ -167,7 +181,8 @@ else
     PYOPTS+=(-o "addopts=-ra --strict-markers --import-mode=importlib" -W "ignore::pytest.PytestConfigWarning")
     "$PY" -c 'import pytest_timeout' 2> /dev/null && PYOPTS+=(-o "timeout=$PYTEST_PER_TEST")
 fi
-PYTEST=("$PY" -m pytest -p no:cacheprovider "${PYOPTS[@]}" -m gpu tests)
+# a test module that cannot import here (a package this image lacks) must not stop the gpu tests
+PYTEST=("$PY" -m pytest -p no:cacheprovider "${PYOPTS[@]}" --continue-on-collection-errors -m gpu tests)
 if [ "$MODE" = dry ] || [ $HAVE_CUDA -eq 0 ]; then
     run_step "$T_COLLECT" "3a. collect the gpu tests" "${PYTEST[@]}" --collect-only -q
     [ "$MODE" = dry ] || { FAILED+=("CUDA does not load here: $(cat "$WORK/providers.json" | tr -d '\n' | head -c 600)"); }
@@ -245,7 +260,7 @@ work, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
 print(f"gpu-check {mode}")
 for line in (work / "steps.tsv").read_text().splitlines():
     name, rc, took, limit = line.split("\t")
-    state = {"0": "ok", "skipped": "SKIPPED", "would run": "would run"}.get(rc, f"FAILED rc={rc}")
+    state = {"0": "ok", "skipped": "SKIPPED", "would run": "would run", "not run": "NOT RUN"}.get(rc, f"FAILED rc={rc}")
     print(f"  {name:<70} {state:<12} {took:>4}s / limit {limit}")
 p = work / "providers.json"
 if p.exists():
@@ -291,10 +306,10 @@ machine goes back after 30 s idle, so make the calls back to back):
           command "ls -l .ortwheel"  (starts the machine: a minute or two)
   calls 2-4: carry [".ortwheel/part-ab"], then part-ac, then part-ad; command "ls -l .ortwheel"
           (ignored files a call brought stay on the warm machine)
-  call 5: carry [".ortwheel/part-ae", ".ortwheel/extra"], timeout_s 400,
-          command "bash scripts/gpu-check.sh --quick"   (step limits sum to 345 s; about 3 minutes)
-  call 6, only with 8+ minutes of device time left: timeout_s 450,
-          command "bash scripts/gpu-check.sh"   (limits sum to 390 s; reuses /tmp/ortgpu)
+  call 5: carry [".ortwheel/part-ae", ".ortwheel/extra"], timeout_s 600,
+          command "bash scripts/gpu-check.sh"   (BUDGET 540 s bounds it; steps' limits
+          sum to 555 s without TensorRT; --quick trims the benchmarks, not the tests)
+  one full run is all that fits: the machine's start and the five calls take 3-4 minutes
   then give_back, and copy the figures of summary.txt into docs/benchmarks.md (GPU).
 EOF
 fi
