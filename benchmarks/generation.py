@@ -277,12 +277,29 @@ def build_genai(preset: str, workdir: Path) -> Path:
     return out
 
 
+def provider_chain(providers: str, options: Sequence[str] = ()) -> Any:
+    """``--providers`` as given, or with ``KEY=VALUE`` options laid over its first provider's
+    (ONNX Runtime's ``[(name, {options}), ...]``, which every mode takes)."""
+    if not options:
+        return providers
+    from ortbatch._ort import resolve_providers
+
+    extra = {}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--provider-option takes KEY=VALUE, got {option!r}")
+        extra[key] = value
+    chain = resolve_providers(providers)
+    return [(name, {**opts, **extra}) if i == 0 else (name, opts) for i, (name, opts) in enumerate(chain)]
+
+
 # -- baselines: a plain ORT decode loop -----------------------------------------------------
 class DirectLoop:
     """Left-padded batch generation with a plain InferenceSession (no scheduler)."""
 
     def __init__(
-        self, export: Path, threads: int | None = None, rewritten: bool = False, providers: str = "cpu"
+        self, export: Path, threads: int | None = None, rewritten: bool = False, providers: Any = "cpu"
     ) -> None:
         import onnxruntime as ort
 
@@ -394,7 +411,7 @@ def run_continuous(
     work: Workload,
     batch: int,
     threads: int | None = None,
-    providers: str = "cpu",
+    providers: Any = "cpu",
     mode: str = "continuous",
 ) -> ModeResult:
     import onnxruntime as ort
@@ -577,6 +594,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "then measure batching alone), or the export as it is (what a plain ORT loop has)",
     )
     p.add_argument("--providers", default="cpu", help="cpu, cuda, ... for every mode (default cpu)")
+    p.add_argument(
+        "--provider-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the first provider, for every mode (repeatable; e.g. use_tf32=0 with --providers cuda)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     p.add_argument(
@@ -586,8 +610,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    try:
+        providers = provider_chain(args.providers, args.provider_option)
+    except ValueError as exc:
+        p.error(str(exc))
     export = args.model or build_model(args.preset, args.workdir)
-    loop = DirectLoop(export, args.threads, rewritten=args.baseline_graph == "rewritten", providers=args.providers)
+    loop = DirectLoop(export, args.threads, rewritten=args.baseline_graph == "rewritten", providers=providers)
     work = Workload.make(
         args.requests, loop.layout.vocab_size, args.prompt_lengths, args.new_tokens, args.seed, args.shared_prefix
     )
@@ -606,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(run_static(loop, work, args.max_batch_size))
         elif mode in CONTINUOUS_MODES:
             try:
-                results.append(run_continuous(export, work, args.max_batch_size, args.threads, args.providers, mode))
+                results.append(run_continuous(export, work, args.max_batch_size, args.threads, providers, mode))
             except RuntimeError as exc:  # an option older code does not have: said, not dropped
                 skipped[mode] = str(exc)
         elif mode == "genai":
@@ -650,7 +678,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Model: {args.model or args.preset} (random weights), {args.requests} requests, prompts of "
         f"{shared}{args.prompt_lengths[0]}-{args.prompt_lengths[1]} tokens, new tokens {args.new_tokens[0]}-"
         f"{args.new_tokens[1]}, greedy, all arriving at t=0; KV cache {token_bytes} bytes per token; "
-        f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs ({platform.machine()}); load average "
+        f"onnxruntime {onnxruntime.__version__}, providers {providers}, {os.cpu_count()} CPUs "
+        f"({platform.machine()}); load average "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end."
     )
     text = markdown(results, header)

@@ -18,7 +18,8 @@
 #   5. ortbatch bench batched vs direct at 8-16 and 8-128 tokens on CUDA, and TensorRT fp16
 #      at 8-16 when TensorRT loads (otherwise reported SKIPPED, not failed). Target:
 #      batched >= 5x direct at 8-16 tokens;
-#   6. GPT-2-small-sized generation on CUDA: BatchedGenerator vs sequential and static;
+#   6. GPT-2-small-sized generation on CUDA: BatchedGenerator vs sequential and static, with
+#      CUDA's default TF32 matmuls and with use_tf32=0 (tokens equal to sequential's in each);
 #   7. time to ready (warm-up) of a first and a second start.
 # Every step runs under `timeout` with the limit printed next to it, and BUDGET (default 540 s)
 # bounds the whole script so that its files come back from a 600 s device call; a step that
@@ -51,18 +52,18 @@ SITE="${ORT_GPU_SITE:-/tmp/ortgpu}"
 MODEL="$WORK/bert-base"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# step limits in seconds (without TensorRT, which does not load on the image: full 555 s,
-# quick 440 s); BUDGET (seconds, default 540) bounds the whole run: a step gets at most what is
+# step limits in seconds (without TensorRT, which does not load on the image: full 585 s,
+# quick 520 s); BUDGET (seconds, default 540) bounds the whole run: a step gets at most what is
 # left of it less 20 s for the summary, and one with under 5 s left is not started, so the
 # files come back inside a device call's 600 s even when steps run to their limits
 T_INSTALL=60 T_PROBE=20 T_COLLECT=60 T_PYTEST=180 T_MODEL=60 T_TRT=90
 BUDGET="${BUDGET:-540}"
 DEADLINE=$(($(date +%s) + BUDGET))
 if [ "$MODE" = quick ]; then
-    T_BENCH=30 T_GEN=90 T_READY=20
+    T_BENCH=30 T_GEN=120 T_READY=20
     REQUESTS=300 CONC=1,64 DURATION=3 GEN_REQUESTS=16 GEN_PRESET=gpt2-small
 else
-    T_BENCH=45 T_GEN=120 T_READY=25
+    T_BENCH=45 T_GEN=150 T_READY=25
     REQUESTS=1000 CONC=1,64,256 DURATION=4 GEN_REQUESTS=32 GEN_PRESET=gpt2-small
 fi
 PYTEST_PER_TEST=120
@@ -207,10 +208,13 @@ bench() {  # bench PROVIDER LENGTHS
         --requests "$REQUESTS" --duration "$DURATION" --max-batch-size 32 --no-progress \
         --json "$WORK/bench-$tag.json" --plot "$WORK/bench-$tag.png" --markdown "$WORK/bench-$tag.md"
 }
-gen_bench() {
+gen_bench() {  # CUDA's default (TF32 matmuls), then use_tf32=0: do batched tokens equal sequential ones?
     "$PY" "$REPO/benchmarks/generation.py" --preset "$GEN_PRESET" --providers cuda --workdir "$WORK/gen" \
         --requests "$GEN_REQUESTS" --modes sequential,static,continuous --max-batch-size 16 \
-        --json "$WORK/generation-cuda.json" --markdown "$WORK/generation-cuda.md"
+        --json "$WORK/generation-cuda.json" --markdown "$WORK/generation-cuda.md" || return
+    "$PY" "$REPO/benchmarks/generation.py" --preset "$GEN_PRESET" --providers cuda --provider-option use_tf32=0 \
+        --workdir "$WORK/gen" --requests "$GEN_REQUESTS" --modes sequential,static,continuous --max-batch-size 16 \
+        --json "$WORK/generation-cuda-fp32.json" --markdown "$WORK/generation-cuda-fp32.md"
 }
 time_to_ready() {  # time_to_ready PROVIDER: a first and a second start, warm-up included
     "$PY" - "$MODEL" "$1" "$WORK/ready-$1.json" <<'EOF'
@@ -234,7 +238,7 @@ if [ "$MODE" = dry ]; then
     would_run "$T_BENCH" "5a. ortbatch bench --providers cuda --lengths 8-16 (requests $REQUESTS, concurrency $CONC)"
     would_run "$T_BENCH" "5b. ortbatch bench --providers cuda --lengths 8-128"
     would_run "$T_BENCH" "5c. ortbatch bench --providers tensorrt --lengths 8-16 (only where TensorRT loads; else SKIPPED)"
-    would_run "$T_GEN" "6. benchmarks/generation.py --preset $GEN_PRESET --providers cuda (sequential, static, continuous)"
+    would_run "$T_GEN" "6. benchmarks/generation.py --preset $GEN_PRESET --providers cuda (sequential, static, continuous), TF32 and use_tf32=0"
     would_run "$T_READY" "7. time to ready, first and second start, on cuda (and tensorrt where it loads)"
     run_step 60 "5-dry. the bench command on CPU, tiny model" \
         "$PY" -m ortbatch.cli bench "$MODEL" --providers cpu --lengths 8-16 --concurrency 1,8 --requests 40 \
@@ -281,7 +285,8 @@ for f in sorted(work.glob("bench-*.json")):
 for f in sorted(work.glob("generation-*.json")):
     d = json.loads(f.read_text())
     for r in d.get("results", []):
-        print(f"{f.stem:>20} {r.get('mode')}: {r.get('tokens_per_s', 0):.0f} tokens/s")
+        same = r.get("same_as_sequential")
+        print(f"{f.stem:>25} {r.get('mode')}: {r.get('tokens_per_s', 0):.0f} tokens/s, same tokens as sequential: {same}")
 for f in sorted(work.glob("ready-*.json")):
     print("time to ready:", f.read_text().strip())
 x = work / "pytest-gpu.xml"
@@ -308,7 +313,7 @@ machine goes back after 30 s idle, so make the calls back to back):
           (ignored files a call brought stay on the warm machine)
   call 5: carry [".ortwheel/part-ae", ".ortwheel/extra"], timeout_s 600,
           command "bash scripts/gpu-check.sh"   (BUDGET 540 s bounds it; steps' limits
-          sum to 555 s without TensorRT; --quick trims the benchmarks, not the tests)
+          sum to 585 s without TensorRT; --quick trims the benchmarks, not the tests)
   one full run is all that fits: the machine's start and the five calls take 3-4 minutes
   then give_back, and copy the figures of summary.txt into docs/benchmarks.md (GPU).
 EOF

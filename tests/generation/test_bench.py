@@ -138,3 +138,12 @@ def test_vllm_script_reports_with_the_same_digest(bench, monkeypatch: pytest.Mon
     want = hashlib.sha256(json.dumps(outputs).encode()).hexdigest()
     assert module.outputs_sha256(outputs) == want == bench.outputs_sha256(outputs)
     assert "vllm" not in sys.modules
+
+
+def test_provider_options_reach_the_first_provider(bench) -> None:
+    # --provider-option use_tf32=0 (how the GPU check compares TF32 with full fp32 on CUDA)
+    assert bench.provider_chain("cpu") == "cpu"
+    chain = bench.provider_chain("cuda", ["use_tf32=0", "device_id=0"])
+    assert chain == [("CUDAExecutionProvider", {"use_tf32": "0", "device_id": "0"}), ("CPUExecutionProvider", {})]
+    with pytest.raises(ValueError, match="KEY=VALUE, got 'use_tf32'"):
+        bench.provider_chain("cuda", ["use_tf32"])
