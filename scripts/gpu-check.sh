@@ -20,7 +20,11 @@
 #      batched >= 5x direct at 8-16 tokens;
 #   6. GPT-2-small-sized generation on CUDA: BatchedGenerator vs sequential and static, with
 #      CUDA's default TF32 matmuls and with use_tf32=0 (tokens equal to sequential's in each);
-#   7. time to ready (warm-up) of a first and a second start.
+#   7. time to ready (warm-up) of a first and a second start;
+#   8. one client, one request at a time (benchmarks/one_client.py): session.run, the IOBinding
+#      runner alone and BatchedSession.run on the same CUDA session, at 16/64/128 tokens.
+# STEPS=5,8 (say) runs only those steps after the install, the probe and the model (a rerun of a
+# few steps in a second device call).
 # Every step runs under `timeout` with the limit printed next to it, and BUDGET (default 540 s)
 # bounds the whole script so that its files come back from a 600 s device call; a step that
 # cannot start in time is reported NOT RUN. The script goes on after a failed step and exits
@@ -52,11 +56,11 @@ SITE="${ORT_GPU_SITE:-/tmp/ortgpu}"
 MODEL="$WORK/bert-base"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# step limits in seconds (without TensorRT, which does not load on the image: full 585 s,
-# quick 520 s); BUDGET (seconds, default 540) bounds the whole run: a step gets at most what is
+# step limits in seconds (without TensorRT, which does not load on the image: full 630 s,
+# quick 565 s); BUDGET (seconds, default 540) bounds the whole run: a step gets at most what is
 # left of it less 20 s for the summary, and one with under 5 s left is not started, so the
 # files come back inside a device call's 600 s even when steps run to their limits
-T_INSTALL=60 T_PROBE=20 T_COLLECT=60 T_PYTEST=180 T_MODEL=60 T_TRT=90
+T_INSTALL=60 T_PROBE=20 T_COLLECT=60 T_PYTEST=180 T_MODEL=60 T_TRT=90 T_ONE=45
 BUDGET="${BUDGET:-540}"
 DEADLINE=$(($(date +%s) + BUDGET))
 if [ "$MODE" = quick ]; then
@@ -82,6 +86,11 @@ run_step() {  # run_step LIMIT NAME CMD...: the command under `timeout`, its sta
         return 1
     fi
     [ $left -lt "$limit" ] && limit=$left
+    local number="${name%%[!0-9]*}"
+    if [ -n "${STEPS:-}" ] && [ "$number" != 1 ] && [ "$number" != 2 ] && [ "$number" != 4 ] && [[ ",$STEPS," != *",$number,"* ]]; then
+        echo; echo "=== $name: not selected (STEPS=$STEPS)"
+        return 0
+    fi
     echo
     echo "=== $(date -u +%H:%M:%S) $name (limit ${limit}s)"
     t0=$(date +%s)
@@ -230,7 +239,11 @@ print(json.dumps({"provider": prov, "starts": starts}))
 json.dump({"provider": prov, "starts": starts}, open(out, "w"))
 EOF
 }
-export -f install_ort bench gen_bench time_to_ready
+one_client() {
+    "$PY" "$REPO/benchmarks/one_client.py" "$MODEL" --providers cuda --lengths 16,64,128 --requests 300 \
+        --json "$WORK/one-client-cuda.json"
+}
+export -f install_ort bench gen_bench time_to_ready one_client
 export PY WHEELS SITE WORK MODEL REPO CONC REQUESTS DURATION GEN_REQUESTS GEN_PRESET
 if [ "$MODE" = dry ]; then
     echo
@@ -240,10 +253,13 @@ if [ "$MODE" = dry ]; then
     would_run "$T_BENCH" "5c. ortbatch bench --providers tensorrt --lengths 8-16 (only where TensorRT loads; else SKIPPED)"
     would_run "$T_GEN" "6. benchmarks/generation.py --preset $GEN_PRESET --providers cuda (sequential, static, continuous), TF32 and use_tf32=0"
     would_run "$T_READY" "7. time to ready, first and second start, on cuda (and tensorrt where it loads)"
+    would_run "$T_ONE" "8. benchmarks/one_client.py on cuda: session.run, IOBinding, BatchedSession.run at 16/64/128 tokens"
     run_step 60 "5-dry. the bench command on CPU, tiny model" \
         "$PY" -m ortbatch.cli bench "$MODEL" --providers cpu --lengths 8-16 --concurrency 1,8 --requests 40 \
         --duration 5 --max-batch-size 8 --no-progress --json "$WORK/bench-dry-cpu.json"
     run_step 60 "7-dry. time to ready on CPU, tiny model" time_to_ready cpu
+    run_step 60 "8-dry. one client on CPU, tiny model" \
+        "$PY" "$REPO/benchmarks/one_client.py" "$MODEL" --lengths 16,64 --requests 20 --json "$WORK/one-client-dry-cpu.json"
 elif [ $HAVE_CUDA -eq 1 ]; then
     run_step "$T_BENCH" "5a. bench cuda 8-16" bench cuda 8-16
     run_step "$T_BENCH" "5b. bench cuda 8-128" bench cuda 8-128
@@ -255,6 +271,7 @@ elif [ $HAVE_CUDA -eq 1 ]; then
     run_step "$T_GEN" "6. generation on cuda" gen_bench
     run_step "$T_READY" "7. time to ready on cuda" time_to_ready cuda
     [ $HAVE_TRT -eq 1 ] && run_step "$T_READY" "7. time to ready on tensorrt" time_to_ready tensorrt
+    run_step "$T_ONE" "8. one client on cuda" one_client
 fi
 
 # -- summary + what comes back -------------------------------------------------------------------
@@ -287,6 +304,11 @@ for f in sorted(work.glob("generation-*.json")):
     for r in d.get("results", []):
         same = r.get("same_as_sequential")
         print(f"{f.stem:>25} {r.get('mode')}: {r.get('tokens_per_s', 0):.0f} tokens/s, same tokens as sequential: {same}")
+for f in sorted(work.glob("one-client-*.json")):
+    d = json.loads(f.read_text())
+    for length, row in d["lengths"].items():
+        cells = ", ".join(f"{m} {row[m]['p50_ms']:.2f}" for m in ("direct", "binding", "batched"))
+        print(f"{f.stem:>25} {length:>4} tokens p50 ms: {cells}")
 for f in sorted(work.glob("ready-*.json")):
     print("time to ready:", f.read_text().strip())
 x = work / "pytest-gpu.xml"
@@ -313,7 +335,7 @@ machine goes back after 30 s idle, so make the calls back to back):
           (ignored files a call brought stay on the warm machine)
   call 5: carry [".ortwheel/part-ae", ".ortwheel/extra"], timeout_s 600,
           command "bash scripts/gpu-check.sh"   (BUDGET 540 s bounds it; steps' limits
-          sum to 585 s without TensorRT; --quick trims the benchmarks, not the tests)
+          sum to 630 s without TensorRT; --quick trims the benchmarks, not the tests)
   one full run is all that fits: the machine's start and the five calls take 3-4 minutes
   then give_back, and copy the figures of summary.txt into docs/benchmarks.md (GPU).
 EOF
