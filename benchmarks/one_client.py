@@ -9,9 +9,16 @@ three paths on **the same session**, the one BatchedSession runs a lone request 
 * ``direct``: ``session.run`` with numpy feeds;
 * ``binding``: ortbatch's device runner alone (on a GPU: IOBinding, inputs bound from the
   host, outputs bound on the device and copied back once; on CPU: ``session.run``);
-* ``batched``: ``BatchedSession.run`` (the queue, a worker thread, then that runner).
+* ``batched``: ``BatchedSession.run`` (the queue, a worker thread, then that runner);
 
-The three alternate request by request, after a warm-up at each length, so drift in the
+and a fourth on a session of its own:
+
+* ``separate``: ``session.run`` on a second session built as ``ortbatch bench`` builds its
+  ``direct`` baseline (ONNX Runtime's default options, the same providers), so a gap between
+  ``direct`` and ``separate`` is the two sessions' doing, not the runtime's. Both sessions'
+  provider options go in the JSON.
+
+The four alternate request by request, after a warm-up at each length, so drift in the
 machine's clocks falls on all of them alike. Reported: p50 and p90 in ms of each, and
 ``batched - direct`` and ``binding - direct`` at p50. scripts/gpu-check.sh runs it on CUDA
 (step 8): at one client ``ortbatch bench`` found batched 0.74-0.78x direct at 8-128 tokens on an
@@ -32,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = ("direct", "binding", "batched")
+MODES = ("direct", "binding", "batched", "separate")
 
 
 def feed_for(session: Any, length: int, rng: np.random.Generator, max_id: int = 1000) -> dict[str, np.ndarray]:
@@ -54,6 +61,7 @@ def measure(
 ) -> dict[str, Any]:
     from ortbatch import BatchedSession
     from ortbatch._ort.binding import DeviceRunner
+    from ortbatch.bench.runner import baseline_for
 
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {"providers": providers, "requests": requests, "lengths": {}}
@@ -64,10 +72,16 @@ def measure(
         names = [o.name for o in session.get_outputs()]
         runner = DeviceRunner(session)
         binding = runner.binding()
+        separate = baseline_for(Path(model), providers, {})
+        out["provider_options"] = {
+            "batched": session.get_provider_options(),
+            "separate": separate.get_provider_options(),
+        }
         paths = {
             "direct": lambda f: session.run(names, f),
             "binding": lambda f: runner.run(binding, f, names),
             "batched": lambda f: bs.run(names, f),
+            "separate": lambda f: separate.run(names, f),
         }
         for length in lengths:
             feeds = [feed_for(session, length, rng, max_id) for _ in range(requests)]
@@ -89,6 +103,7 @@ def measure(
             }
             row["batched_minus_direct_p50_ms"] = row["batched"]["p50_ms"] - row["direct"]["p50_ms"]
             row["binding_minus_direct_p50_ms"] = row["binding"]["p50_ms"] - row["direct"]["p50_ms"]
+            row["separate_minus_direct_p50_ms"] = row["separate"]["p50_ms"] - row["direct"]["p50_ms"]
             out["lengths"][str(length)] = row
     return out
 
@@ -96,15 +111,15 @@ def measure(
 def table(result: dict[str, Any]) -> str:
     lines = [
         f"one client, {result['requests']} requests per length, on {result['provider']}",
-        "| tokens | direct p50 / p90 ms | binding p50 / p90 ms | batched p50 / p90 ms "
-        "| binding - direct | batched - direct |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| tokens | direct p50 / p90 ms | binding p50 / p90 ms | batched p50 / p90 ms | separate p50 / p90 ms "
+        "| binding - direct | batched - direct | separate - direct |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for length, row in result["lengths"].items():
         cells = [f"{row[m]['p50_ms']:.3f} / {row[m]['p90_ms']:.3f}" for m in MODES]
         lines.append(
             f"| {length} | {' | '.join(cells)} | {row['binding_minus_direct_p50_ms']:+.3f} | "
-            f"{row['batched_minus_direct_p50_ms']:+.3f} |"
+            f"{row['batched_minus_direct_p50_ms']:+.3f} | {row['separate_minus_direct_p50_ms']:+.3f} |"
         )
     return "\n".join(lines)
 

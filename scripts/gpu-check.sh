@@ -22,7 +22,8 @@
 #      CUDA's default TF32 matmuls and with use_tf32=0 (tokens equal to sequential's in each);
 #   7. time to ready (warm-up) of a first and a second start;
 #   8. one client, one request at a time (benchmarks/one_client.py): session.run, the IOBinding
-#      runner alone and BatchedSession.run on the same CUDA session, at 16/64/128 tokens.
+#      runner alone and BatchedSession.run on the same CUDA session, and session.run on a second
+#      session built as ortbatch bench builds its direct one, at 16/64/128 tokens.
 # STEPS=5,8 (say) runs only those steps after the install, the probe and the model (a rerun of a
 # few steps in a second device call).
 # Every step runs under `timeout` with the limit printed next to it, and BUDGET (default 540 s)
@@ -307,7 +308,7 @@ for f in sorted(work.glob("generation-*.json")):
 for f in sorted(work.glob("one-client-*.json")):
     d = json.loads(f.read_text())
     for length, row in d["lengths"].items():
-        cells = ", ".join(f"{m} {row[m]['p50_ms']:.2f}" for m in ("direct", "binding", "batched"))
+        cells = ", ".join(f"{m} {row[m]['p50_ms']:.2f}" for m in ("direct", "binding", "batched", "separate"))
         print(f"{f.stem:>25} {length:>4} tokens p50 ms: {cells}")
 for f in sorted(work.glob("ready-*.json")):
     print("time to ready:", f.read_text().strip())
