@@ -23,7 +23,7 @@
 #   7. time to ready (warm-up) of a first and a second start;
 #   8. one client, one request at a time (benchmarks/one_client.py): session.run, the IOBinding
 #      runner alone and BatchedSession.run on the same CUDA session, and session.run on a second
-#      session built as ortbatch bench builds its direct one, at 16/64/128 tokens.
+#      session built as ortbatch bench builds its direct one, at 16-128 tokens.
 # STEPS=5,8 (say) runs only those steps after the install, the probe and the model (a rerun of a
 # few steps in a second device call).
 # Every step runs under `timeout` with the limit printed next to it, and BUDGET (default 540 s)
@@ -241,7 +241,7 @@ json.dump({"provider": prov, "starts": starts}, open(out, "w"))
 EOF
 }
 one_client() {
-    "$PY" "$REPO/benchmarks/one_client.py" "$MODEL" --providers cuda --lengths 16,64,128 --requests 300 \
+    "$PY" "$REPO/benchmarks/one_client.py" "$MODEL" --providers cuda --lengths 16,40,64,96,128 --requests 200 \
         --json "$WORK/one-client-cuda.json"
 }
 export -f install_ort bench gen_bench time_to_ready one_client
@@ -254,7 +254,7 @@ if [ "$MODE" = dry ]; then
     would_run "$T_BENCH" "5c. ortbatch bench --providers tensorrt --lengths 8-16 (only where TensorRT loads; else SKIPPED)"
     would_run "$T_GEN" "6. benchmarks/generation.py --preset $GEN_PRESET --providers cuda (sequential, static, continuous), TF32 and use_tf32=0"
     would_run "$T_READY" "7. time to ready, first and second start, on cuda (and tensorrt where it loads)"
-    would_run "$T_ONE" "8. benchmarks/one_client.py on cuda: session.run, IOBinding, BatchedSession.run at 16/64/128 tokens"
+    would_run "$T_ONE" "8. benchmarks/one_client.py on cuda: session.run, IOBinding, BatchedSession.run, a separate session, at 16-128 tokens"
     run_step 60 "5-dry. the bench command on CPU, tiny model" \
         "$PY" -m ortbatch.cli bench "$MODEL" --providers cpu --lengths 8-16 --concurrency 1,8 --requests 40 \
         --duration 5 --max-batch-size 8 --no-progress --json "$WORK/bench-dry-cpu.json"
