@@ -61,7 +61,8 @@ def parity_tolerances(kind: str, fp32: Mapping[str, float], fp16: Mapping[str, f
 
 def fp32_parity_options(provider: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``options`` with TF32 turned off on CUDA unless the user set it, so an fp32 export is
-    checked against fp32 tolerances (TensorRT has no such switch: it is checked as TF32)."""
+    checked against fp32 tolerances (TensorRT has no such switch: it is checked as TF32).
+    BatchedGenerator runs CUDA with these too: TF32 flips greedy near-ties."""
     out = dict(options or {})
     if provider == CUDA:
         out.setdefault("use_tf32", "0")

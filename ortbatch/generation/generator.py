@@ -88,7 +88,9 @@ class BatchedGenerator:
         providers: ``None`` (CUDA when this onnxruntime build has it, else CPU), a
             shortcut ``"cpu"`` / ``"cuda"`` / ``"tensorrt"``, or a list as ONNX Runtime
             takes it. A requested GPU provider that is not active raises
-            :class:`ProviderError` (no silent fallback to CPU).
+            :class:`ProviderError` (no silent fallback to CPU). On CUDA, fp32 matrix
+            products run in fp32 (``use_tf32=0``, as PyTorch's ``generate`` runs them)
+            unless the options set ``use_tf32``.
         session_options: ``onnxruntime.SessionOptions`` for the model's session.
         io_binding: run through IOBinding with the cache kept where the provider
             lives (default: on for GPU providers, off on CPU where plain numpy is as fast).

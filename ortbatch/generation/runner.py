@@ -29,6 +29,7 @@ import numpy as np
 
 from .._extras import require
 from .._ort import CPU, build_session, device_of, resolve_providers
+from .._ort.tolerance import fp32_parity_options
 from .._ort.trt import check_generation_profiles
 from ..errors import InferenceError, ModelContractError, ModelLoadError, OrtBatchError, map_ort_error
 from .cache import KVCache, SlotCache
@@ -97,7 +98,13 @@ class DecoderRunner:
         ort = require("onnxruntime")
         model_path = directory / layout.model
         # The one resolver: manifest options (TensorRT profiles, caches) merged per key.
-        wanted = resolve_providers(providers, manifest_providers, directory)
+        # TF32 off on CUDA unless asked for: transformers' generate runs fp32 matmuls in fp32
+        # (PyTorch's default), and TF32's rounding, which differs with the batch's shape, flips
+        # greedy near-ties (measured on an H200: docs/generation.md, "On a GPU")
+        wanted = [
+            (name, fp32_parity_options(name, opts))
+            for name, opts in resolve_providers(providers, manifest_providers, directory)
+        ]
         past_inputs = {name: 2 for name in (*layout.past_keys, *layout.past_values)}
         check_generation_profiles(wanted, past_inputs, layout.max_context_length, max_batch_size)
         # ONNX Runtime's own defaults unless the user gave options (as before the _ort layer)

@@ -69,3 +69,27 @@ def test_a_corrupt_decoder_is_one_model_load_error(fake_dir, tmp_path):
     model.write_bytes(model.read_bytes()[:200])
     with pytest.raises(ModelLoadError, match="cannot load the ONNX model"):
         BatchedGenerator(d, providers="cpu", last_position_logits=False, attention_rewrite=False)
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected"),
+    [
+        ("cuda", "0"),  # off unless asked for: PyTorch's generate runs fp32 matmuls in fp32
+        ([(CUDA, {"use_tf32": "1"}), CPU], "1"),  # the user's choice stands
+    ],
+)
+def test_generation_runs_cuda_without_tf32_unless_asked(fake_dir, tmp_path, asked, expected):
+    # on an H200, TF32 left batched greedy tokens equal to one-at-a-time ones on 2-3 of 32
+    # requests, use_tf32=0 on 28-30 (docs/generation.md); the manifest's CUDA options stay
+    d = _export(fake_dir, tmp_path, [[CUDA, {"device_id": 0}], [CPU, {}]])
+    seen = []
+    real = build_session
+
+    def recording(model, providers, **kw):
+        seen.append(providers)
+        return real(model, [(CPU, {})], **kw)
+
+    with BatchedGenerator(d, providers=asked, last_position_logits=False, session_factory=recording) as gen:
+        assert list(gen.generate([5, 6], 4).token_ids) == reference([5, 6], 4)
+    assert seen[0][0] == (CUDA, {"device_id": 0, "use_tf32": expected})
+    assert seen[0][1] == (CPU, {})
