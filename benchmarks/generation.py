@@ -304,6 +304,7 @@ class DirectLoop:
         import onnxruntime as ort
 
         from ortbatch._ort import build_session, resolve_providers
+        from ortbatch._ort.tolerance import fp32_parity_options
         from ortbatch.generation.layout import GenerationLayout, generation_section
         from ortbatch.generation.rewrites import rewrite_decoder
 
@@ -318,8 +319,10 @@ class DirectLoop:
             graph = rewrite_decoder(model, logits=self.layout.logits)
             if graph is not None:
                 model, self.rewrites = graph.model, graph.rewrites
-        # numpy feeds every step: on a GPU the cache goes through the host (a plain loop's cost)
-        self.session = build_session(model, resolve_providers(providers), session_options=so)
+        # numpy feeds every step: on a GPU the cache goes through the host (a plain loop's cost);
+        # TF32 off on CUDA unless asked for, as BatchedGenerator runs it, so tokens compare
+        chain = [(name, fp32_parity_options(name, opts)) for name, opts in resolve_providers(providers)]
+        self.session = build_session(model, chain, session_options=so)
         lay = self.layout
         self.past = [n for kv in zip(lay.past_keys, lay.past_values, strict=True) for n in kv]
         self.outputs = [lay.logits] + [n for kv in zip(lay.present_keys, lay.present_values, strict=True) for n in kv]
@@ -599,7 +602,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an option of the first provider, for every mode (repeatable; e.g. use_tf32=0 with --providers cuda)",
+        help="an option of the first provider, for every mode (repeatable; e.g. use_tf32=1 with --providers cuda: "
+        "every mode runs CUDA without TF32 unless asked, as BatchedGenerator does)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)

@@ -19,7 +19,7 @@
 #      at 8-16 when TensorRT loads (otherwise reported SKIPPED, not failed). Target:
 #      batched >= 5x direct at 8-16 tokens;
 #   6. GPT-2-small-sized generation on CUDA: BatchedGenerator vs sequential and static, with
-#      CUDA's default TF32 matmuls and with use_tf32=0 (tokens equal to sequential's in each);
+#      fp32 matmuls (its default) and with use_tf32=1 (tokens equal to sequential's in each);
 #   7. time to ready (warm-up) of a first and a second start;
 #   8. one client, one request at a time (benchmarks/one_client.py): session.run, the IOBinding
 #      runner alone and BatchedSession.run on the same CUDA session, and session.run on a second
@@ -218,13 +218,13 @@ bench() {  # bench PROVIDER LENGTHS
         --requests "$REQUESTS" --duration "$DURATION" --max-batch-size 32 --no-progress \
         --json "$WORK/bench-$tag.json" --plot "$WORK/bench-$tag.png" --markdown "$WORK/bench-$tag.md"
 }
-gen_bench() {  # CUDA's default (TF32 matmuls), then use_tf32=0: do batched tokens equal sequential ones?
+gen_bench() {  # BatchedGenerator's default (fp32 matmuls), then use_tf32=1: do batched tokens equal sequential ones?
     "$PY" "$REPO/benchmarks/generation.py" --preset "$GEN_PRESET" --providers cuda --workdir "$WORK/gen" \
         --requests "$GEN_REQUESTS" --modes sequential,static,continuous --max-batch-size 16 \
         --json "$WORK/generation-cuda.json" --markdown "$WORK/generation-cuda.md" || return
-    "$PY" "$REPO/benchmarks/generation.py" --preset "$GEN_PRESET" --providers cuda --provider-option use_tf32=0 \
+    "$PY" "$REPO/benchmarks/generation.py" --preset "$GEN_PRESET" --providers cuda --provider-option use_tf32=1 \
         --workdir "$WORK/gen" --requests "$GEN_REQUESTS" --modes sequential,static,continuous --max-batch-size 16 \
-        --json "$WORK/generation-cuda-fp32.json" --markdown "$WORK/generation-cuda-fp32.md"
+        --json "$WORK/generation-cuda-tf32.json" --markdown "$WORK/generation-cuda-tf32.md"
 }
 time_to_ready() {  # time_to_ready PROVIDER: a first and a second start, warm-up included
     "$PY" - "$MODEL" "$1" "$WORK/ready-$1.json" <<'EOF'
@@ -252,7 +252,7 @@ if [ "$MODE" = dry ]; then
     would_run "$T_BENCH" "5a. ortbatch bench --providers cuda --lengths 8-16 (requests $REQUESTS, concurrency $CONC)"
     would_run "$T_BENCH" "5b. ortbatch bench --providers cuda --lengths 8-128"
     would_run "$T_BENCH" "5c. ortbatch bench --providers tensorrt --lengths 8-16 (only where TensorRT loads; else SKIPPED)"
-    would_run "$T_GEN" "6. benchmarks/generation.py --preset $GEN_PRESET --providers cuda (sequential, static, continuous), TF32 and use_tf32=0"
+    would_run "$T_GEN" "6. benchmarks/generation.py --preset $GEN_PRESET --providers cuda (sequential, static, continuous), fp32 and use_tf32=1"
     would_run "$T_READY" "7. time to ready, first and second start, on cuda (and tensorrt where it loads)"
     would_run "$T_ONE" "8. benchmarks/one_client.py on cuda: session.run, IOBinding, BatchedSession.run, a separate session, at 16-128 tokens"
     run_step 60 "5-dry. the bench command on CPU, tiny model" \

@@ -147,3 +147,21 @@ def test_provider_options_reach_the_first_provider(bench) -> None:
     assert chain == [("CUDAExecutionProvider", {"use_tf32": "0", "device_id": "0"}), ("CPUExecutionProvider", {})]
     with pytest.raises(ValueError, match="KEY=VALUE, got 'use_tf32'"):
         bench.provider_chain("cuda", ["use_tf32"])
+
+
+def test_the_baselines_run_cuda_as_batchedgenerator_does(bench, fake_dir: Path, monkeypatch) -> None:
+    # TF32 off unless asked for, in the plain loop too: otherwise "same tokens as sequential"
+    # would compare fp32 with TF32 arithmetic on a GPU
+    import ortbatch._ort as ort_layer
+
+    seen, real = [], ort_layer.build_session
+
+    def recording(model, providers, **kw):  # record what was asked; build it on CPU here
+        seen.append(providers)
+        return real(model, [("CPUExecutionProvider", {})], **kw)
+
+    monkeypatch.setattr(ort_layer, "build_session", recording)
+    bench.DirectLoop(fake_dir, providers="cuda")
+    bench.DirectLoop(fake_dir, providers=bench.provider_chain("cuda", ["use_tf32=1"]))
+    assert seen[0][0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
+    assert seen[1][0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
