@@ -156,9 +156,15 @@ install_ort() {
 }
 export -f install_ort
 export PY WHEELS SITE WORK
+# An interpreter that has onnxruntime-gpu itself runs with its own packages: a $SITE left by
+# an earlier run (another Python's build, say) must not shadow them.
+OWN_ORT=0
+"$PY" -c 'import importlib.metadata as m; m.version("onnxruntime-gpu")' 2> /dev/null && OWN_ORT=1
 run_step "$T_INSTALL" "1. onnxruntime-gpu" install_ort
-[ -d "$SITE/onnxruntime" ] && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-[ -d "$SITE-extra" ] && export PYTHONPATH="$SITE-extra:$PYTHONPATH"
+if [ $OWN_ORT -eq 0 ]; then
+    [ -d "$SITE/onnxruntime" ] && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    [ -d "$SITE-extra" ] && export PYTHONPATH="$SITE-extra:$PYTHONPATH"
+fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$REPO"  # ortbatch from the checkout
 # CUDA / cuDNN (and TensorRT, if present) libraries of the nvidia-* pip packages
 NVLIBS="$("$PY" - <<'EOF'
