@@ -303,10 +303,10 @@ class DirectLoop:
     ) -> None:
         import onnxruntime as ort
 
-        from ortbatch._ort import build_session, resolve_providers
-        from ortbatch._ort.tolerance import fp32_parity_options
+        from ortbatch._ort import build_session
         from ortbatch.generation.layout import GenerationLayout, generation_section
         from ortbatch.generation.rewrites import rewrite_decoder
+        from ortbatch.generation.runner import generation_providers
 
         self.layout = GenerationLayout.from_dict(generation_section(export))
         so = ort.SessionOptions()
@@ -320,9 +320,8 @@ class DirectLoop:
             if graph is not None:
                 model, self.rewrites = graph.model, graph.rewrites
         # numpy feeds every step: on a GPU the cache goes through the host (a plain loop's cost);
-        # TF32 off on CUDA unless asked for, as BatchedGenerator runs it, so tokens compare
-        chain = [(name, fp32_parity_options(name, opts)) for name, opts in resolve_providers(providers)]
-        self.session = build_session(model, chain, session_options=so)
+        # on the provider chain BatchedGenerator runs (TF32 off on CUDA unless asked), so tokens compare
+        self.session = build_session(model, generation_providers(providers), session_options=so)
         lay = self.layout
         self.past = [n for kv in zip(lay.past_keys, lay.past_values, strict=True) for n in kv]
         self.outputs = [lay.logits] + [n for kv in zip(lay.present_keys, lay.present_values, strict=True) for n in kv]

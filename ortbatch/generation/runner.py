@@ -71,6 +71,22 @@ _NP_TYPES = {
 }
 
 
+def generation_providers(
+    providers: str | Sequence[Any] | None,
+    manifest_providers: Sequence[Any] = (),
+    directory: Path | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The provider chain a decoder runs on: the one resolver's (manifest options, e.g.
+    TensorRT profiles and caches, merged per key), with TF32 off on CUDA unless asked for:
+    transformers' generate runs fp32 matmuls in fp32 (PyTorch's default), and TF32's
+    rounding, which differs with the batch's shape, flips greedy near-ties (measured on an
+    H200: docs/generation.md, "On a GPU")."""
+    return [
+        (name, fp32_parity_options(name, opts))
+        for name, opts in resolve_providers(providers, manifest_providers, directory)
+    ]
+
+
 class DecoderRunner:
     """One decoder-with-past session and the batch's KV cache (see :class:`BatchedGenerator`
     for what the arguments mean)."""
@@ -97,14 +113,7 @@ class DecoderRunner:
         self.layout = layout
         ort = require("onnxruntime")
         model_path = directory / layout.model
-        # The one resolver: manifest options (TensorRT profiles, caches) merged per key.
-        # TF32 off on CUDA unless asked for: transformers' generate runs fp32 matmuls in fp32
-        # (PyTorch's default), and TF32's rounding, which differs with the batch's shape, flips
-        # greedy near-ties (measured on an H200: docs/generation.md, "On a GPU")
-        wanted = [
-            (name, fp32_parity_options(name, opts))
-            for name, opts in resolve_providers(providers, manifest_providers, directory)
-        ]
+        wanted = generation_providers(providers, manifest_providers, directory)
         past_inputs = {name: 2 for name in (*layout.past_keys, *layout.past_values)}
         check_generation_profiles(wanted, past_inputs, layout.max_context_length, max_batch_size)
         # ONNX Runtime's own defaults unless the user gave options (as before the _ort layer)
