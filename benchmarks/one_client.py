@@ -19,8 +19,8 @@ and a fourth on a session of its own:
   provider options go in the JSON.
 
 The four alternate request by request, after a warm-up at each length, so drift in the
-machine's clocks falls on all of them alike. Reported: p50 and p90 in ms of each, and
-``batched - direct`` and ``binding - direct`` at p50. scripts/gpu-check.sh runs it on CUDA
+machine's clocks falls on all of them alike. Reported: p50 and p90 in ms of each, and each
+other path's p50 less ``direct``'s. scripts/gpu-check.sh runs it on CUDA
 (step 8): at one client ``ortbatch bench`` found batched 0.74-0.78x direct at 8-128 tokens on an
 H200 (about 1 ms more at p50) and level at 8-16.
 """
@@ -64,7 +64,7 @@ def measure(
     from ortbatch.bench.runner import baseline_for
 
     rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {"providers": providers, "requests": requests, "lengths": {}}
+    out: dict[str, Any] = {"providers": providers, "requests": requests, "modes": list(MODES), "lengths": {}}
     with BatchedSession(model, providers=providers, max_batch_size=32) as bs:
         # a lone request runs on the latency session where there is one (CPU), else on the session
         session = bs.latency_session if bs.latency_session is not None else bs.session
@@ -86,7 +86,7 @@ def measure(
         for length in lengths:
             feeds = [feed_for(session, length, rng, max_id) for _ in range(requests)]
             want = session.run(names, feeds[0])
-            for mode, call in paths.items():  # warm-up, and the three answer alike
+            for mode, call in paths.items():  # warm-up, and the four answer alike
                 for _ in range(5):
                     got = call(feeds[0])
                 for g, w in zip(got, want, strict=True):

@@ -77,8 +77,12 @@ SKIPPED=()
 : > "$WORK/steps.tsv"
 
 run_step() {  # run_step LIMIT NAME CMD...: the command under `timeout`, its status recorded
-    local limit=$1 name=$2 t0 rc left
+    local limit=$1 name=$2 t0 rc left number="${2%%[!0-9]*}"
     shift 2
+    if [ -n "${STEPS:-}" ] && [ "$number" != 1 ] && [ "$number" != 2 ] && [ "$number" != 4 ] && [[ ",$STEPS," != *",$number,"* ]]; then
+        echo; echo "=== $name: not selected (STEPS=$STEPS)"
+        return 0
+    fi
     left=$((DEADLINE - $(date +%s) - 20))
     if [ $left -lt 5 ]; then
         echo; echo "=== $name: NOT RUN (the ${BUDGET}s budget is spent)"
@@ -87,11 +91,6 @@ run_step() {  # run_step LIMIT NAME CMD...: the command under `timeout`, its sta
         return 1
     fi
     [ $left -lt "$limit" ] && limit=$left
-    local number="${name%%[!0-9]*}"
-    if [ -n "${STEPS:-}" ] && [ "$number" != 1 ] && [ "$number" != 2 ] && [ "$number" != 4 ] && [[ ",$STEPS," != *",$number,"* ]]; then
-        echo; echo "=== $name: not selected (STEPS=$STEPS)"
-        return 0
-    fi
     echo
     echo "=== $(date -u +%H:%M:%S) $name (limit ${limit}s)"
     t0=$(date +%s)
@@ -314,7 +313,7 @@ for f in sorted(work.glob("generation-*.json")):
 for f in sorted(work.glob("one-client-*.json")):
     d = json.loads(f.read_text())
     for length, row in d["lengths"].items():
-        cells = ", ".join(f"{m} {row[m]['p50_ms']:.2f}" for m in ("direct", "binding", "batched", "separate"))
+        cells = ", ".join(f"{m} {row[m]['p50_ms']:.2f}" for m in d["modes"])
         print(f"{f.stem:>25} {length:>4} tokens p50 ms: {cells}")
 for f in sorted(work.glob("ready-*.json")):
     print("time to ready:", f.read_text().strip())

@@ -38,6 +38,7 @@ def test_three_paths_at_each_length(one_client, embed_path: Path, tmp_path: Path
         assert row["batched_minus_direct_p50_ms"] == pytest.approx(row["batched"]["p50_ms"] - row["direct"]["p50_ms"])
     assert "| 17 |" in capsys.readouterr().out
     assert set(data["provider_options"]) == {"batched", "separate"}
+    assert data["modes"] == list(one_client.MODES)
 
 
 def test_a_path_that_answers_differently_is_an_error(one_client, embed_path: Path, monkeypatch) -> None:

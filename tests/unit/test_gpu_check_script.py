@@ -13,14 +13,14 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-check.sh"
 
 
-def _run_step(deadline_in: int, limit: int, command: str = "true") -> str:
+def _run_step(deadline_in: int, limit: int, command: str = "true", steps: str = "") -> str:
     """The script's own run_step, cut out of it, run with a deadline ``deadline_in`` seconds away."""
     text = SCRIPT.read_text()
     body = text[text.index("run_step() {") :]
     body = body[: body.index("\n}\n") + 3]
     script = f"""
 set -uo pipefail
-WORK=$(mktemp -d); FAILED=(); BUDGET=77
+WORK=$(mktemp -d); FAILED=(); BUDGET=77; STEPS="{steps}"
 DEADLINE=$(($(date +%s) + {deadline_in}))
 {body}
 run_step {limit} "9. a step" {command}
@@ -41,6 +41,10 @@ def test_the_budget_caps_each_step_and_skips_what_cannot_start() -> None:
     out = _run_step(0, 100, "touch /nonexistent/never")
     assert "NOT RUN (the 77s budget is spent)" in out and "rc=1 failed=1" in out
     assert "9. a step\tnot run\t0\t100" in out
+    # a step STEPS leaves out is neither run nor counted, whatever time is left
+    out = _run_step(0, 100, "touch /nonexistent/never", steps="5,8")
+    assert "not selected (STEPS=5,8)" in out and "rc=0 failed=0" in out and "NOT RUN" not in out
+    assert "9. a step (limit 100s)" in _run_step(10_000, 100, steps="9")
 
 
 def test_the_default_budget_fits_one_device_call() -> None:
