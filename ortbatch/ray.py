@@ -23,6 +23,7 @@ it (and ``/metrics`` through the proxy is that replica's own). The runtime and
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -345,9 +346,9 @@ def _ray_mistake(config: ServeConfig, num_cpus: float, num_gpus: float, request_
         return "--ssl-certfile with --ray: terminate TLS in front of Ray's proxy (e.g. the Kubernetes ingress)"
     if not 0 < config.port < 65536:
         return f"--ray needs a fixed --port (1-65535), got {config.port}"
-    if num_cpus <= 0 or num_gpus < 0:
+    if not (0 < num_cpus < math.inf and 0 <= num_gpus < math.inf):  # NaN fails both
         return "--replica-cpus must be positive and --replica-gpus not negative"
-    if request_timeout_s is not None and not request_timeout_s > 0:
+    if request_timeout_s is not None and not 0 < request_timeout_s < math.inf:
         return f"--ray-request-timeout-s must be positive, got {request_timeout_s}"
     return None
 

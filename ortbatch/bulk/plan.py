@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -61,7 +62,7 @@ class RayOptions:
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
             raise InvalidInputError(f"ray concurrency must be at least 1 worker, got {self.concurrency}")
-        if not self.cpus > 0 or self.gpus < 0:
+        if not (0 < self.cpus < math.inf and 0 <= self.gpus < math.inf):  # NaN fails both
             raise InvalidInputError(f"ray workers need CPUs > 0 and GPUs >= 0, got cpus={self.cpus}, gpus={self.gpus}")
 
 
@@ -92,6 +93,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.window < 1:
             raise InvalidInputError(f"window must be at least 1 row, got {self.window}")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise InvalidInputError(f"max_batch_size must be at least 1 row, got {self.max_batch_size}")
         if self.max_new_tokens < 1:
             raise InvalidInputError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.sampling is not None:

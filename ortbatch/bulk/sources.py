@@ -161,6 +161,11 @@ def _json_record(line: bytes) -> _Record:
     return doc, None
 
 
+#: the longest CSV field read (the csv module's default is 128 KiB; a long document in one
+#: cell is a row like any other, cut by --truncate or failed as too long, never a crash)
+_CSV_FIELD_LIMIT = 2**31 - 1
+
+
 class _CsvReader(_Reader):
     """A CSV file with a header row. Lines are read with ``readline`` (not by iterating
     the file), so the file can say where a record starts (``tell``) and a read can start
@@ -168,12 +173,18 @@ class _CsvReader(_Reader):
 
     @contextlib.contextmanager
     def _open(self) -> Iterator[tuple[Any, csv.DictReader[str]]]:
+        if csv.field_size_limit() < _CSV_FIELD_LIMIT:
+            csv.field_size_limit(_CSV_FIELD_LIMIT)
         # surrogateescape keeps undecodable bytes as lone surrogates, so one bad row is a
         # row error (found by _utf8_problem) instead of failing the whole file
         with open(self.path, encoding="utf-8", errors="surrogateescape", newline="") as f:
             reader = csv.DictReader(iter(f.readline, ""))
-            reader.fieldnames  # noqa: B018 - reads the header row now, before any tell/seek
-            yield f, reader
+            try:
+                reader.fieldnames  # noqa: B018 - reads the header row now, before any tell/seek
+                yield f, reader
+            except csv.Error as exc:  # what the csv module cannot parse at all: the file, not a row
+                where = f"{self.path}: after line {reader.line_num}"
+                raise InputError(f"{where}: not readable as CSV ({str(exc).strip()})") from None
 
     def records(self, skip: int, offset: int = 0) -> Iterator[_Record]:
         with self._open() as (f, reader):
@@ -203,7 +214,11 @@ class _ParquetReader(_Reader):
         super().__init__(path, options)
         self.batch_rows = batch_rows
         pq = require("pyarrow.parquet", "bulk")
-        self._file = pq.ParquetFile(str(path))
+        self._errors = (require("pyarrow", "bulk").ArrowException, OSError)
+        try:
+            self._file = pq.ParquetFile(str(path))
+        except self._errors as exc:
+            raise InputError(f"{path} is not a readable Parquet file ({str(exc).strip()})") from None
 
     def _columns(self) -> list[str]:
         names = set(self._file.schema_arrow.names)
@@ -223,7 +238,7 @@ class _ParquetReader(_Reader):
         groups = list(range(first, meta.num_row_groups))
         if not groups:
             return
-        for batch in self._file.iter_batches(batch_size=self.batch_rows, row_groups=groups, columns=columns):
+        for batch in self._batches(groups, columns):
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
                 continue
@@ -233,6 +248,17 @@ class _ParquetReader(_Reader):
             data = batch.to_pydict()
             for i in range(batch.num_rows):
                 yield {c: data[c][i] for c in columns}, None
+
+    def _batches(self, groups: list[int], columns: list[str]) -> Iterator[Any]:
+        batches = self._file.iter_batches(batch_size=self.batch_rows, row_groups=groups, columns=columns)
+        while True:
+            try:
+                batch = next(batches, None)
+            except self._errors as exc:  # a damaged page: the file cannot be read past it
+                raise InputError(f"{self.path}: a Parquet record batch cannot be read ({str(exc).strip()})") from None
+            if batch is None:
+                return
+            yield batch
 
     def marks(self, first: int, every: int) -> tuple[int, list[int]]:
         n = int(self._file.metadata.num_rows)

@@ -5,12 +5,21 @@ BatchedSession, so the same flag means and validates the same in both."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from .._ort import parse_provider_names
 from ..errors import ProviderError
 
-__all__ = ["PROVIDERS_HELP", "add_runtime_arguments", "port", "positive_int", "providers_arg"]
+__all__ = [
+    "PROVIDERS_HELP",
+    "add_runtime_arguments",
+    "non_negative_float",
+    "port",
+    "positive_float",
+    "positive_int",
+    "providers_arg",
+]
 
 PROVIDERS_HELP = "comma-separated: cpu, cuda (gpu), tensorrt (trt) or ONNX Runtime names, e.g. cpu,cuda,trt"
 
@@ -30,6 +39,32 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=``: a finite number above 0 (seconds, a rate, a share of CPUs)."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse ``type=``: a finite number of at least 0 (a delay that may be none, a share of GPUs)."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
     return value
 
 
@@ -58,7 +93,10 @@ def add_runtime_arguments(
     parser.add_argument("--max-batch-size", type=positive_int, default=max_batch_size, help=max_batch_size_help)
     parser.add_argument("--max-batch-tokens", type=positive_int, default=None, help=max_batch_tokens_help)
     parser.add_argument(
-        "--max-delay-ms", type=float, default=0.0, help="how long a free worker may wait for a fuller batch (default 0)"
+        "--max-delay-ms",
+        type=non_negative_float,
+        default=0.0,
+        help="how long a free worker may wait for a fuller batch (default 0)",
     )
     parser.add_argument("--workers", type=positive_int, default=None, help="batches in flight (default 2)")
     parser.add_argument("--no-latency-session", action="store_true", help=latency_help)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ._flags import add_runtime_arguments
+from ._flags import add_runtime_arguments, positive_float
 
 HELP = "benchmark BatchedSession against direct session.run and an offline oracle, on the same requests"
 
@@ -53,7 +53,7 @@ def _add_load(load: Any) -> None:
     )
     load.add_argument(
         "--duration",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="S",
         help="time cap per (mode, concurrency) run in seconds (default 120)",
@@ -71,7 +71,7 @@ def _add_load(load: Any) -> None:
         default="closed",
         help="closed loop (each client sends when its last answer came) or Poisson arrivals",
     )
-    load.add_argument("--rate", type=float, default=None, metavar="R", help="Poisson arrival rate, requests/s")
+    load.add_argument("--rate", type=positive_float, default=None, metavar="R", help="Poisson arrival rate, requests/s")
     load.add_argument("--seed", type=int, default=0, help="seed of the request lengths and arrivals (default 0)")
     load.add_argument(
         "--warmup",

@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, OrtBatchError
-from ._flags import PROVIDERS_HELP, positive_int, providers_arg
+from ._flags import PROVIDERS_HELP, non_negative_float, positive_float, positive_int, providers_arg
 
 if TYPE_CHECKING:
     from ..bulk import RunConfig
@@ -69,7 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--restart", action="store_true", help="discard this output's shards and start over")
     parser.add_argument("--quiet", action="store_true", help="no progress, only the summary")
     parser.add_argument(
-        "--progress-every", type=float, default=10.0, help="seconds between progress lines when not on a terminal"
+        "--progress-every",
+        type=positive_float,
+        default=10.0,
+        help="seconds between progress lines when not on a terminal",
     )
     _add_ray(parser.add_argument_group("Ray Data (pip install 'ortbatch[ray]'; see docs/bulk.md)"))
 
@@ -88,9 +91,12 @@ def _add_ray(ray: Any) -> None:
         help="workers, each owning one session (default: the cluster's CPUs / --ray-cpus)",
     )
     ray.add_argument(
-        "--ray-cpus", type=float, default=1.0, help="CPUs per worker; its ONNX Runtime threads follow (default 1)"
+        "--ray-cpus",
+        type=positive_float,
+        default=1.0,
+        help="CPUs per worker; its ONNX Runtime threads follow (default 1)",
     )
-    ray.add_argument("--ray-gpus", type=float, default=0.0, help="GPUs per worker (1: one worker per GPU)")
+    ray.add_argument("--ray-gpus", type=non_negative_float, default=0.0, help="GPUs per worker (1: one worker per GPU)")
 
 
 def _sampling(text: str | None) -> dict[str, Any] | None:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._flags import add_runtime_arguments, port, positive_int
+from ._flags import add_runtime_arguments, non_negative_float, port, positive_float, positive_int
 
 HELP = (
     "serve export directories over HTTP (KServe v2 / Triton protocol with the model-repository extension, "
@@ -79,7 +79,10 @@ def _add_runtime(parser: argparse.ArgumentParser) -> None:
         "--max-queue", type=positive_int, default=1024, help="requests allowed to wait; beyond that 429 (default 1024)"
     )
     parser.add_argument(
-        "--timeout-s", type=float, default=None, help="deadline per request before it runs; then 504 (default none)"
+        "--timeout-s",
+        type=positive_float,
+        default=None,
+        help="deadline per request before it runs; then 504 (default none)",
     )
     parser.add_argument(
         "--max-body-bytes",
@@ -90,7 +93,7 @@ def _add_runtime(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-normalize", action="store_true", help="do not L2-normalize /v1/embeddings vectors")
     parser.add_argument(
         "--graceful-timeout-s",
-        type=float,
+        type=non_negative_float,
         default=60.0,
         help="on SIGTERM, wait this long for in-flight requests (default 60)",
     )
@@ -156,7 +159,9 @@ def _otlp_url(value: str) -> str:
 
 
 def _add_limits(limits: Any) -> None:
-    limits.add_argument("--header-timeout-s", type=float, default=10.0, help="seconds to send headers (default 10)")
+    limits.add_argument(
+        "--header-timeout-s", type=positive_float, default=10.0, help="seconds to send headers (default 10)"
+    )
     limits.add_argument(
         "--http",
         choices=("auto", "httptools", "h11"),
@@ -166,7 +171,7 @@ def _add_limits(limits: Any) -> None:
     )
     limits.add_argument(
         "--first-byte-timeout-s",
-        type=float,
+        type=positive_float,
         default=5.0,
         help="seconds a new connection has to send its first byte (default 5)",
     )
@@ -177,7 +182,9 @@ def _add_limits(limits: Any) -> None:
         help="connections one client address may hold without sending a byte; beyond it its oldest is closed. "
         "They never count toward --limit-concurrency (default 100)",
     )
-    limits.add_argument("--body-timeout-s", type=float, default=60.0, help="seconds to send a body (default 60)")
+    limits.add_argument(
+        "--body-timeout-s", type=positive_float, default=60.0, help="seconds to send a body (default 60)"
+    )
     limits.add_argument(
         "--limit-concurrency", type=positive_int, default=1000, help="connections at once; beyond: 503 (default 1000)"
     )
@@ -200,12 +207,17 @@ def _add_ray(ray: Any) -> None:
     )
     ray.add_argument("--replicas", type=positive_int, default=1, help="replicas per deployment (default 1)")
     ray.add_argument(
-        "--replica-cpus", type=float, default=1.0, help="CPUs per replica; its ONNX Runtime threads follow (default 1)"
+        "--replica-cpus",
+        type=positive_float,
+        default=1.0,
+        help="CPUs per replica; its ONNX Runtime threads follow (default 1)",
     )
-    ray.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs per replica (1: one replica per GPU)")
+    ray.add_argument(
+        "--replica-gpus", type=non_negative_float, default=0.0, help="GPUs per replica (1: one replica per GPU)"
+    )
     ray.add_argument(
         "--ray-request-timeout-s",
-        type=float,
+        type=positive_float,
         default=None,
         help="the proxy's deadline per request: past it, 408 (even if its replica died; default none)",
     )

@@ -209,7 +209,16 @@ def test_cli_bad_arguments_are_one_line_errors(encoder: Path, tmp_path: Path) ->
     proc = cli(str(encoder), str(src), "-o", str(tmp_path / "out"), "--ray-concurrency", "2")
     assert proc.returncode == 2 and "--ray-concurrency needs --ray" in proc.stderr and "Traceback" not in proc.stderr
     proc = cli(str(encoder), str(src), "-o", str(tmp_path / "out"), "--ray", "--ray-cpus", "0")
-    assert proc.returncode == 2 and "CPUs > 0" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "--ray-cpus: must be above 0" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli(str(encoder), str(src), "-o", str(tmp_path / "out"), "--max-batch-size", "0")
+    assert proc.returncode == 2 and "max_batch_size must be at least 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # a file that is not what its suffix says: one line naming it, nothing written
+    fake = tmp_path / "fake.parquet"
+    fake.write_text('{"text": "hello"}\n')
+    proc = cli(str(encoder), str(fake), "-o", str(tmp_path / "fake-out"))
+    assert proc.returncode == 2 and "fake.parquet is not a readable Parquet file" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_progress_lines_when_not_a_terminal(encoder: Path, tmp_path: Path) -> None:
