@@ -388,6 +388,7 @@ def _inputs(
     _check_output(out)
     rcp = load_recipe(recipe) if isinstance(recipe, (str, os.PathLike)) else (recipe or Recipe())
     model_ref = _model_ref(model)
+    _check_model(model_ref)
     chosen_variants = resolve_variants(variants)
     bench_texts = _read_texts(texts) if texts is not None else None
     holdout_texts = _read_texts(holdout) if holdout is not None else None
@@ -588,6 +589,18 @@ def _model_ref(model: str | os.PathLike[str]) -> str:
             raise ExportError(f"tune: the manifest in {p} does not name its source model")
         return str(ref)
     return os.fspath(model)
+
+
+def _check_model(model_ref: str) -> None:
+    """A model no variant could be exported from (no such folder, a package that is not
+    installed, a hub id offline and not in the cache) is one error here, before any variant
+    is tried, not the same error once per variant after them all."""
+    if model_ref.startswith("tiny:"):
+        return  # built locally on demand: always there (and building it twice is wasted time)
+    from . import hub
+    from .recipes import resolve_model_ref
+
+    hub.local_or_reachable(resolve_model_ref(model_ref))
 
 
 def resolve_variants(variants: Sequence[Variant] | Sequence[str] | None) -> list[Variant]:

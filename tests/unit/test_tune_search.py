@@ -110,3 +110,26 @@ def test_smooth_alpha_must_lie_between_0_and_1(alpha):
         QuantizeConfig.parse({"mode": "int8", "smooth_alpha": alpha})
     with pytest.raises(ExportError, match="apply to mode 'int8'"):
         QuantizeConfig.parse({"mode": "int8-static", "smooth_alpha": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("/nonexistent/model", "no such model folder"),
+        ("pkg:no_such_model_pkg", "needs the package no-such-model-pkg"),
+        ("some-org/not-in-any-cache", "HF_HUB_OFFLINE is set and it is not in the local cache"),
+    ],
+)
+def test_a_model_no_variant_can_be_exported_from_fails_once_before_any_variant(
+    monkeypatch, tmp_path: Path, model: str, message: str
+) -> None:
+    # before, each of the nine variants was tried and the same error listed nine times
+    from ortbatch.errors import ExportError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tried: list[str] = []
+    monkeypatch.setattr(tune_mod, "_build_variants", lambda *a, **k: tried.append("built") or [])
+    with pytest.raises(ExportError, match=message) as exc:
+        tune_mod.tune(model, tmp_path / "out")
+    assert "no variant passed" not in str(exc.value) and tried == []
+    assert not (tmp_path / "out").exists()
