@@ -42,30 +42,27 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _finite(text: str) -> float:
+def _finite(text: str, *, zero: bool) -> float:
+    """``text`` as a finite number above 0 (or at least 0 with ``zero``), else an argparse error."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    if value < 0 or (value == 0 and not zero):
+        raise argparse.ArgumentTypeError(f"must be {'0 or more' if zero else 'above 0'}, got {text!r}")
     return value
 
 
 def positive_float(text: str) -> float:
     """argparse ``type=``: a finite number above 0 (seconds, a rate, a share of CPUs)."""
-    value = _finite(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
-    return value
+    return _finite(text, zero=False)
 
 
 def non_negative_float(text: str) -> float:
     """argparse ``type=``: a finite number of at least 0 (a delay that may be none, a share of GPUs)."""
-    value = _finite(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
+    return _finite(text, zero=True)
 
 
 def port(text: str) -> int:
