@@ -53,8 +53,9 @@ def _add_models(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lenient-params",
         action="store_true",
-        help="generation exports: accept request fields that neither OpenAI nor vLLM defines (a vendor's), "
-        "logging each name once, instead of a 400 naming it",
+        help="accept request fields an endpoint does not read (generation: neither OpenAI nor vLLM defines "
+        "them; embeddings and task endpoints: see docs/serving.md), logging each name once, instead of a 400 "
+        "naming it",
     )
     parser.add_argument("--name", default=None, help="model name in URLs (default: the directory name)")
     parser.add_argument(

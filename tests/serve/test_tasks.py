@@ -260,3 +260,62 @@ def test_the_text_entry_answers_over_grpc_too(encoder_dir):
         body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["hello world", "a b"]}]}
         out = {o["name"]: o for o in httpx.post(srv.url + "/v2/models/tiny/infer", json=body).json()["outputs"]}
     np.testing.assert_allclose(got, np.array(out["pooled"]["data"], np.float32).reshape(2, -1), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "body", "field"),
+    [
+        # fields another API defines, which these endpoints do not read: they were dropped
+        # without a word (vLLM's normalize changed nothing, TEI's Left answered Right)
+        ("embedder", "/v1/embeddings", {"input": "a", "normalize": False}, "normalize"),
+        ("embedder", "/v1/embeddings", {"input": "a", "truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+        ("reranker", "/v1/rerank", {"query": "a", "documents": ["b"], "max_chunks_per_doc": 2}, "max_chunks_per_doc"),
+        ("reranker", "/rerank", {"query": "a", "texts": ["b"], "documents": ["c"]}, "documents"),
+        ("sentiment", "/v1/classify", {"input": "a", "top_k": 1}, "top_k"),
+        ("embedder", "/tokenize", {"prompt": "a", "return_token_strs": True}, "return_token_strs"),
+        ("embedder", "/detokenize", {"ids": [5], "decode_options": {}}, "decode_options"),
+    ],
+)
+def test_a_field_an_endpoint_does_not_read_is_a_400_naming_it(servers, name, path, body, field):
+    r = _post(servers[name], path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["message"] if isinstance(err, dict) else err) == f"Unrecognized request argument supplied: {field}"
+    # the same request without it is answered, with the model named in the body or not
+    plain = {k: v for k, v in body.items() if k != field}
+    assert _post(servers[name], path, plain).status_code == 200
+    assert _post(servers[name], path, {**plain, "model": name}).status_code == 200
+
+
+def test_truncation_direction_right_is_honoured_and_left_refused_where_it_would_cut(servers):
+    long = " ".join(["fox"] * 40)  # over the exports' 16 tokens
+    srv = servers["reranker"]
+    right = _post(srv, "/rerank", {"query": QUERY, "texts": [long], "truncate": True})
+    for side in ("Right", "right"):
+        r = _post(srv, "/rerank", {"query": QUERY, "texts": [long], "truncate": True, "truncation_direction": side})
+        assert r.json() == right.json()
+    # Left cannot be honoured: refused when inputs are cut, harmless (and taken) when they are not
+    r = _post(srv, "/rerank", {"query": QUERY, "texts": [long], "truncate": True, "truncation_direction": "Left"})
+    assert r.status_code == 400 and "'truncation_direction' Left is not supported" in r.json()["error"]
+    r = _post(srv, "/rerank", {"query": QUERY, "texts": ["dog"], "truncation_direction": "Left"})
+    assert r.status_code == 200, r.text
+    r = _post(srv, "/rerank", {"query": QUERY, "texts": ["dog"], "truncation_direction": "up"})
+    assert r.status_code == 400 and 'must be "Left" or "Right"' in r.json()["error"]
+
+
+def test_tei_tokenize_refuses_prompt_name_with_the_reason(servers):
+    r = _post(servers["embedder"], "/tokenize", {"inputs": "a", "prompt_name": "query"})
+    assert r.status_code == 400 and "'prompt_name' is not supported: /tokenize tokenizes" in r.json()["error"]
+    assert _post(servers["embedder"], "/tokenize", {"inputs": "a", "prompt_name": None}).status_code == 200
+
+
+def test_lenient_params_takes_an_unread_field_and_answers_as_without_it(task_dirs, caplog):
+    model = ServedModel.load(task_dirs["embedder"], name="e", lenient_params=True)
+    with BackgroundServer(model, ServeConfig(port=0, access_log=False, log_level="warning")) as srv:
+        with caplog.at_level("WARNING", logger="ortbatch.serve"):
+            a = _post(srv, "/v1/embeddings", {"input": "a", "normalize": False})
+            _post(srv, "/v1/embeddings", {"input": "a", "normalize": False})
+        b = _post(srv, "/v1/embeddings", {"input": "a"})
+        assert a.status_code == 200 and a.json()["data"] == b.json()["data"]
+    logged = [r for r in caplog.records if "'normalize'" in r.getMessage()]
+    assert len(logged) == 1  # once per name

@@ -92,6 +92,7 @@ def front_end_view(
         normalize_embeddings=config.normalize_embeddings,
         max_text_chars=config.max_text_chars,
         truncate=config.truncate,
+        lenient_params=config.lenient_params,
     )
 
 

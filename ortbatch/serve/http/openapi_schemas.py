@@ -29,6 +29,15 @@ _NUM = {"type": "number"}
 _BOOL = {"type": "boolean"}
 _IDS = {"type": "array", "items": _INT}
 _TEXTS = {"oneOf": [_STR, {"type": "array", "items": _STR, "minItems": 1}]}
+#: TEI's truncation_direction (ortbatch cuts at the right; Left is refused when truncate is on)
+_DIRECTION = {
+    "type": "string",
+    "enum": ["Right", "right", "Left", "left"],
+    "default": "Right",
+    "description": "TEI's: where an over-long input is cut; Left is refused when truncate is on",
+}
+#: the embedding and task requests: a field not listed is a 400 (unless --lenient-params)
+_CLOSED = {"additionalProperties": False}
 _TRUNCATE = {
     "type": "boolean",
     "description": "cut an input longer than the model's limit to the limit instead of a 400 "
@@ -289,6 +298,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "user": _STR,
         },
         "required": ["input"],
+        **_CLOSED,
     },
     "EmbeddingResponse": {
         "type": "object",
@@ -321,12 +331,14 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "inputs": {**_TEXTS, "description": "a text or texts"},
             "model": _STR,
             "truncate": _TRUNCATE,
+            "truncation_direction": _DIRECTION,
             "prompt_name": {"type": "string", "description": "one of the model's prompts, put before each text"},
             "prompt": {"type": "string", "description": "a prompt put before each text"},
             "top_k": {"type": "integer", "minimum": 1, "description": "keep the k largest weights"},
             "threshold": {"type": "number", "minimum": 0, "default": 0, "description": "keep the weights above it"},
         },
         "required": ["inputs"],
+        **_CLOSED,
     },
     "EmbedSparseResponse": {
         "description": "per input, its non-zero weights in vocabulary order",
@@ -356,6 +368,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "truncate": _TRUNCATE,
         },
         "required": ["query", "documents"],
+        **_CLOSED,
     },
     "RerankResponse": {
         "type": "object",
@@ -384,8 +397,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "raw_scores": {"type": "boolean", "default": False},
             "model": _STR,
             "truncate": _TRUNCATE,
+            "truncation_direction": _DIRECTION,
         },
         "required": ["query", "texts"],
+        **_CLOSED,
     },
     "RerankTeiResponse": {
         "type": "array",
@@ -397,8 +412,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "ClassifyRequest": {
         "type": "object",
-        "properties": {"input": _TEXTS, "model": _STR, "truncate": _TRUNCATE},
+        "properties": {"input": _TEXTS, "model": _STR, "truncate": _TRUNCATE, "user": _STR},
         "required": ["input"],
+        **_CLOSED,
     },
     "ClassifyResponse": {
         "type": "object",
@@ -430,7 +446,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "TokenizeRequest": {
         "type": "object",
         "description": "TEI's shape (``inputs``) or vLLM's (``prompt``)",
-        "properties": {"inputs": _TEXTS, "prompt": _STR, "add_special_tokens": {"type": "boolean", "default": True}},
+        "properties": {
+            "inputs": _TEXTS,
+            "prompt": _STR,
+            "add_special_tokens": {"type": "boolean", "default": True},
+            "model": _STR,
+        },
+        **_CLOSED,
     },
     "TokenizeResponse": {
         "oneOf": [
@@ -454,7 +476,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "ids": {"oneOf": [_IDS, {"type": "array", "items": _IDS}]},
             "tokens": _IDS,
             "skip_special_tokens": {"type": "boolean", "default": True},
+            "model": _STR,
         },
+        **_CLOSED,
     },
     "DetokenizeResponse": {
         "oneOf": [

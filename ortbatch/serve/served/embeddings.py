@@ -37,6 +37,7 @@ from ...embed import ops
 from ...errors import InvalidInputError
 from .completions import text_or_ids
 from .model import ServedModel
+from .task_fields import check_task_fields, truncation_direction
 
 __all__ = ["embed_sparse_answer", "embeddings_answer", "embedding_json"]
 
@@ -61,6 +62,7 @@ def embedding_json(row: np.ndarray, encoding_format: str) -> Any:
 async def embeddings_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, Any]:
     """``/v1/embeddings``: the model's embeddings of ``input``, as the request's options ask."""
     inputs = text_or_ids(doc.get("input"), "input")
+    check_task_fields(doc, "/v1/embeddings", model.policy)
     options = model.embed_options(doc, ops.ENCODING_FORMATS)
     options.refuse_for_dense()
     prompt = model.resolve_prompt(options, texts=isinstance(inputs[0], str))
@@ -85,10 +87,13 @@ async def embed_sparse_answer(model: ServedModel, doc: dict[str, Any]) -> list[l
         raise InvalidInputError(f"model {model.name!r} does not serve /embed_sparse: {model.sparse_disabled_reason}")
     if "inputs" not in doc:
         raise InvalidInputError("'inputs' is required: a string or a list of strings", input_name="inputs")
+    check_task_fields(doc, "/embed_sparse", model.policy)
+    truncate = _truncate(doc, model)
+    truncation_direction(doc, truncate)
     inputs = text_or_ids(doc.get("inputs"), "inputs")
     options = model.embed_options(doc, ("float",))
     prompt = model.resolve_prompt(options, texts=isinstance(inputs[0], str))
-    result = await model.embed(inputs, _truncate(doc, model), prompt, output=model.sparse_output)
+    result = await model.embed(inputs, truncate, prompt, output=model.sparse_output)
     rows = ops.sparsify(result.embeddings, top_k=options.top_k, threshold=options.threshold)
     return [
         [{"index": int(i), "value": float(v)} for i, v in zip(idx.tolist(), values.tolist(), strict=True)]

@@ -66,6 +66,7 @@ def load_served(
         normalize_embeddings=config.normalize_embeddings,
         max_text_chars=config.max_text_chars,
         truncate=config.truncate,
+        lenient_params=config.lenient_params,
     )
     tracing.observe(served, tracing.active())
     return served

@@ -25,6 +25,7 @@ from ...errors import InvalidInputError, NonFiniteOutputError, RequestTimeoutErr
 from ...manifest import MANIFEST_NAME, Manifest
 from .. import tracing
 from ..config import DEFAULT_MAX_TEXT_CHARS
+from .parameters import ParameterPolicy
 from .protocol import DATATYPES, InferRequest, ort_type_to_datatype
 
 __all__ = [
@@ -150,6 +151,9 @@ class ServedModel:
         truncate: the default of the text endpoints' ``truncate`` field: cut an input
             longer than the model's limit to the limit (True) or refuse it with a 400
             (False, the default; text sent to ``/v2/.../infer`` is always cut).
+        lenient_params: a JSON field the embedding and text-task endpoints do not read is
+            accepted and logged once per name (``--lenient-params``) instead of a 400
+            (:mod:`~ortbatch.serve.served.task_fields`).
     """
 
     def __init__(
@@ -164,8 +168,11 @@ class ServedModel:
         id_limits: dict[str, int] | None = None,
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
         truncate: bool = False,
+        lenient_params: bool = False,
     ) -> None:
         self.session = session
+        #: what the JSON endpoints do with a field they do not read (task_fields)
+        self.policy = ParameterPolicy(lenient=lenient_params)
         #: longest text taken when the export sets no sequence length to truncate at
         self.max_text_chars = max_text_chars
         self._cut_at: int | None = None
@@ -204,6 +211,7 @@ class ServedModel:
         normalize_embeddings: bool = True,
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
         truncate: bool = False,
+        lenient_params: bool = False,
     ) -> ServedModel:
         """Build the BatchedSession for an export directory (or a bare ``.onnx`` file)
         and load its tokenizer when ``tokenizer.json`` sits next to the model."""
@@ -219,6 +227,7 @@ class ServedModel:
                 normalize_embeddings=normalize_embeddings,
                 max_text_chars=max_text_chars,
                 truncate=truncate,
+                lenient_params=lenient_params,
             )
         except BaseException:
             session.close(drain=False)
@@ -234,6 +243,7 @@ class ServedModel:
         normalize_embeddings: bool = True,
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
         truncate: bool = False,
+        lenient_params: bool = False,
     ) -> ServedModel:
         """Serve ``session`` with what the export ``directory`` holds beside the model (its
         tokenizer, the id limits of its ``config.json``, its name): :meth:`load` without
@@ -254,6 +264,7 @@ class ServedModel:
             id_limits=_config_id_limits(base / "config.json"),
             max_text_chars=max_text_chars,
             truncate=truncate,
+            lenient_params=lenient_params,
         )
 
     def _setup_tokenizer(self, tokenizer: Any) -> None:

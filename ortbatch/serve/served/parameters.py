@@ -594,14 +594,15 @@ class ParameterPolicy:
         for name in doc:
             field = FIELDS.get(name)
             if field is None or api not in field.apis:
-                self._unknown(str(name))
+                self.unknown(str(name))
         for name, value in doc.items():
             field = FIELDS.get(name)
             if field is not None and field.handling == REFUSED and not _neutral(value, field.neutral):
                 reason = field.note.split("refused: ", 1)[-1]
                 raise InvalidInputError(f"'{name}' is not supported: {reason}", input_name=name)
 
-    def _unknown(self, name: str) -> None:
+    def unknown(self, name: str) -> None:
+        """A field no API defines here: a 400 naming it, or (lenient) logged once per name."""
         if not self.lenient:
             raise InvalidInputError(f"Unrecognized request argument supplied: {name}", input_name=name)
         with self._lock:

@@ -40,6 +40,7 @@ import numpy as np
 
 from ...errors import InvalidInputError
 from .model import ServedModel
+from .task_fields import check_task_fields, truncation_direction
 
 __all__ = [
     "CLASSIFY_TASKS",
@@ -322,6 +323,9 @@ async def _reranked(
     """The texts of a rerank request, their scores (sigmoid unless ``raw_scores``), the
     order to answer them in, whether to return the texts, and the tokens it took."""
     query, texts, top_n = _parse_rerank(doc, texts_key)
+    check_task_fields(doc, "/rerank" if texts_key == "texts" else "/v1/rerank", model.policy)
+    if texts_key == "texts":  # TEI's shape
+        truncation_direction(doc, _truncate(doc, model))
     return_texts = _flag(doc, return_key, return_default)
     raw = _flag(doc, "raw_scores", False)
     logits, tokens = await rerank_scores(model, query, texts, _truncate(doc, model))
@@ -359,6 +363,7 @@ async def classify_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, 
     """``/v1/classify`` (vLLM shape): a label distribution, or entity spans, per input."""
     if "input" not in doc:
         raise InvalidInputError("'input' is required: a string or a list of strings", input_name="input")
+    check_task_fields(doc, "/v1/classify", model.policy)
     texts = _text_list(doc.get("input"), "input")
     data, tokens = await classify(model, texts, _truncate(doc, model))
     return {
@@ -374,6 +379,12 @@ async def classify_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, 
 def tokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
     """``/tokenize``: vLLM's shape (``prompt`` -> its ids) or TEI's (``inputs`` -> tokens)."""
     _require(model, "tokenize")
+    if "prompt" not in doc and "inputs" not in doc:
+        raise InvalidInputError(
+            "send 'inputs' (a string or a list of strings, TEI's shape) or 'prompt' (a string, vLLM's)",
+            input_name="inputs",
+        )
+    check_task_fields(doc, "/tokenize", model.policy)
     special = _flag(doc, "add_special_tokens", True)
     tok = model.tokenizer
     assert tok is not None
@@ -384,11 +395,6 @@ def tokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
         ids = tok.encode(prompt, add_special_tokens=special).ids
         limit = model.manifest.max_sequence_length if model.manifest is not None else None
         return {"count": len(ids), "max_model_len": limit, "tokens": ids}
-    if "inputs" not in doc:
-        raise InvalidInputError(
-            "send 'inputs' (a string or a list of strings, TEI's shape) or 'prompt' (a string, vLLM's)",
-            input_name="inputs",
-        )
     texts = _text_list(doc["inputs"], "inputs")
     encodings = tok.encode_batch(texts, add_special_tokens=special)
     return [_tokens_tei(model, t, e) for t, e in zip(texts, encodings, strict=True)]
@@ -397,13 +403,14 @@ def tokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
 def detokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
     """``/detokenize``: vLLM's shape (``tokens``) or TEI's (``ids``, one list or several)."""
     _require(model, "tokenize")
-    if "tokens" in doc:  # vLLM's shape
-        ids = _ids(doc["tokens"], "tokens")
-        return {"prompt": _decode(model, ids, False, "tokens")}
-    if "ids" not in doc:
+    if "tokens" not in doc and "ids" not in doc:
         raise InvalidInputError(
             "send 'ids' (token ids or a list of such lists, TEI's shape) or 'tokens' (vLLM's)", input_name="ids"
         )
+    check_task_fields(doc, "/detokenize", model.policy)
+    if "tokens" in doc:  # vLLM's shape
+        ids = _ids(doc["tokens"], "tokens")
+        return {"prompt": _decode(model, ids, False, "tokens")}
     skip = _flag(doc, "skip_special_tokens", True)
     value = doc["ids"]
     rows = value if isinstance(value, list) and value and all(isinstance(r, list) for r in value) else [value]
