@@ -8,6 +8,7 @@ always sentence-transformers, never ortbatch's output.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from ortbatch import export_model  # noqa: E402
 from ortbatch.embed import Embedder  # noqa: E402
-from ortbatch.serve import BackgroundServer, ServeConfig  # noqa: E402
+from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel  # noqa: E402
 from ortbatch.serve.served.repository import ModelRepository  # noqa: E402
 from tests.embed.stmodels import CORPUS, TEXTS, build_splade, build_st, cosines  # noqa: E402
 
@@ -302,6 +303,83 @@ def test_the_openai_client_round_trips(served):
     np.testing.assert_allclose(got, model.encode(BATCH[:3], truncate_dim=8, normalize_embeddings=True), atol=2e-5)
     with pytest.raises(openai_mod.BadRequestError, match="dimensions"):
         client.embeddings.create(model="prompted", input="x", dimensions=999)
+
+
+# -- /embed (TEI) ----------------------------------------------------------------------------------
+
+
+def tei(served: Served, model: str, inputs: Any, **options: Any) -> np.ndarray:
+    r = httpx.post(served.srv.url + "/embed", json={"model": model, "inputs": inputs, **options}, timeout=60)
+    assert r.status_code == 200, r.text
+    return np.array(r.json())
+
+
+def _normalizes(name: str) -> bool:
+    return PIPELINES[name][3] if name in PIPELINES else PROMPTED[name]["normalize"]
+
+
+@pytest.mark.parametrize(
+    "name", ["bert-cls", "bert-mean", "bert-multi", "gpt2-mean-dense", "prompted", "gpt2-prompted"]
+)
+def test_tei_embed_equals_encode_normalized_and_normalize_false_its_own(served, name):
+    model = served.st(name)
+    # TEI's default, normalize true: encode(normalize_embeddings=True), the default prompt included
+    want = model.encode(BATCH, normalize_embeddings=True)
+    got = tei(served, name, BATCH)
+    assert got.shape == want.shape and cosines(got, want).min() >= MIN_COSINE
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(
+        tei(served, name, BATCH, dimensions=8),
+        model.encode(BATCH, truncate_dim=8, normalize_embeddings=True),
+        atol=2e-5,
+    )
+    assert tei(served, name, BATCH[0]).shape == (1, want.shape[1])  # one text in, one vector out
+    if name in PROMPTED:
+        want = model.encode(BATCH, prompt_name="query", normalize_embeddings=True)
+        assert cosines(tei(served, name, BATCH, prompt_name="query"), want).min() >= MIN_COSINE
+    own = model.encode(BATCH)
+    if _normalizes(name):
+        # TEI skips the Normalize module, so its false means un-normalized: not this model's to give
+        r = httpx.post(served.srv.url + "/embed", json={"model": name, "inputs": BATCH, "normalize": False})
+        assert r.status_code == 400 and "'normalize': false cannot be honoured" in r.json()["error"]
+    else:
+        assert np.abs(np.linalg.norm(own, axis=1) - 1).max() > 0.05  # so the check below can fail
+        got = tei(served, name, BATCH, normalize=False)
+        assert cosines(got, own).min() >= MIN_COSINE
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(own, axis=1), rtol=1e-3)
+
+
+_HUB_CLIENT = textwrap.dedent(
+    """
+    import json, sys
+    from huggingface_hub import InferenceClient
+    client = InferenceClient(model=sys.argv[1])
+    unit = client.feature_extraction(sys.argv[2])
+    raw = client.feature_extraction(sys.argv[2], normalize=False, truncate=True, truncation_direction="Right")
+    print(json.dumps({"unit": unit.tolist(), "raw": raw.tolist()}))
+    """
+)
+
+
+def test_huggingface_hubs_client_reads_embed_as_it_reads_tei(served):
+    pytest.importorskip("huggingface_hub")
+    model = served.st("bert-cls")  # no Normalize module: normalize true and false differ
+    # TEI's clients send no model field: one model served alone, as `ortbatch serve DIR` does
+    alone = ServedModel.load(served.root / "bert-cls", name="bert-cls")
+    with BackgroundServer(alone, ServeConfig(port=0, access_log=False, log_level="warning")) as srv:
+        # HF_HUB_OFFLINE=1 (or TRANSFORMERS_OFFLINE=1, the suite's) stops the client from calling
+        # any URL, this 127.0.0.1 server's included: it runs without them (it calls nothing else)
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        done = subprocess.run(
+            [sys.executable, "-c", _HUB_CLIENT, srv.url + "/embed", BATCH[1]],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    unit, raw = np.array(out["unit"]), np.array(out["raw"])
+    assert unit.shape == (1, model.encode(BATCH[:1]).shape[1])
+    assert cosines(unit, model.encode(BATCH[1:2], normalize_embeddings=True)).min() >= MIN_COSINE
+    np.testing.assert_allclose(np.linalg.norm(raw), np.linalg.norm(model.encode(BATCH[1])), rtol=1e-3)
 
 
 # -- /embed_sparse ---------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ def test_the_openapi_request_schemas_are_the_fields_each_endpoint_takes() -> Non
     # read by the endpoint only to refuse them with a reason, so not in the schema
     refused = {
         "/v1/embeddings": {"top_k", "threshold"},
+        "/embed": {"top_k", "threshold", "encoding_format"},
         "/embed_sparse": {"dimensions", "encoding_format"},
         "/tokenize": {"prompt_name"},
     }

@@ -39,6 +39,7 @@ __all__ = [
 #: by that name: :mod:`.repository_routes`)
 BODY_ROUTES = {
     "/v1/embeddings": "embeddings",
+    "/embed": "embeddings",
     "/embed_sparse": "embed_sparse",
     "/v1/rerank": "rerank",
     "/rerank": "rerank",

@@ -325,6 +325,38 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
         "required": ["object", "data", "model", "usage"],
     },
+    "EmbedRequest": {
+        "type": "object",
+        "properties": {
+            "inputs": {
+                "description": "a text, texts, token ids, or lists of token ids",
+                "oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}],
+            },
+            "model": _STR,
+            "normalize": {
+                "type": "boolean",
+                "default": True,
+                "description": "L2-normalize (TEI's default); false: the pipeline's own vectors, refused where "
+                "the pipeline normalizes them itself",
+            },
+            "dimensions": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "the first N values (Matryoshka), re-normalized when the model normalizes",
+            },
+            "prompt_name": {"type": "string", "description": "one of the model's prompts, put before each text"},
+            "prompt": {"type": "string", "description": "a prompt put before each text (wins over prompt_name)"},
+            "truncate": _TRUNCATE,
+            "truncation_direction": _DIRECTION,
+        },
+        "required": ["inputs"],
+        **_CLOSED,
+    },
+    "EmbedResponse": {
+        "description": "one vector per input",
+        "type": "array",
+        "items": {"type": "array", "items": _NUM},
+    },
     "EmbedSparseRequest": {
         "type": "object",
         "properties": {
@@ -654,6 +686,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         {"input": ["The quick brown fox jumps over the lazy dog."], "model": "{model}"},
         description="The export's own sentence-transformers pipeline (as its encode), with dimensions, "
         "prompts and quantized encodings.",
+    ),
+    ("POST", "/embed"): Operation(
+        "Embeddings (text-embeddings-inference shape)",
+        _TASKS,
+        "EmbedRequest",
+        "EmbedResponse",
+        {"inputs": ["The quick brown fox jumps over the lazy dog."], "model": "{model}"},
+        description="The export's own sentence-transformers pipeline, L2-normalized unless normalize is false.",
     ),
     ("POST", "/embed_sparse"): Operation(
         "Sparse embeddings of a SPLADE export (text-embeddings-inference shape)",

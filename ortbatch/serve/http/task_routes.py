@@ -1,8 +1,8 @@
 """The task routes over one :class:`~ortbatch.serve.served.model.ServedModel` (added to
 every model's app by :func:`~ortbatch.serve.http.app.create_app`): each reads the JSON
 body and sends what :mod:`ortbatch.serve.served.text_tasks` answers (the endpoints, the
-request shapes and which export serves what are described there), and TEI's
-``/embed_sparse`` (:mod:`ortbatch.serve.served.embeddings`).
+request shapes and which export serves what are described there), and TEI's ``/embed``
+and ``/embed_sparse`` (:mod:`ortbatch.serve.served.embeddings`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..served.embeddings import embed_sparse_answer
+from ..served.embeddings import embed_answer, embed_sparse_answer
 from ..served.model import ServedModel
 from ..served.text_tasks import (
     classify_answer,
@@ -29,6 +29,7 @@ _RUN = {
     "/v1/rerank": rerank_answer,
     "/rerank": rerank_tei_answer,
     "/v1/classify": classify_answer,
+    "/embed": embed_answer,
     "/embed_sparse": embed_sparse_answer,
 }
 #: path -> an answer with no model run (computed at once, on the event loop)

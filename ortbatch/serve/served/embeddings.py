@@ -13,6 +13,13 @@ JSON document and returns the answer's (the HTTP routes only read the body and s
     -> {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [...]}],
         "model": ..., "usage": {"prompt_tokens": N, "total_tokens": N}}
 
+``POST /embed`` (text-embeddings-inference's shape; :func:`embed_answer`)::
+
+    {"inputs": "text" | ["text", ...] | [ids] | [[ids], ...],
+     "normalize": true,                 # TEI's default: unit vectors
+     "dimensions": 128, "prompt_name": "query", "truncate": false, "truncation_direction": "Right"}
+    -> [[...], ...]                     # one vector per input
+
 ``POST /embed_sparse`` (text-embeddings-inference's shape; :func:`embed_sparse_answer`), for
 a SPLADE export::
 
@@ -39,7 +46,7 @@ from .completions import text_or_ids
 from .model import ServedModel
 from .task_fields import check_task_fields, truncation_direction
 
-__all__ = ["embed_sparse_answer", "embeddings_answer", "embedding_json"]
+__all__ = ["embed_answer", "embed_sparse_answer", "embeddings_answer", "embedding_json"]
 
 
 def _truncate(doc: dict[str, Any], model: ServedModel) -> bool:
@@ -78,6 +85,41 @@ async def embeddings_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str
         "model": model.name,
         "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
     }
+
+
+async def embed_answer(model: ServedModel, doc: dict[str, Any]) -> list[list[float]]:
+    """``/embed`` (TEI): a vector per input. ``normalize`` (default true, TEI's) L2-normalizes
+    them: the pipeline's vectors then equal ``encode(normalize_embeddings=True)``. ``false``
+    gives the pipeline's own, ``encode``'s default; for a pipeline that ends in Normalize
+    those are unit vectors all the same, so ``false`` cannot mean what TEI means by it (TEI
+    skips the Normalize module) and is refused there, naming the field."""
+    if model.embedding_output is None:
+        raise InvalidInputError(f"model {model.name!r} does not serve /embed: {model.embeddings_disabled_reason}")
+    if "inputs" not in doc:
+        raise InvalidInputError("'inputs' is required: a string, a list of strings, or token ids", input_name="inputs")
+    check_task_fields(doc, "/embed", model.policy)
+    truncate = _truncate(doc, model)
+    truncation_direction(doc, truncate)
+    normalize = doc.get("normalize", True)
+    if not isinstance(normalize, bool):
+        raise InvalidInputError(f"'normalize' must be true or false, got {str(normalize)[:40]}", input_name="normalize")
+    unit = model.pipeline.normalize if model.pipeline is not None else model.normalize_embeddings
+    if not normalize and unit:
+        raise InvalidInputError(
+            f"'normalize': false cannot be honoured: model {model.name!r} normalizes its embeddings itself "
+            "(its sentence-transformers pipeline ends in Normalize, or the server runs without --no-normalize), "
+            "so they are unit vectors either way",
+            input_name="normalize",
+        )
+    inputs = text_or_ids(doc.get("inputs"), "inputs")
+    options = model.embed_options(doc, ("float",))
+    options.refuse_for_dense()
+    prompt = model.resolve_prompt(options, texts=isinstance(inputs[0], str))
+    result = await model.embed(inputs, truncate, prompt)
+    vectors = model.finish_output(result.embeddings, options)
+    if normalize and not unit:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return [row.tolist() for row in vectors.astype(np.float32, copy=False)]
 
 
 async def embed_sparse_answer(model: ServedModel, doc: dict[str, Any]) -> list[list[dict[str, Any]]]:

@@ -28,6 +28,8 @@ TASK_FIELDS: dict[str, frozenset[str]] = {
     # OpenAI's fields (``user`` is an end-user id: taken, no effect), and sentence-transformers'/TEI's
     # options; top_k/threshold are read so that a dense model refuses them with its own reason
     "/v1/embeddings": frozenset({"input", "truncate", "user", *_EMBED_OPTIONS}),
+    # TEI's (prompt: sentence-transformers'); top_k/threshold are read to be refused with a reason
+    "/embed": frozenset({"inputs", "normalize", "truncate", "truncation_direction", *_EMBED_OPTIONS}),
     # TEI's, and ortbatch's top_k/threshold
     "/embed_sparse": frozenset({"inputs", "truncate", "truncation_direction", *_EMBED_OPTIONS}),
     # Cohere's/Jina's/vLLM's shape, and TEI's
