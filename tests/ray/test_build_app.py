@@ -66,12 +66,19 @@ def test_two_exports_of_one_name_are_refused(tmp_path: Path) -> None:
         (["--ray", "--grpc-port", "8001"], "--grpc-port is not served through Ray"),
         (["--ray", "--port", "0"], "--ray needs a fixed --port"),
         (["--ray-request-timeout-s", "5"], "--ray-request-timeout-s needs --ray"),
-        (["--ray", "--ray-request-timeout-s", "0"], "--ray-request-timeout-s must be positive"),
     ],
 )
 def test_cli_refuses_ray_flags_that_cannot_work(tmp_path: Path, capsys, flags: list[str], message: str) -> None:
     assert main(["serve", str(_export(tmp_path, "m")), *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--ray-request-timeout-s", "--replica-cpus", "--replica-gpus"])
+def test_cli_refuses_a_ray_number_that_is_no_share_or_deadline_as_it_parses(tmp_path: Path, capsys, flag: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", str(_export(tmp_path, "m")), "--ray", "--port", "8000", flag, "nan"])
+    assert exc.value.code == 2
+    assert f"argument {flag}: must be a finite number, got 'nan'" in capsys.readouterr().err
 
 
 def test_app_builder_for_config_files_and_kuberay(tmp_path: Path) -> None:
