@@ -103,12 +103,17 @@ async def embed_answer(model: ServedModel, doc: dict[str, Any]) -> list[list[flo
     normalize = doc.get("normalize", True)
     if not isinstance(normalize, bool):
         raise InvalidInputError(f"'normalize' must be true or false, got {str(normalize)[:40]}", input_name="normalize")
-    unit = model.pipeline.normalize if model.pipeline is not None else model.normalize_embeddings
+    pipe = model.pipeline
+    unit = pipe.normalize if pipe is not None else model.normalize_embeddings
     if not normalize and unit:
+        why = (
+            "its sentence-transformers pipeline ends in Normalize"
+            if pipe is not None
+            else "the server normalizes this export's vectors (serve it with --no-normalize for its raw ones)"
+        )
         raise InvalidInputError(
-            f"'normalize': false cannot be honoured: model {model.name!r} normalizes its embeddings itself "
-            "(its sentence-transformers pipeline ends in Normalize, or the server runs without --no-normalize), "
-            "so they are unit vectors either way",
+            f"'normalize': false cannot be honoured for model {model.name!r}: {why}, so its embeddings are unit "
+            "vectors either way",
             input_name="normalize",
         )
     inputs = text_or_ids(doc.get("inputs"), "inputs")

@@ -324,11 +324,12 @@ async def _reranked(
     order to answer them in, whether to return the texts, and the tokens it took."""
     query, texts, top_n = _parse_rerank(doc, texts_key)
     check_task_fields(doc, "/rerank" if texts_key == "texts" else "/v1/rerank", model.policy)
+    truncate = _truncate(doc, model)
     if texts_key == "texts":  # TEI's shape
-        truncation_direction(doc, _truncate(doc, model))
+        truncation_direction(doc, truncate)
     return_texts = _flag(doc, return_key, return_default)
     raw = _flag(doc, "raw_scores", False)
-    logits, tokens = await rerank_scores(model, query, texts, _truncate(doc, model))
+    logits, tokens = await rerank_scores(model, query, texts, truncate)
     scores = logits if raw else _sigmoid(logits)
     return texts, scores, _ranked(scores, top_n), return_texts, tokens
 
