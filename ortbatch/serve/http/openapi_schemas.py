@@ -36,6 +36,20 @@ _DIRECTION = {
     "default": "Right",
     "description": "TEI's: where an over-long input is cut; Left is refused when truncate is on",
 }
+#: what /v1/embeddings and TEI's /embed take alike: the input, and the pipeline's options
+_EMBED_INPUT = {
+    "description": "a text, texts, token ids, or lists of token ids",
+    "oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}],
+}
+_EMBED_OPTIONS = {
+    "dimensions": {
+        "type": "integer",
+        "minimum": 1,
+        "description": "the first N values (Matryoshka), re-normalized when the model normalizes",
+    },
+    "prompt_name": {"type": "string", "description": "one of the model's prompts, put before each text"},
+    "prompt": {"type": "string", "description": "a prompt put before each text (wins over prompt_name)"},
+}
 #: the embedding and task requests: a field not listed is a 400 (unless --lenient-params)
 _CLOSED = {"additionalProperties": False}
 _TRUNCATE = {
@@ -275,10 +289,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "EmbeddingRequest": {
         "type": "object",
         "properties": {
-            "input": {
-                "description": "a text, texts, token ids, or lists of token ids",
-                "oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}],
-            },
+            "input": _EMBED_INPUT,
             "model": _STR,
             "encoding_format": {
                 "type": "string",
@@ -287,13 +298,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "description": "base64: little-endian float32 bytes; int8, uint8, binary, ubinary: "
                 "sentence-transformers' quantize_embeddings, as lists of integers",
             },
-            "dimensions": {
-                "type": "integer",
-                "minimum": 1,
-                "description": "the first N values (Matryoshka), re-normalized when the model normalizes",
-            },
-            "prompt_name": {"type": "string", "description": "one of the model's prompts, put before each text"},
-            "prompt": {"type": "string", "description": "a prompt put before each text (wins over prompt_name)"},
+            **_EMBED_OPTIONS,
             "truncate": _TRUNCATE,
             "user": _STR,
         },
@@ -328,10 +333,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "EmbedRequest": {
         "type": "object",
         "properties": {
-            "inputs": {
-                "description": "a text, texts, token ids, or lists of token ids",
-                "oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}],
-            },
+            "inputs": _EMBED_INPUT,
             "model": _STR,
             "normalize": {
                 "type": "boolean",
@@ -339,13 +341,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "description": "L2-normalize (TEI's default); false: the pipeline's own vectors, refused where "
                 "the pipeline normalizes them itself",
             },
-            "dimensions": {
-                "type": "integer",
-                "minimum": 1,
-                "description": "the first N values (Matryoshka), re-normalized when the model normalizes",
-            },
-            "prompt_name": {"type": "string", "description": "one of the model's prompts, put before each text"},
-            "prompt": {"type": "string", "description": "a prompt put before each text (wins over prompt_name)"},
+            **_EMBED_OPTIONS,
             "truncate": _TRUNCATE,
             "truncation_direction": _DIRECTION,
         },

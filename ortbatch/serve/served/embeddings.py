@@ -58,6 +58,20 @@ def _truncate(doc: dict[str, Any], model: ServedModel) -> bool:
     return value
 
 
+def _tei_request(model: ServedModel, doc: dict[str, Any], endpoint: str, output: str | None, why_not: str) -> bool:
+    """What TEI's two embedding routes check first: that ``model`` has the ``output`` they
+    need (else ``why_not``), that ``inputs`` is there, that every field is one ``endpoint``
+    reads; returns ``truncate`` (with ``truncation_direction`` checked against it)."""
+    if output is None:
+        raise InvalidInputError(f"model {model.name!r} does not serve {endpoint}: {why_not}")
+    if "inputs" not in doc:
+        raise InvalidInputError("'inputs' is required: a string, a list of strings, or token ids", input_name="inputs")
+    check_task_fields(doc, endpoint, model.policy)
+    truncate = _truncate(doc, model)
+    truncation_direction(doc, truncate)
+    return truncate
+
+
 def embedding_json(row: np.ndarray, encoding_format: str) -> Any:
     """One vector as the answer carries it: base64 of its little-endian float32 bytes
     (OpenAI's ``base64``), else a list of numbers (ints for the quantized formats)."""
@@ -93,13 +107,7 @@ async def embed_answer(model: ServedModel, doc: dict[str, Any]) -> list[list[flo
     gives the pipeline's own, ``encode``'s default; for a pipeline that ends in Normalize
     those are unit vectors all the same, so ``false`` cannot mean what TEI means by it (TEI
     skips the Normalize module) and is refused there, naming the field."""
-    if model.embedding_output is None:
-        raise InvalidInputError(f"model {model.name!r} does not serve /embed: {model.embeddings_disabled_reason}")
-    if "inputs" not in doc:
-        raise InvalidInputError("'inputs' is required: a string, a list of strings, or token ids", input_name="inputs")
-    check_task_fields(doc, "/embed", model.policy)
-    truncate = _truncate(doc, model)
-    truncation_direction(doc, truncate)
+    truncate = _tei_request(model, doc, "/embed", model.embedding_output, model.embeddings_disabled_reason)
     normalize = doc.get("normalize", True)
     if not isinstance(normalize, bool):
         raise InvalidInputError(f"'normalize' must be true or false, got {str(normalize)[:40]}", input_name="normalize")
@@ -130,13 +138,7 @@ async def embed_answer(model: ServedModel, doc: dict[str, Any]) -> list[list[flo
 async def embed_sparse_answer(model: ServedModel, doc: dict[str, Any]) -> list[list[dict[str, Any]]]:
     """``/embed_sparse`` (TEI): each input's non-zero SPLADE weights as ``{index, value}``,
     in vocabulary order; ``top_k`` keeps the largest, ``threshold`` those above it."""
-    if model.sparse_output is None:
-        raise InvalidInputError(f"model {model.name!r} does not serve /embed_sparse: {model.sparse_disabled_reason}")
-    if "inputs" not in doc:
-        raise InvalidInputError("'inputs' is required: a string or a list of strings", input_name="inputs")
-    check_task_fields(doc, "/embed_sparse", model.policy)
-    truncate = _truncate(doc, model)
-    truncation_direction(doc, truncate)
+    truncate = _tei_request(model, doc, "/embed_sparse", model.sparse_output, model.sparse_disabled_reason)
     inputs = text_or_ids(doc.get("inputs"), "inputs")
     options = model.embed_options(doc, ("float",))
     prompt = model.resolve_prompt(options, texts=isinstance(inputs[0], str))
