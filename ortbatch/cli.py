@@ -73,8 +73,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         print(f"ortbatch {args.command}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # what the machine refused: a path under a file, a permission, a full disk
+        print(f"ortbatch {args.command}: error: {_os_error(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _os_error(exc: OSError) -> str:
+    """``exc`` in one line: what the system said, and the path(s) it said it of."""
+    if exc.strerror and exc.filename is not None:
+        paths = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 is not None else "")
+        return f"{exc.strerror}: {paths}"
+    return str(exc) or type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -213,6 +213,12 @@ def test_cli_bad_arguments_are_one_line_errors(encoder: Path, tmp_path: Path) ->
     proc = cli(str(encoder), str(src), "-o", str(tmp_path / "out"), "--max-batch-size", "0")
     assert proc.returncode == 2 and "max_batch_size must be at least 1" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # an output the system will not create (here under a file): one line, not mkdir's traceback
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    proc = cli(str(encoder), str(src), "-o", str(blocker / "out"))
+    assert proc.returncode == 1 and f"Not a directory: {blocker / 'out'}" in proc.stderr
+    assert "Traceback" not in proc.stderr
     # a file that is not what its suffix says: one line naming it, nothing written
     fake = tmp_path / "fake.parquet"
     fake.write_text('{"text": "hello"}\n')

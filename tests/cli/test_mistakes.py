@@ -134,6 +134,25 @@ def test_export_into_a_folder_that_is_not_an_export(tmp_path: Path) -> None:
     assert "--force" in line and (tmp_path / "docs" / "thesis.txt").read_text() == "years of work"
 
 
+def test_an_output_path_the_system_refuses_is_one_line_naming_it(tmp_path: Path) -> None:
+    # a folder asked for under a file (or where the user may not write, or on a full disk) was
+    # an OSError traceback from mkdir in export, run and tune
+    (tmp_path / "afile").write_text("x")
+    line = _one_line_error(_run("tune", "tiny:gpt2", "-o", str(tmp_path / "afile" / "out")), "tune", 1)
+    assert "Not a directory" in line and str(tmp_path / "afile") in line
+
+
+def test_an_os_error_reads_as_what_the_system_said_of_which_path() -> None:
+    from ortbatch.cli import _os_error
+
+    assert _os_error(NotADirectoryError(20, "Not a directory", "/a/b")) == "Not a directory: /a/b"
+    assert (
+        _os_error(OSError(18, "Invalid cross-device link", "/a", None, "/b")) == "Invalid cross-device link: /a -> /b"
+    )
+    assert _os_error(OSError("disk on fire")) == "disk on fire"
+    assert _os_error(OSError()) == "OSError"
+
+
 def test_every_option_of_every_command_has_help() -> None:
     import argparse
 
