@@ -34,6 +34,7 @@ import numpy as np
 
 from ..embed.options import EmbedOptions
 from ..errors import InvalidInputError
+from ..serve.served.parameters import ParameterPolicy
 from .batch_completions import COMPLETION_URLS, CompletionLines, failure_of
 from .sources import Row
 from .tasks import EmbeddingHead, EncoderTask, Field, Outcome, RowFailure, Task
@@ -97,6 +98,8 @@ class BatchApiTask(Task):
         self.completions = completions
         self.model_name = model_name
         self.reason = reason
+        # a field /v1/embeddings does not read fails its line, as `ortbatch serve` answers it
+        self._policy = ParameterPolicy()
 
     @property
     def fields(self) -> list[Field]:
@@ -216,12 +219,14 @@ class BatchApiTask(Task):
         ``/v1/embeddings`` takes, checked by the same code) and ``(truncate, prompt)``."""
         from ..embed import ops
         from ..serve.served.completions import text_or_ids
+        from ..serve.served.task_fields import check_task_fields
 
         assert self.inner is not None
         head = self.inner.head
         assert isinstance(head, EmbeddingHead)
         try:
             inputs = text_or_ids(body.get("input"), "input")
+            check_task_fields(body, "/v1/embeddings", self._policy)  # a field serve refuses, refused here
             options = EmbedOptions.parse(body, formats=ops.ENCODING_FORMATS)
             options.refuse_for_dense()
             truncate = body.get("truncate")

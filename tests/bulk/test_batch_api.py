@@ -47,6 +47,8 @@ LINES: list[Any] = [
         "url": "/v1/chat/completions",
         "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     },
+    # a field serve's /v1/embeddings does not read (vLLM's): refused here as serve refuses it
+    {"custom_id": "extra", "method": "POST", "url": "/v1/embeddings", "body": {"input": "hi", "normalize": False}},
     b"{not json",
 ]
 
@@ -54,7 +56,7 @@ LINES: list[Any] = [
 def test_batch_api_lines_in_the_batch_output_format_equal_to_serve(encoder: Path, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "batch.jsonl", LINES)
     summary = ortbatch.run(encoder, src, tmp_path / "out", window=3, progress=False)
-    assert summary.rows == 8 and summary.succeeded == 5 and summary.failed == 3 and summary.exit_code == 3
+    assert summary.rows == 9 and summary.succeeded == 5 and summary.failed == 4 and summary.exit_code == 3
     out = [json.loads(x) for p in sorted((tmp_path / "out").glob("part-*.jsonl")) for x in p.read_text().splitlines()]
     assert [x["custom_id"] for x in out] == ["one", "many", "b64", "ids", "cut"]
     for line, sent in zip(out, [LINES[i] for i in (0, 1, 2, 3, 5)], strict=True):
@@ -80,10 +82,19 @@ def test_batch_api_lines_in_the_batch_output_format_equal_to_serve(encoder: Path
     status, served = serve_embeddings(encoder, LINES[4]["body"])
     assert status == 400  # serve refuses it too
     assert by_id["chat"]["response"]["status_code"] == 404
+    extra = by_id["extra"]["response"]
+    assert extra["status_code"] == 400
+    assert extra["body"]["error"]["message"] == "Unrecognized request argument supplied: normalize"
+    status, served = serve_embeddings(encoder, LINES[7]["body"])
+    # serve answers the same (its "code" is the HTTP status; a batch file's, the failure's kind)
+    assert status == 400
+    assert {k: served["error"][k] for k in ("message", "type", "param")} == {
+        k: extra["body"]["error"][k] for k in ("message", "type", "param")
+    }
     bad = by_id[None]
     assert bad["response"] is None
     batch_error = openai_types.BatchError.model_validate(bad["error"])
-    assert batch_error.line == 8 and batch_error.code == "invalid_json"
+    assert batch_error.line == 9 and batch_error.code == "invalid_json"
 
 
 def test_batch_api_input_needs_jsonl_output(encoder: Path, tmp_path: Path) -> None:
