@@ -16,12 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...embed.options import OPTION_FIELDS as _EMBED_OPTIONS
 from ...errors import InvalidInputError
 from .parameters import ParameterPolicy
 
 __all__ = ["REFUSED", "TASK_FIELDS", "check_task_fields", "truncation_direction"]
-
-_EMBED_OPTIONS = ("dimensions", "prompt_name", "prompt", "encoding_format", "top_k", "threshold")
 
 #: endpoint -> the fields it reads (besides ``model``)
 TASK_FIELDS: dict[str, frozenset[str]] = {
