@@ -17,7 +17,8 @@ an uninterrupted one.
 
 Served: ``/v1/embeddings`` by an embedding export (``input``: a string, strings, token ids
 or lists of them; ``encoding_format`` ``float`` or ``base64``; ``dimensions`` equal to the
-model's; ``truncate``, an ortbatch extension, default off); ``/v1/completions`` and
+model's; ``truncate``, an ortbatch extension, by default off, on with ``--truncate`` as ``serve --truncate``
+sets it); ``/v1/completions`` and
 ``/v1/chat/completions`` by a text-generation export, every field as ``ortbatch serve``
 takes it (:mod:`ortbatch.bulk.batch_completions`, which drives serve's transport-free core;
 ``stream`` is refused, and answers' ids, ``created`` and a missing ``seed`` are derived from
@@ -43,6 +44,8 @@ __all__ = ["BatchApiTask", "batch_error_line"]
 
 EMBEDDINGS_URL = "/v1/embeddings"
 _STATUS = {"unsupported_url": 404, "inference": 500}
+#: how a too-long embeddings line asks to be cut (serve's words; the job's --truncate is the default)
+_TOO_LONG_REMEDY = 'send "truncate": true to cut it to the limit (or run the job with --truncate)'
 #: an error's ``type`` by status, as ``ortbatch serve`` names them
 _ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_exceeded", 503: "service_unavailable", 504: "timeout_error"}
 
@@ -174,7 +177,8 @@ class BatchApiTask(Task):
         for how in sorted({h for _, h, _ in flat}, key=lambda h: (h[0], h[1] or "")):
             where = [k for k, (_, h, _) in enumerate(flat) if h == how]
             items = [flat[k][2] for k in where]
-            for k, e in zip(where, self.inner.encoder.encode(items, *how), strict=True):
+            encoded_items = self.inner.encoder.encode(items, *how, remedy=_TOO_LONG_REMEDY)
+            for k, e in zip(where, encoded_items, strict=True):
                 encoded[k] = e
         outs = self.inner.encoder.infer(encoded, [head.output])
         per_row: dict[int, list[Any]] = {}
@@ -230,7 +234,9 @@ class BatchApiTask(Task):
             options = EmbedOptions.parse(body, formats=ops.ENCODING_FORMATS)
             options.refuse_for_dense()
             truncate = body.get("truncate")
-            if truncate is not None and not isinstance(truncate, bool):
+            if truncate is None:  # the job's --truncate, as `serve --truncate` sets the field's default
+                truncate = self.inner.options.truncate
+            elif not isinstance(truncate, bool):
                 raise InvalidInputError(
                     f"'truncate' must be true or false, got {str(truncate)[:40]}", input_name="truncate"
                 )
@@ -243,7 +249,7 @@ class BatchApiTask(Task):
             prompt = head.resolve_prompt(options.prompt_name, options.prompt) if texts else None
         except InvalidInputError as exc:
             return failure_of(exc)
-        return list(inputs), options, (bool(truncate), prompt)
+        return list(inputs), options, (truncate, prompt)
 
     def describe(self) -> dict[str, Any]:
         inner = self.inner.describe() if self.inner is not None else None

@@ -237,10 +237,15 @@ class Encoder:
         return list(self.session.get_outputs())
 
     def encode(
-        self, items: Sequence[str | tuple[str, str] | list[int]], truncate: bool, prompt: str | None = None
+        self,
+        items: Sequence[str | tuple[str, str] | list[int]],
+        truncate: bool,
+        prompt: str | None = None,
+        remedy: str = "pass --truncate to cut it",
     ) -> list[_Encoded | RowFailure]:
         """Tokenize texts (after ``prompt``, when given), ``(first, second)`` pairs or token-id
-        lists; an item over the model's limit is a ``too_long`` failure unless ``truncate``."""
+        lists; an item over the model's limit is a ``too_long`` failure unless ``truncate``
+        (its message ends with ``remedy``: how the user asks for the cut)."""
         prompt_length = self._prompt_length(prompt)
         out: list[_Encoded | RowFailure | None] = [None] * len(items)
         texts: list[Any] = []
@@ -250,7 +255,7 @@ class Encoder:
                 ids = item
                 if self.max_length and len(ids) > self.max_length:
                     if not truncate:
-                        out[i] = RowFailure("too_long", self._too_long(len(ids)))
+                        out[i] = RowFailure("too_long", self._too_long(len(ids), remedy))
                         continue
                     ids = ids[: self.max_length]
                 if self.vocab_limit and any(not 0 <= t < self.vocab_limit for t in ids):
@@ -284,15 +289,15 @@ class Encoder:
         if texts:
             for i, enc in zip(where, self.tokenizer.encode_batch(texts), strict=True):
                 if enc.overflowing and not truncate:
-                    out[i] = RowFailure("too_long", self._too_long(None))
+                    out[i] = RowFailure("too_long", self._too_long(None, remedy))
                     continue
                 feed = self._feed(enc.ids, enc.attention_mask, enc.type_ids, prompt_length)
                 out[i] = _Encoded(feed, int(sum(enc.attention_mask)), enc)
         return [o if o is not None else RowFailure("invalid_input", "not computed") for o in out]
 
-    def _too_long(self, n: int | None) -> str:
+    def _too_long(self, n: int | None, remedy: str) -> str:
         got = f" ({n} tokens)" if n is not None else ""
-        return f"the input is longer than the model's limit of {self.max_length} tokens{got}; pass --truncate to cut it"
+        return f"the input is longer than the model's limit of {self.max_length} tokens{got}; {remedy}"
 
     def _prompt_length(self, prompt: str | None) -> int:
         """Tokens of ``prompt`` a pipeline with ``include_prompt=false`` leaves out of pooling

@@ -49,7 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4096,
         help="rows read, sorted by length and committed together as one shard (default 4096): bounds memory",
     )
-    parser.add_argument("--truncate", action="store_true", help="cut over-long inputs to the model's limit")
+    parser.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut over-long inputs to the model's limit (for an OpenAI Batch API file: the default of a "
+        '/v1/embeddings line\'s "truncate", as `serve --truncate` sets it)',
+    )
     parser.add_argument(
         "--no-normalize",
         action="store_true",

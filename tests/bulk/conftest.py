@@ -107,15 +107,16 @@ def output_bytes(out: Path) -> dict[str, bytes]:
     return {n: (out / n).read_bytes() for n in names}
 
 
-def serve_embeddings(export: Path, body: dict[str, Any]) -> tuple[int, Any]:
-    """What ``ortbatch serve``'s ``/v1/embeddings`` answers ``body`` (status, JSON), in process."""
+def serve_embeddings(export: Path, body: dict[str, Any], truncate: bool = False) -> tuple[int, Any]:
+    """What ``ortbatch serve``'s ``/v1/embeddings`` answers ``body`` (status, JSON), in process
+    (``truncate``: served with ``--truncate``)."""
     import asyncio
 
     import httpx
 
     from ortbatch.serve import ServedModel, create_app
 
-    model = ServedModel.load(export, name=export.name)
+    model = ServedModel.load(export, name=export.name, truncate=truncate)
     app = create_app(model)
 
     async def go() -> httpx.Response:

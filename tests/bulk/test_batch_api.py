@@ -79,6 +79,8 @@ def test_batch_api_lines_in_the_batch_output_format_equal_to_serve(encoder: Path
     assert long_err["status_code"] == 400
     err = openai_types.shared.ErrorObject.model_validate(long_err["body"]["error"])
     assert err.code == "too_long" and "limit of 16 tokens" in err.message
+    # the remedy a Batch API line has: the field (serve's words), or the job's flag
+    assert 'send "truncate": true' in err.message and "--truncate" in err.message
     status, served = serve_embeddings(encoder, LINES[4]["body"])
     assert status == 400  # serve refuses it too
     assert by_id["chat"]["response"]["status_code"] == 404
@@ -95,6 +97,32 @@ def test_batch_api_lines_in_the_batch_output_format_equal_to_serve(encoder: Path
     assert bad["response"] is None
     batch_error = openai_types.BatchError.model_validate(bad["error"])
     assert batch_error.line == 9 and batch_error.code == "invalid_json"
+
+
+def test_batch_api_truncate_flag_is_the_lines_default_as_serve_truncate(encoder: Path, tmp_path: Path) -> None:
+    """``ortbatch run --truncate`` on a Batch API file: a line without ``truncate`` is cut, as
+    ``serve --truncate`` cuts it; a line that says ``"truncate": false`` still fails."""
+    long_text = " ".join(["fox"] * 30)
+    lines = [
+        {"custom_id": "default", "method": "POST", "url": "/v1/embeddings", "body": {"input": long_text}},
+        {
+            "custom_id": "no",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"input": long_text, "truncate": False},
+        },
+    ]
+    src = write_jsonl(tmp_path / "batch.jsonl", lines)
+    summary = ortbatch.run(encoder, src, tmp_path / "out", truncate=True, progress=False)
+    assert summary.succeeded == 1 and summary.failed == 1
+    out = [json.loads(x) for p in sorted((tmp_path / "out").glob("part-*.jsonl")) for x in p.read_text().splitlines()]
+    assert [x["custom_id"] for x in out] == ["default"]
+    status, served = serve_embeddings(encoder, lines[0]["body"], truncate=True)
+    assert status == 200 and out[0]["response"]["body"] == served
+    errors = [json.loads(x) for x in (tmp_path / "out" / "_errors.jsonl").read_text().splitlines()]
+    assert [(e["custom_id"], e["response"]["body"]["error"]["code"]) for e in errors] == [("no", "too_long")]
+    status, served = serve_embeddings(encoder, lines[1]["body"], truncate=True)
+    assert status == 400  # serve --truncate refuses it too
 
 
 def test_batch_api_input_needs_jsonl_output(encoder: Path, tmp_path: Path) -> None:
