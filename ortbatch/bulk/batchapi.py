@@ -223,7 +223,7 @@ class BatchApiTask(Task):
         ``/v1/embeddings`` takes, checked by the same code) and ``(truncate, prompt)``."""
         from ..embed import ops
         from ..serve.served.completions import text_or_ids
-        from ..serve.served.task_fields import check_task_fields
+        from ..serve.served.task_fields import check_task_fields, truncate_field
 
         assert self.inner is not None
         head = self.inner.head
@@ -233,13 +233,8 @@ class BatchApiTask(Task):
             check_task_fields(body, "/v1/embeddings", self._policy)  # a field serve refuses, refused here
             options = EmbedOptions.parse(body, formats=ops.ENCODING_FORMATS)
             options.refuse_for_dense()
-            truncate = body.get("truncate")
-            if truncate is None:  # the job's --truncate, as `serve --truncate` sets the field's default
-                truncate = self.inner.options.truncate
-            elif not isinstance(truncate, bool):
-                raise InvalidInputError(
-                    f"'truncate' must be true or false, got {str(truncate)[:40]}", input_name="truncate"
-                )
+            # absent: the job's --truncate, as `serve --truncate` sets the field's default
+            truncate = truncate_field(body, self.inner.options.truncate)
             texts = isinstance(inputs[0], str)
             if not texts and options.asks_prompt is not None:
                 raise InvalidInputError(

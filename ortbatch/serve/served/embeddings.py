@@ -44,18 +44,9 @@ from ...embed import ops
 from ...errors import InvalidInputError
 from .completions import text_or_ids
 from .model import ServedModel
-from .task_fields import check_task_fields, truncation_direction
+from .task_fields import check_task_fields, truncate_field, truncation_direction
 
 __all__ = ["embed_answer", "embed_sparse_answer", "embeddings_answer", "embedding_json"]
-
-
-def _truncate(doc: dict[str, Any], model: ServedModel) -> bool:
-    value = doc.get("truncate")
-    if value is None:
-        return model.truncate
-    if not isinstance(value, bool):
-        raise InvalidInputError(f"'truncate' must be true or false, got {str(value)[:40]}", input_name="truncate")
-    return value
 
 
 def _tei_request(model: ServedModel, doc: dict[str, Any], endpoint: str, output: str | None, why_not: str) -> bool:
@@ -67,7 +58,7 @@ def _tei_request(model: ServedModel, doc: dict[str, Any], endpoint: str, output:
     if "inputs" not in doc:
         raise InvalidInputError("'inputs' is required: a string, a list of strings, or token ids", input_name="inputs")
     check_task_fields(doc, endpoint, model.policy)
-    truncate = _truncate(doc, model)
+    truncate = truncate_field(doc, model.truncate)
     truncation_direction(doc, truncate)
     return truncate
 
@@ -87,7 +78,7 @@ async def embeddings_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str
     options = model.embed_options(doc, ops.ENCODING_FORMATS)
     options.refuse_for_dense()
     prompt = model.resolve_prompt(options, texts=isinstance(inputs[0], str))
-    result = await model.embed(inputs, _truncate(doc, model), prompt)
+    result = await model.embed(inputs, truncate_field(doc, model.truncate), prompt)
     vectors = model.finish_output(result.embeddings, options)
     data = [
         {"object": "embedding", "index": i, "embedding": embedding_json(row, options.encoding_format)}

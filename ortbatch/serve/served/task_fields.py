@@ -60,6 +60,17 @@ def check_task_fields(doc: Mapping[str, Any], endpoint: str, policy: ParameterPo
             raise InvalidInputError(f"'{name}' is not supported: {why}", input_name=name)
 
 
+def truncate_field(doc: Mapping[str, Any], default: bool) -> bool:
+    """The text endpoints' ``truncate`` (an input over the model's limit cut to it, or refused):
+    true or false; absent or null, ``default`` (``serve --truncate``, or ``run --truncate``)."""
+    value = doc.get("truncate")
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"'truncate' must be true or false, got {str(value)[:40]}", input_name="truncate")
+    return value
+
+
 def truncation_direction(doc: Mapping[str, Any], truncate: bool) -> None:
     """TEI's ``truncation_direction``: ``Right`` (the default; any case) is how inputs are cut.
     ``Left`` cannot be honoured, so it is refused when it would matter: with ``truncate`` on.

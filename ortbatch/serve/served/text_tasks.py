@@ -40,7 +40,7 @@ import numpy as np
 
 from ...errors import InvalidInputError
 from .model import ServedModel
-from .task_fields import check_task_fields, truncation_direction
+from .task_fields import check_task_fields, truncate_field, truncation_direction
 
 __all__ = [
     "CLASSIFY_TASKS",
@@ -132,10 +132,9 @@ def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], default
     value = doc.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise InvalidInputError(f"'{key}' must be {what}, got {value!r}", input_name=key)
-    if not isinstance(value, kind):
-        raise InvalidInputError(f"'{key}' must be {what}, got {value!r}", input_name=key)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise InvalidInputError(f"'{key}' must be {what}, got {repr(value)[:40]}", input_name=key)
     return value
 
 
@@ -168,10 +167,6 @@ def _ids(value: Any, key: str) -> list[int]:
     if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
     raise InvalidInputError(f"'{key}' must be a list of token ids (integers)", input_name=key)
-
-
-def _truncate(doc: dict[str, Any], model: ServedModel) -> bool:
-    return _flag(doc, "truncate", model.truncate)
 
 
 # -- tokenizing ----------------------------------------------------------------------------
@@ -324,7 +319,7 @@ async def _reranked(
     order to answer them in, whether to return the texts, and the tokens it took."""
     query, texts, top_n = _parse_rerank(doc, texts_key)
     check_task_fields(doc, "/rerank" if texts_key == "texts" else "/v1/rerank", model.policy)
-    truncate = _truncate(doc, model)
+    truncate = truncate_field(doc, model.truncate)
     if texts_key == "texts":  # TEI's shape
         truncation_direction(doc, truncate)
     return_texts = _flag(doc, return_key, return_default)
@@ -366,7 +361,7 @@ async def classify_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, 
         raise InvalidInputError("'input' is required: a string or a list of strings", input_name="input")
     check_task_fields(doc, "/v1/classify", model.policy)
     texts = _text_list(doc.get("input"), "input")
-    data, tokens = await classify(model, texts, _truncate(doc, model))
+    data, tokens = await classify(model, texts, truncate_field(doc, model.truncate))
     return {
         "id": "classify-" + secrets.token_hex(12),
         "object": "list",
