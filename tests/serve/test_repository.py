@@ -88,6 +88,9 @@ def test_index_lists_every_model_with_state_and_reason(repo_server):
     assert by_name["broken"]["state"] == UNAVAILABLE and "not valid JSON" in by_name["broken"]["reason"]
     ready = httpx.post(repo_server.url + "/v2/repository/index", json={"ready": True}).json()
     assert "broken" not in {m["name"] for m in ready}
+    bad = httpx.post(repo_server.url + "/v2/repository/index", json={"ready": "y" * 100_000})
+    assert bad.status_code == 400 and "'ready' must be true or false" in bad.json()["error"]
+    assert len(bad.json()["error"]) < 200  # the start of the value, not all of it back
     models = httpx.get(repo_server.url + "/v1/models").json()["data"]
     assert [m["id"] for m in models] == ["embedder", "ner", "reranker", "sentiment"]
     assert httpx.get(repo_server.url + "/v2/health/ready").json() == {"ready": True}  # the others serve

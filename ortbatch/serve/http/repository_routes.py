@@ -188,7 +188,7 @@ def _extension_routes(repository: ModelRepository, limits: BodyLimits) -> list[A
         doc = await read_json(request)
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
-            raise InvalidInputError(f"'ready' must be true or false, got {ready!r}", input_name="ready")
+            raise InvalidInputError(f"'ready' must be true or false, got {repr(ready)[:40]}", input_name="ready")
         return json_response(repository.index(ready_only=ready))
 
     def parameters(doc: dict[str, Any], allowed: frozenset[str]) -> None:
