@@ -236,6 +236,30 @@ def _http_equivalent(srv, request) -> httpx.Response:
     )
 
 
+# (InferParameter field, value): each a timeout HTTP refuses; gRPC must refuse it alike
+BAD_TIMEOUTS = [("int64_param", -1), ("int64_param", 2**62), ("uint64_param", 2**64 - 1), ("double_param", 1.5)]
+
+
+@pytest.mark.parametrize(("kind", "value"), BAD_TIMEOUTS, ids=[f"{k}={v}" for k, v in BAD_TIMEOUTS])
+def test_a_bad_timeout_parameter_is_refused_as_over_http(both, kind, value):
+    request = _infer_request()
+    setattr(request.parameters["timeout"], kind, value)
+    with pytest.raises(grpc.RpcError) as err:
+        _call(both, "ModelInfer", request)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    doc = {
+        "parameters": {"timeout": value},
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [0, 0, 0]},
+            {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+        ],
+    }
+    http = httpx.post(f"{both.url}/v2/models/adder/infer", json=doc, timeout=30)
+    assert http.status_code == 400
+    assert err.value.details() == http.json()["error"]
+    assert "parameter 'timeout' must be an integer number of microseconds" in err.value.details()
+
+
 def test_a_message_that_does_not_parse_is_invalid_argument(both):
     with pytest.raises(grpc.RpcError) as err:
         _call(both, "ModelInfer", b"\xff\xff\xff\xff")

@@ -25,6 +25,7 @@ from ..served.protocol import (
     decode_binary_tensor,
     decode_values_tensor,
     encode_binary_tensor,
+    timeout_s_of,
 )
 from .schema import message
 
@@ -56,16 +57,6 @@ def parameters(params: Any) -> dict[str, Any]:
         which = value.WhichOneof("parameter_choice")
         out[key] = getattr(value, which) if which else None
     return out
-
-
-def _timeout_s(params: dict[str, Any]) -> float | None:
-    # Triton's request timeout parameter is in microseconds, as over HTTP.
-    if "timeout" not in params:
-        return None
-    timeout = params["timeout"]
-    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
-        raise InvalidInputError(f"parameter 'timeout' must be a non-negative integer (us), got {timeout!r}")
-    return timeout / 1e6 if timeout else None
 
 
 def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
@@ -115,7 +106,7 @@ def decode_infer_request(msg: Any) -> InferRequest:
     """Decode a ``ModelInferRequest`` message (the model name is checked by the caller).
     Raises :class:`~ortbatch.errors.InvalidInputError` for anything malformed."""
     params = parameters(msg.parameters)
-    timeout_s = _timeout_s(params)
+    timeout_s = timeout_s_of(params)
     if not msg.inputs:
         raise InvalidInputError("'inputs' must be a non-empty list of input tensors")
     raw = msg.raw_input_contents

@@ -43,6 +43,7 @@ __all__ = [
     "loads_json",
     "ort_type_to_datatype",
     "parse_infer_request",
+    "timeout_s_of",
 ]
 
 #: Protocol datatype -> numpy dtype. BYTES tensors are numpy object arrays of ``bytes``.
@@ -394,7 +395,7 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
     binary_output = params.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise InvalidInputError("parameter 'binary_data_output' must be a boolean")
-    timeout_s = _timeout_s(params)
+    timeout_s = timeout_s_of(params)
     inputs, datatypes = _parse_inputs(doc.get("inputs"), binary)
     return InferRequest(
         inputs=inputs,
@@ -407,8 +408,9 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
     )
 
 
-def _timeout_s(params: dict[str, Any]) -> float | None:
-    """The request's ``timeout`` parameter in seconds (None: none, or 0)."""
+def timeout_s_of(params: dict[str, Any]) -> float | None:
+    """The request's ``timeout`` parameter in seconds (None: none, or 0); HTTP's and
+    gRPC's requests are checked here alike."""
     if "timeout" not in params:
         return None
     # Triton's request timeout parameter is in microseconds.
