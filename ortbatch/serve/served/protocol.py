@@ -384,7 +384,16 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
                 f"Inference-Header-Content-Length is {header_length} but the body has {len(view)} bytes"
             )
         header, binary = view[:header_length], view[header_length:]
-    doc = loads_json(header, "request body")
+    try:
+        doc = loads_json(header, "request body")
+    except InvalidInputError:
+        json_length = _json_prefix_length(view) if header_length is None else None
+        if json_length is None:
+            raise
+        raise InvalidInputError(
+            f"request body is {json_length} bytes of JSON followed by {len(view) - json_length} other bytes; "
+            "binary tensor data needs the Inference-Header-Content-Length header (the JSON's length in bytes)"
+        ) from None
     if not isinstance(doc, dict):
         raise InvalidInputError(f"request body must be a JSON object, got {type(doc).__name__}")
 
@@ -406,6 +415,19 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
         timeout_s=timeout_s,
         parameters=params,
     )
+
+
+def _json_prefix_length(view: memoryview) -> int | None:
+    """The byte length of the JSON object that starts a body when other bytes follow it
+    (binary data sent without its header); None otherwise. Only on the error path."""
+    text = bytes(view).decode("utf-8", "replace")
+    try:
+        _, end = json.JSONDecoder().raw_decode(text)
+    except (ValueError, RecursionError):
+        return None
+    if not text[end:].strip():
+        return None
+    return len(text[:end].encode("utf-8"))
 
 
 def timeout_s_of(params: dict[str, Any]) -> float | None:
