@@ -35,6 +35,7 @@ from ortbatch.errors import (  # noqa: E402
 )
 from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel  # noqa: E402
 from ortbatch.serve.grpc import GrpcServer, status_for  # noqa: E402
+from ortbatch.serve.grpc.service import ResponseTooLargeError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -279,6 +280,7 @@ def test_every_error_has_a_deliberate_status():
     assert status_for(ModelUnavailableError("x"))[0] == code.UNAVAILABLE
     assert status_for(ModelLoadFailedError("x"))[0] == code.INVALID_ARGUMENT
     assert status_for(UnsupportedError("x"))[0] == code.UNIMPLEMENTED
+    assert status_for(ResponseTooLargeError("x"))[0] == code.RESOURCE_EXHAUSTED
 
 
 def test_overload_deadline_and_closed_over_grpc(adder_path):
@@ -303,6 +305,37 @@ def test_overload_deadline_and_closed_over_grpc(adder_path):
         assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
         client.close()
         srv.servicer.model.close()
+
+
+def test_an_answer_over_the_message_limit_is_refused_and_a_stream_goes_on(encoder_dir):
+    """A few texts make a large last_hidden_state: grpcio refused to send it and ended the
+    whole ModelStreamInfer stream (RESOURCE_EXHAUSTED), losing the stream's other requests."""
+    import queue
+
+    def texts(n: int) -> list:
+        t = grpcclient.InferInput("text", [n, 1], "BYTES")
+        t.set_data_from_numpy(np.array([[b"the quick brown fox jumps over the lazy dog"]] * n, dtype=object))
+        return [t]
+
+    model = ServedModel.load(encoder_dir, name="tiny", session_kwargs={"max_batch_size": 8})
+    with GrpcServer(model, port=0, max_message_bytes=64 * 1024) as srv:
+        client = grpcclient.InferenceServerClient(srv.address)
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("tiny_text", texts(400))  # about 100 kB of last_hidden_state
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "gRPC message limit of 65536 bytes" in err.value.message()
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("tiny_text", texts(400), request_id="big")
+        result, error = answers.get(timeout=30)
+        assert result is None and "gRPC message limit" in str(error)
+        client.async_stream_infer("tiny_text", texts(2), request_id="small")
+        result, error = answers.get(timeout=30)
+        assert error is None and result.get_response().id == "small"
+        assert result.as_numpy("pooled").shape == (2, 4)
+        client.stop_stream()
+        client.close()
+    model.close()
 
 
 def test_stream_infer_answers_each_request_and_survives_a_bad_one(both, adder_ort):
