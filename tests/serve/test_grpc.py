@@ -261,6 +261,48 @@ def test_a_bad_timeout_parameter_is_refused_as_over_http(both, kind, value):
     assert "parameter 'timeout' must be an integer number of microseconds" in err.value.details()
 
 
+LONG = "n" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [
+        ({"model": LONG}, grpc.StatusCode.NOT_FOUND),
+        ({"output": LONG}, grpc.StatusCode.INVALID_ARGUMENT),
+        ({"model": "é" * 50_000}, grpc.StatusCode.NOT_FOUND),  # percent-encoded: 6 bytes each
+    ],
+    ids=["model", "output", "non-ascii-model"],
+)
+def test_a_long_name_echoed_in_an_error_keeps_its_status(both, changes, code):
+    """The status message travels in the trailers: a 100 kB one reached tritonclient as
+    RESOURCE_EXHAUSTED 'Stream removed (received metadata size exceeds hard limit)'."""
+    with pytest.raises(grpc.RpcError) as err:
+        _call(both, "ModelInfer", _infer_request(**changes))
+    assert err.value.code() == code, err.value.details()
+    assert len(err.value.details().encode()) <= 2000
+    with pytest.raises(InferenceServerException) as info:
+        grpcclient.InferenceServerClient(both.grpc.address).get_model_metadata(LONG)
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_an_unknown_long_input_name_is_named_in_short_over_http(both):
+    doc = {
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [0, 0, 0]},
+            {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+            {"name": LONG, "datatype": "FP32", "shape": [1], "data": [1]},
+        ],
+        "outputs": [{"name": "y"}],
+    }
+    r = httpx.post(f"{both.url}/v2/models/adder/infer", json=doc, timeout=30)
+    assert r.status_code == 400 and r.json()["error"].startswith("unknown input(s) ['nnn")
+    assert len(r.text) < 500
+    doc["inputs"].pop()
+    doc["outputs"] = [{"name": LONG}]
+    r = httpx.post(f"{both.url}/v2/models/adder/infer", json=doc, timeout=30)
+    assert r.status_code == 400 and r.json()["error"].startswith("unknown output 'nnn") and len(r.text) < 500
+
+
 def test_a_message_that_does_not_parse_is_invalid_argument(both):
     with pytest.raises(grpc.RpcError) as err:
         _call(both, "ModelInfer", b"\xff\xff\xff\xff")

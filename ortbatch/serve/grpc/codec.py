@@ -25,6 +25,7 @@ from ..served.protocol import (
     decode_binary_tensor,
     decode_values_tensor,
     encode_binary_tensor,
+    short_repr,
     timeout_s_of,
 )
 from .schema import message
@@ -90,14 +91,15 @@ def _requested_outputs(raw_outputs: Sequence[Any]) -> list[RequestedOutput] | No
         name = raw.name
         if not name:
             raise InvalidInputError(f"outputs[{i}]: 'name' must be a non-empty string")
+        what = f"output {short_repr(name)}"
         if name in seen:
-            raise InvalidInputError(f"output {name!r} is requested twice")
+            raise InvalidInputError(f"{what} is requested twice")
         seen.add(name)
         p = parameters(raw.parameters)
         if p.get("classification"):
-            raise InvalidInputError(f"output {name!r}: the classification extension is not supported")
+            raise InvalidInputError(f"{what}: the classification extension is not supported")
         if "shared_memory_region" in p:
-            raise InvalidInputError(f"output {name!r}: shared memory is not supported by this server")
+            raise InvalidInputError(f"{what}: shared memory is not supported by this server")
         outputs.append(RequestedOutput(name, True))
     return outputs
 
@@ -121,7 +123,7 @@ def decode_infer_request(msg: Any) -> InferRequest:
         name = tensor.name
         if not name:
             raise InvalidInputError(f"inputs[{i}]: 'name' must be a non-empty string")
-        where = f"input {name!r}"
+        where = f"input {short_repr(name)}"
         if name in inputs:
             raise InvalidInputError(f"{where} is given twice")
         datatype, shape = check_tensor_spec(where, tensor.datatype, list(tensor.shape))

@@ -74,9 +74,23 @@ class GrpcCounts:
     answered: int = 0
 
 
+#: longest status message sent (in UTF-8 bytes): it travels in the trailers, non-ASCII bytes
+#: percent-encoded (three each), and a client takes 8 KiB of metadata by default; a longer one
+#: (a 100 kB model name echoed) reached the client as RESOURCE_EXHAUSTED "Stream removed"
+MAX_DETAILS_BYTES = 2000
+
+
 def status_for(exc: BaseException) -> tuple[Any, str]:
     """``(grpc.StatusCode, message)`` for an exception: the one place where errors
-    become gRPC statuses."""
+    become gRPC statuses (the message cut to :data:`MAX_DETAILS_BYTES`)."""
+    code, text = _status_for(exc)
+    if len(text.encode("utf-8", "replace")) > MAX_DETAILS_BYTES:
+        cut = text.encode("utf-8", "replace")[: MAX_DETAILS_BYTES - 3].decode("utf-8", "ignore")
+        text = cut + "..."
+    return code, text
+
+
+def _status_for(exc: BaseException) -> tuple[Any, str]:
     grpc = require("grpc", "serve")
     code = grpc.StatusCode
     if isinstance(exc, ResponseTooLargeError):
