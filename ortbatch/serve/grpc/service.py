@@ -28,9 +28,11 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ... import __version__
 from ..._extras import require
@@ -118,6 +120,11 @@ def _status_for(exc: BaseException) -> tuple[Any, str]:
     return code.INTERNAL, f"internal server error (logged as incident {incident})"
 
 
+#: bytes an answer may take beyond its tensors' (names, shapes, datatypes, ids) before it is
+#: measured against the message limit
+_MEASURE_SLACK = 1 << 20
+
+
 class ResponseTooLargeError(OrtBatchError):
     """An answer over the server's message limit: RESOURCE_EXHAUSTED, as grpcio itself
     would answer it, but found before the write, so that on a ModelStreamInfer stream it
@@ -148,10 +155,18 @@ class InferenceServicer:
         self.counts = GrpcCounts()
         self.max_message_bytes = max_message_bytes
 
-    def _fits(self, response: Any) -> Any:
-        """``response``, or ResponseTooLargeError when grpcio would refuse to send it."""
+    def _fits(self, response: Any, outputs: Sequence[tuple[str, np.ndarray]], request_id: str | None) -> Any:
+        """``response`` (carrying ``outputs`` and the request's id), or ResponseTooLargeError
+        when grpcio would refuse to send it."""
         limit = self.max_message_bytes
-        if limit is not None and (size := response.ByteSize()) > limit:
+        if limit is None:
+            return response
+        # upb's ByteSize serializes the whole message (slower than sending it): the tensors'
+        # bytes and the id are nearly all of an answer, so only one near the limit is measured
+        known = sum(a.nbytes for _, a in outputs) + len((request_id or "").encode("utf-8", "replace"))
+        if all(a.dtype.kind not in "OSU" for _, a in outputs) and known + _MEASURE_SLACK < limit:
+            return response
+        if (size := response.ByteSize()) > limit:
             raise ResponseTooLargeError(
                 f"the answer is {size} bytes, over this server's gRPC message limit of {limit} bytes "
                 "(--max-body-bytes): ask for fewer rows or outputs per request"
@@ -222,7 +237,7 @@ class InferenceServicer:
         with self.router.hold(request.model_name, request.model_version) as m:
             req = decode_infer_request(request)
             outputs = await m.infer(req)
-            return self._fits(encode_infer_response(m.name, m.version, outputs, req.id))
+            return self._fits(encode_infer_response(m.name, m.version, outputs, req.id), outputs, req.id)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         self.counts.accepted += 1
@@ -241,12 +256,12 @@ class InferenceServicer:
             if not isinstance(m, GenerationModel):
                 outputs = await m.infer(req)
                 response = encode_infer_response(m.name, m.version, outputs, req.id)
-                yield self._fits(stream_response(infer_response=response))
+                yield self._fits(stream_response(infer_response=response), outputs, req.id)
                 return
             async for outputs, final in m.stream(req):
                 response = encode_infer_response(m.name, m.version, outputs, req.id)
                 response.parameters[FINAL_RESPONSE].bool_param = final
-                yield self._fits(stream_response(infer_response=response))
+                yield self._fits(stream_response(infer_response=response), outputs, req.id)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Each request of the stream runs as soon as it arrives (so they batch
