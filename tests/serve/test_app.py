@@ -239,6 +239,39 @@ def test_bad_tensors_are_400_with_the_reason(adder_server, body, message):
     assert message in r.json()["error"]
 
 
+HEADER = "Inference-Header-Content-Length"
+
+
+def _binary_adder_request() -> tuple[bytes, int]:
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [1, 3], "parameters": {"binary_data_size": 12}},
+                {"name": "k", "datatype": "INT32", "shape": [1, 1], "parameters": {"binary_data_size": 4}},
+            ]
+        }
+    ).encode()
+    return head + np.array([1, 2, 3], "<f4").tobytes() + np.array([1], "<i4").tobytes(), len(head)
+
+
+@pytest.mark.parametrize("value", ["+{n}", "{n}_0", "-1", "0x1f", "{n}.0", "9" * 40])
+def test_an_inference_header_length_that_is_not_digits_is_400(adder_server, value):
+    body, n = _binary_adder_request()
+    # int() took "+N" and "N_0" ("N_0" as N0): only ASCII digits are a length
+    value = value.format(n=n)
+    r = httpx.post(adder_server.url + "/v2/models/adder/infer", content=body, headers={HEADER: value})
+    assert r.status_code == 400 and r.json()["error"].startswith("invalid Inference-Header-Content-Length"), r.text
+
+
+def test_an_inference_header_length_sent_twice_must_agree(adder_server):
+    body, n = _binary_adder_request()
+    url = adder_server.url + "/v2/models/adder/infer"
+    r = httpx.post(url, content=body, headers=[(HEADER, str(n)), (HEADER, "5")])
+    assert r.status_code == 400 and "more than once with different values" in r.json()["error"], r.text
+    r = httpx.post(url, content=body, headers=[(HEADER, str(n)), (HEADER, str(n))])
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [3.0, 5.0, 7.0]
+
+
 def test_bad_bodies_are_400(encoder_server):
     url = encoder_server.url + "/v2/models/tiny/infer"
     r = httpx.post(url, content=b'{"inputs": [')

@@ -109,6 +109,22 @@ def test_tensors_go_through_the_arena_and_fall_back_to_the_payload_when_it_is_fu
     assert np.array_equal(c, big[0][1])
 
 
+def test_a_scalar_tensor_keeps_its_shape_through_the_arena_and_the_payload():
+    # a v2 request with "shape": [] was refused by the engine as "shape [1]" with --frontends 2
+    arena = Arena.create(4096)
+    alloc = BlockAllocator(arena.size)
+    payload = bytearray()
+    items = [("s", np.array(1.5, dtype=np.float32)), ("t", np.array([[7]], dtype=np.int64))]
+    specs, block = pack_tensors(items, arena, alloc, payload)
+    assert block is not None
+    back = unpack_tensors(specs, arena, payload, copy=True)
+    assert [a.shape for _, a in back] == [(), (1, 1)] and back[0][1] == 1.5
+    full = Arena.create(8)
+    specs, block = pack_tensors(items, full, BlockAllocator(full.size), payload)
+    assert block is None
+    assert [a.shape for _, a in unpack_tensors(specs, full, payload, copy=False)] == [(), (1, 1)]
+
+
 def test_string_tensors_are_refused_with_a_clear_error():
     arena = Arena.create(4096)
     with pytest.raises(InvalidInputError, match="--frontends 1"):

@@ -35,6 +35,7 @@ from ortbatch.errors import (  # noqa: E402
 )
 from ortbatch.serve import BackgroundServer, ServeConfig, ServedModel  # noqa: E402
 from ortbatch.serve.grpc import GrpcServer, status_for  # noqa: E402
+from ortbatch.serve.grpc.service import ResponseTooLargeError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -236,6 +237,72 @@ def _http_equivalent(srv, request) -> httpx.Response:
     )
 
 
+# (InferParameter field, value): each a timeout HTTP refuses; gRPC must refuse it alike
+BAD_TIMEOUTS = [("int64_param", -1), ("int64_param", 2**62), ("uint64_param", 2**64 - 1), ("double_param", 1.5)]
+
+
+@pytest.mark.parametrize(("kind", "value"), BAD_TIMEOUTS, ids=[f"{k}={v}" for k, v in BAD_TIMEOUTS])
+def test_a_bad_timeout_parameter_is_refused_as_over_http(both, kind, value):
+    request = _infer_request()
+    setattr(request.parameters["timeout"], kind, value)
+    with pytest.raises(grpc.RpcError) as err:
+        _call(both, "ModelInfer", request)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    doc = {
+        "parameters": {"timeout": value},
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [0, 0, 0]},
+            {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+        ],
+    }
+    http = httpx.post(f"{both.url}/v2/models/adder/infer", json=doc, timeout=30)
+    assert http.status_code == 400
+    assert err.value.details() == http.json()["error"]
+    assert "parameter 'timeout' must be an integer number of microseconds" in err.value.details()
+
+
+LONG = "n" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [
+        ({"model": LONG}, grpc.StatusCode.NOT_FOUND),
+        ({"output": LONG}, grpc.StatusCode.INVALID_ARGUMENT),
+        ({"model": "é" * 50_000}, grpc.StatusCode.NOT_FOUND),  # percent-encoded: 6 bytes each
+    ],
+    ids=["model", "output", "non-ascii-model"],
+)
+def test_a_long_name_echoed_in_an_error_keeps_its_status(both, changes, code):
+    """The status message travels in the trailers: a 100 kB one reached tritonclient as
+    RESOURCE_EXHAUSTED 'Stream removed (received metadata size exceeds hard limit)'."""
+    with pytest.raises(grpc.RpcError) as err:
+        _call(both, "ModelInfer", _infer_request(**changes))
+    assert err.value.code() == code, err.value.details()
+    assert len(err.value.details().encode()) <= 2000
+    with pytest.raises(InferenceServerException) as info:
+        grpcclient.InferenceServerClient(both.grpc.address).get_model_metadata(LONG)
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_an_unknown_long_input_name_is_named_in_short_over_http(both):
+    doc = {
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [0, 0, 0]},
+            {"name": "k", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+            {"name": LONG, "datatype": "FP32", "shape": [1], "data": [1]},
+        ],
+        "outputs": [{"name": "y"}],
+    }
+    r = httpx.post(f"{both.url}/v2/models/adder/infer", json=doc, timeout=30)
+    assert r.status_code == 400 and r.json()["error"].startswith("unknown input(s) ['nnn")
+    assert len(r.text) < 500
+    doc["inputs"].pop()
+    doc["outputs"] = [{"name": LONG}]
+    r = httpx.post(f"{both.url}/v2/models/adder/infer", json=doc, timeout=30)
+    assert r.status_code == 400 and r.json()["error"].startswith("unknown output 'nnn") and len(r.text) < 500
+
+
 def test_a_message_that_does_not_parse_is_invalid_argument(both):
     with pytest.raises(grpc.RpcError) as err:
         _call(both, "ModelInfer", b"\xff\xff\xff\xff")
@@ -255,6 +322,7 @@ def test_every_error_has_a_deliberate_status():
     assert status_for(ModelUnavailableError("x"))[0] == code.UNAVAILABLE
     assert status_for(ModelLoadFailedError("x"))[0] == code.INVALID_ARGUMENT
     assert status_for(UnsupportedError("x"))[0] == code.UNIMPLEMENTED
+    assert status_for(ResponseTooLargeError("x"))[0] == code.RESOURCE_EXHAUSTED
 
 
 def test_overload_deadline_and_closed_over_grpc(adder_path):
@@ -279,6 +347,37 @@ def test_overload_deadline_and_closed_over_grpc(adder_path):
         assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
         client.close()
         srv.servicer.model.close()
+
+
+def test_an_answer_over_the_message_limit_is_refused_and_a_stream_goes_on(encoder_dir):
+    """A few texts make a large last_hidden_state: grpcio refused to send it and ended the
+    whole ModelStreamInfer stream (RESOURCE_EXHAUSTED), losing the stream's other requests."""
+    import queue
+
+    def texts(n: int) -> list:
+        t = grpcclient.InferInput("text", [n, 1], "BYTES")
+        t.set_data_from_numpy(np.array([[b"the quick brown fox jumps over the lazy dog"]] * n, dtype=object))
+        return [t]
+
+    model = ServedModel.load(encoder_dir, name="tiny", session_kwargs={"max_batch_size": 8})
+    with GrpcServer(model, port=0, max_message_bytes=64 * 1024) as srv:
+        client = grpcclient.InferenceServerClient(srv.address)
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("tiny_text", texts(400))  # about 100 kB of last_hidden_state
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "gRPC message limit of 65536 bytes" in err.value.message()
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("tiny_text", texts(400), request_id="big")
+        result, error = answers.get(timeout=30)
+        assert result is None and "gRPC message limit" in str(error)
+        client.async_stream_infer("tiny_text", texts(2), request_id="small")
+        result, error = answers.get(timeout=30)
+        assert error is None and result.get_response().id == "small"
+        assert result.as_numpy("pooled").shape == (2, 4)
+        client.stop_stream()
+        client.close()
+    model.close()
 
 
 def test_stream_infer_answers_each_request_and_survives_a_bad_one(both, adder_ort):

@@ -193,6 +193,24 @@ def test_bad_requests_get_the_completions_message_and_the_stream_goes_on(gen_srv
         stream.close()
 
 
+def test_sampling_fields_as_request_parameters_are_honoured_as_triton_s_vllm_backend_reads_them(gen_srv):
+    stream = _Stream(gen_srv)
+    try:
+        # tritonclient's timeout is a request parameter too: not a sampling field
+        stream.send("p", _inputs("hello", False), parameters={"max_tokens": 3}, timeout=10**7)
+        assert [t for _, t, _, _, _ in stream.collect(1)] == ["aba"]
+        stream.send("bad", _inputs("hello", False), parameters={"frobnicate": 1})
+        (item,) = stream.collect(1)
+        assert item[4] is not None and "Unrecognized request argument supplied: frobnicate" in item[4]
+        stream.send("both", _inputs("hello", False, {"max_tokens": 2}), parameters={"max_tokens": 3})
+        (item,) = stream.collect(1)
+        assert item[4] is not None and "not both" in item[4]
+        stream.send("good", _inputs("hello", False, {"max_tokens": 2}))
+        assert [t for _, t, _, _, _ in stream.collect(1)] == ["ab"]
+    finally:
+        stream.close()
+
+
 def test_a_client_that_leaves_mid_generation_frees_its_row():
     generator = FakeGenerator(hold=True)  # each request emits one token, then waits to be cancelled
     with BackgroundServer(ServedGenerator(generator, "gen"), CONFIG) as srv:

@@ -166,6 +166,18 @@ def test_non_finite_binary_floats_are_refused():
         parse_infer_request(body, hl)
 
 
+def test_binary_data_without_the_header_length_says_the_header_is_missing():
+    body, hl = binary_request({"x": np.arange(3, dtype=np.float32)})
+    with pytest.raises(InvalidInputError, match=rf"{hl} bytes of JSON followed by 12 other bytes.*Inference-Header"):
+        parse_infer_request(body, None)
+    # text after the JSON (not binary data) is named the same way; plain bad JSON is not
+    with pytest.raises(InvalidInputError, match="Inference-Header-Content-Length header"):
+        parse_infer_request(body[:hl] + b"junk", None)
+    with pytest.raises(InvalidInputError, match="not valid JSON") as info:
+        parse_infer_request(b'{"inputs": [1, }', None)
+    assert "Inference-Header" not in str(info.value)
+
+
 def test_binary_size_mismatches_are_rejected():
     x = np.arange(3, dtype=np.float32)
     body, hl = binary_request({"x": x})

@@ -187,7 +187,8 @@ def _check_packable(name: str, array: np.ndarray) -> np.ndarray:
             "serve this model with --frontends 1",
             input_name=name,
         )
-    return np.ascontiguousarray(array)
+    # ascontiguousarray makes a 0-d array 1-d: a scalar would cross as shape [1]
+    return np.ascontiguousarray(array).reshape(array.shape)
 
 
 def pack_tensors(

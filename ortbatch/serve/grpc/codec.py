@@ -25,6 +25,8 @@ from ..served.protocol import (
     decode_binary_tensor,
     decode_values_tensor,
     encode_binary_tensor,
+    short_repr,
+    timeout_s_of,
 )
 from .schema import message
 
@@ -58,16 +60,6 @@ def parameters(params: Any) -> dict[str, Any]:
     return out
 
 
-def _timeout_s(params: dict[str, Any]) -> float | None:
-    # Triton's request timeout parameter is in microseconds, as over HTTP.
-    if "timeout" not in params:
-        return None
-    timeout = params["timeout"]
-    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
-        raise InvalidInputError(f"parameter 'timeout' must be a non-negative integer (us), got {timeout!r}")
-    return timeout / 1e6 if timeout else None
-
-
 def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
     field = _CONTENTS_FIELD.get(datatype)
     contents = tensor.contents
@@ -99,14 +91,15 @@ def _requested_outputs(raw_outputs: Sequence[Any]) -> list[RequestedOutput] | No
         name = raw.name
         if not name:
             raise InvalidInputError(f"outputs[{i}]: 'name' must be a non-empty string")
+        what = f"output {short_repr(name)}"
         if name in seen:
-            raise InvalidInputError(f"output {name!r} is requested twice")
+            raise InvalidInputError(f"{what} is requested twice")
         seen.add(name)
         p = parameters(raw.parameters)
         if p.get("classification"):
-            raise InvalidInputError(f"output {name!r}: the classification extension is not supported")
+            raise InvalidInputError(f"{what}: the classification extension is not supported")
         if "shared_memory_region" in p:
-            raise InvalidInputError(f"output {name!r}: shared memory is not supported by this server")
+            raise InvalidInputError(f"{what}: shared memory is not supported by this server")
         outputs.append(RequestedOutput(name, True))
     return outputs
 
@@ -115,7 +108,7 @@ def decode_infer_request(msg: Any) -> InferRequest:
     """Decode a ``ModelInferRequest`` message (the model name is checked by the caller).
     Raises :class:`~ortbatch.errors.InvalidInputError` for anything malformed."""
     params = parameters(msg.parameters)
-    timeout_s = _timeout_s(params)
+    timeout_s = timeout_s_of(params)
     if not msg.inputs:
         raise InvalidInputError("'inputs' must be a non-empty list of input tensors")
     raw = msg.raw_input_contents
@@ -130,7 +123,7 @@ def decode_infer_request(msg: Any) -> InferRequest:
         name = tensor.name
         if not name:
             raise InvalidInputError(f"inputs[{i}]: 'name' must be a non-empty string")
-        where = f"input {name!r}"
+        where = f"input {short_repr(name)}"
         if name in inputs:
             raise InvalidInputError(f"{where} is given twice")
         datatype, shape = check_tensor_spec(where, tensor.datatype, list(tensor.shape))

@@ -28,9 +28,11 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ... import __version__
 from ..._extras import require
@@ -57,7 +59,7 @@ from .codec import decode_infer_request, encode_infer_response, parameters
 from .routing import router_for
 from .schema import PACKAGE, SERVICE, message
 
-__all__ = ["GrpcCounts", "GrpcServer", "InferenceServicer", "status_for"]
+__all__ = ["GrpcCounts", "GrpcServer", "InferenceServicer", "ResponseTooLargeError", "status_for"]
 
 log = logging.getLogger("ortbatch.serve")
 
@@ -74,11 +76,27 @@ class GrpcCounts:
     answered: int = 0
 
 
+#: longest status message sent (in UTF-8 bytes): it travels in the trailers, non-ASCII bytes
+#: percent-encoded (three each), and a client takes 8 KiB of metadata by default; a longer one
+#: (a 100 kB model name echoed) reached the client as RESOURCE_EXHAUSTED "Stream removed"
+MAX_DETAILS_BYTES = 2000
+
+
 def status_for(exc: BaseException) -> tuple[Any, str]:
     """``(grpc.StatusCode, message)`` for an exception: the one place where errors
-    become gRPC statuses."""
+    become gRPC statuses (the message cut to :data:`MAX_DETAILS_BYTES`)."""
+    code, text = _status_for(exc)
+    if len(text.encode("utf-8", "replace")) > MAX_DETAILS_BYTES:
+        cut = text.encode("utf-8", "replace")[: MAX_DETAILS_BYTES - 3].decode("utf-8", "ignore")
+        text = cut + "..."
+    return code, text
+
+
+def _status_for(exc: BaseException) -> tuple[Any, str]:
     grpc = require("grpc", "serve")
     code = grpc.StatusCode
+    if isinstance(exc, ResponseTooLargeError):
+        return code.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, (InvalidInputError, ModelLoadFailedError)):
         return code.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, ModelNotFoundError):
@@ -102,6 +120,17 @@ def status_for(exc: BaseException) -> tuple[Any, str]:
     return code.INTERNAL, f"internal server error (logged as incident {incident})"
 
 
+#: bytes an answer may take beyond its tensors' (names, shapes, datatypes, ids) before it is
+#: measured against the message limit
+_MEASURE_SLACK = 1 << 20
+
+
+class ResponseTooLargeError(OrtBatchError):
+    """An answer over the server's message limit: RESOURCE_EXHAUSTED, as grpcio itself
+    would answer it, but found before the write, so that on a ModelStreamInfer stream it
+    is that request's ``error_message`` and not the end of the stream."""
+
+
 class InferenceServicer:
     """The service's handlers (``await servicer.ModelInfer(request, context)``).
 
@@ -110,15 +139,39 @@ class InferenceServicer:
             models are reached by the request's model name (and version).
         metrics: where each request of a ModelStreamInfer stream is counted (the unary
             RPCs are counted by the server's handlers).
+        max_message_bytes: the server's largest message: an inference answer over it is
+            refused with :class:`ResponseTooLargeError` (None: no check).
     """
 
     def __init__(
-        self, model: ServedModel | ServedGenerator | ModelRepository, metrics: GrpcMetrics | None = None
+        self,
+        model: ServedModel | ServedGenerator | ModelRepository,
+        metrics: GrpcMetrics | None = None,
+        max_message_bytes: int | None = None,
     ) -> None:
         self.model = model
         self.router = router_for(model)
         self.metrics = metrics
         self.counts = GrpcCounts()
+        self.max_message_bytes = max_message_bytes
+
+    def _fits(self, response: Any, outputs: Sequence[tuple[str, np.ndarray]], request_id: str | None) -> Any:
+        """``response`` (carrying ``outputs`` and the request's id), or ResponseTooLargeError
+        when grpcio would refuse to send it."""
+        limit = self.max_message_bytes
+        if limit is None:
+            return response
+        # upb's ByteSize serializes the whole message (slower than sending it): the tensors'
+        # bytes and the id are nearly all of an answer, so only one near the limit is measured
+        known = sum(a.nbytes for _, a in outputs) + len((request_id or "").encode("utf-8", "replace"))
+        if all(a.dtype.kind not in "OSU" for _, a in outputs) and known + _MEASURE_SLACK < limit:
+            return response
+        if (size := response.ByteSize()) > limit:
+            raise ResponseTooLargeError(
+                f"the answer is {size} bytes, over this server's gRPC message limit of {limit} bytes "
+                "(--max-body-bytes): ask for fewer rows or outputs per request"
+            )
+        return response
 
     # -- health and metadata ------------------------------------------------------------
     async def ServerLive(self, request: Any, context: Any) -> Any:
@@ -184,7 +237,7 @@ class InferenceServicer:
         with self.router.hold(request.model_name, request.model_version) as m:
             req = decode_infer_request(request)
             outputs = await m.infer(req)
-            return encode_infer_response(m.name, m.version, outputs, req.id)
+            return self._fits(encode_infer_response(m.name, m.version, outputs, req.id), outputs, req.id)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         self.counts.accepted += 1
@@ -202,12 +255,13 @@ class InferenceServicer:
             req = decode_infer_request(request)
             if not isinstance(m, GenerationModel):
                 outputs = await m.infer(req)
-                yield stream_response(infer_response=encode_infer_response(m.name, m.version, outputs, req.id))
+                response = encode_infer_response(m.name, m.version, outputs, req.id)
+                yield self._fits(stream_response(infer_response=response), outputs, req.id)
                 return
             async for outputs, final in m.stream(req):
                 response = encode_infer_response(m.name, m.version, outputs, req.id)
                 response.parameters[FINAL_RESPONSE].bool_param = final
-                yield stream_response(infer_response=response)
+                yield self._fits(stream_response(infer_response=response), outputs, req.id)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Each request of the stream runs as soon as it arrives (so they batch
@@ -484,7 +538,7 @@ class GrpcServer:
         if (ssl_certfile is None) != (ssl_keyfile is None):
             raise OrtBatchError("TLS needs both --ssl-certfile and --ssl-keyfile")
         self._metrics = metrics.grpc() if metrics is not None else None
-        self.servicer = InferenceServicer(model, self._metrics)
+        self.servicer = InferenceServicer(model, self._metrics, max_message_bytes)
         self.host = host
         self.port = port
         self.tls = ssl_certfile is not None

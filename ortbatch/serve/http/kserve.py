@@ -61,13 +61,7 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
     async def infer(request: Incoming) -> Reply:
         m = find_model(request)
         data_in = await body.read(request)
-        raw_length = request.header(HEADER_LENGTH)
-        header_length = None
-        if raw_length is not None:
-            try:
-                header_length = int(raw_length)
-            except ValueError:
-                raise HTTPError(400, f"invalid Inference-Header-Content-Length {raw_length[:40]!r}") from None
+        header_length = _header_length(request)
         req = await offload(len(data_in), parse_infer_request, data_in, header_length)
         outputs = await run_or_abandon(request.receive, m.infer(req))
         binary = [req.wants_binary(name) for name, _ in outputs]
@@ -91,6 +85,27 @@ def kserve_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
         route(base + "/ready", model_ready, "GET"),
         route(versioned + "/ready", model_ready, "GET"),
     ]
+
+
+_HEADER_LENGTH_KEY = HEADER_LENGTH.encode("latin-1")
+
+
+def _header_length(request: Incoming) -> int | None:
+    """The ``Inference-Header-Content-Length`` header's value (None: not sent). Only ASCII
+    digits, as Content-Length: Python's ``int`` would also take ``"+1_0"``; and two values
+    that differ are refused rather than one picked (a proxy may have added one)."""
+    values = {bytes(v).decode("latin-1").strip() for k, v in request.scope["headers"] if k == _HEADER_LENGTH_KEY}
+    if not values:
+        return None
+    if len(values) > 1:
+        shown = ", ".join(repr(v[:40]) for v in sorted(values))
+        raise HTTPError(400, f"Inference-Header-Content-Length is sent more than once with different values ({shown})")
+    (raw,) = values
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise HTTPError(
+            400, f"invalid Inference-Header-Content-Length {raw[:40]!r}: expected the JSON's length in bytes"
+        )
+    return int(raw)
 
 
 def _info_handlers(find_model: Callable[[Any], Any]) -> tuple[Handler, Handler, Handler]:

@@ -10,6 +10,10 @@ Inputs (one prompt per request; send several requests on the stream to batch the
     stream               BOOL  [1]  optional: true answers token by token, false (default) once
     sampling_parameters  BYTES [1]  optional: a JSON object of /v1/completions fields
 
+Without ``sampling_parameters`` the fields may come as the request's parameters (``max_tokens``
+an int64 parameter, ...), as Triton's vLLM backend reads them; Triton's own request
+parameters (``timeout``, ``priority``, the sequence ones) are not fields.
+
 Outputs: ``text_output`` (BYTES [1]: the new text; with ``echo``, the prompt first) in every
 response; ``finish_reason`` (``"stop"`` or ``"length"``) in a choice's last one; ``index``
 (INT32 [1]: which choice) when ``n`` > 1; ``logprobs`` (BYTES [1]: JSON of /v1/completions'
@@ -54,6 +58,18 @@ FINAL_RESPONSE = "triton_final_response"
 _TEXT_INPUT, _STREAM, _SAMPLING = "text_input", "stream", "sampling_parameters"
 _TEXT_OUTPUT, _FINISH, _INDEX, _LOGPROBS = "text_output", "finish_reason", "index", "logprobs"
 _INPUTS = {_TEXT_INPUT: "BYTES", _STREAM: "BOOL", _SAMPLING: "BYTES"}
+#: request parameters Triton's clients set for any model: not /v1/completions fields
+_TRITON_PARAMETERS = frozenset(
+    {
+        "timeout",
+        "priority",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "triton_enable_empty_final_response",
+        "binary_data_output",
+    }
+)
 _OUTPUTS = {_TEXT_OUTPUT: "BYTES", _FINISH: "BYTES", _INDEX: "INT32", _LOGPROBS: "BYTES"}
 
 
@@ -206,9 +222,16 @@ class GenerationModel:
         text = self._scalar(req, _TEXT_INPUT)
         if text is None:
             raise InvalidInputError(f"missing input {_TEXT_INPUT!r} (BYTES, the prompt)", input_name=_TEXT_INPUT)
-        fields: dict[str, Any] = {}
+        # the fields as request parameters: ignoring them answered max_tokens=100 with 16 tokens
+        fields = {k: v for k, v in req.parameters.items() if k not in _TRITON_PARAMETERS}
         sampling = self._scalar(req, _SAMPLING)
         if sampling is not None:
+            if fields:
+                raise InvalidInputError(
+                    f"send the sampling fields in the {_SAMPLING!r} input or as request parameters, not both "
+                    f"(got the parameter {sorted(fields)[0]!r})",
+                    input_name=_SAMPLING,
+                )
             fields = loads_json(self._text(sampling, _SAMPLING), f"input {_SAMPLING!r}")
             if not isinstance(fields, dict):
                 raise InvalidInputError(f"input {_SAMPLING!r} must be a JSON object", input_name=_SAMPLING)

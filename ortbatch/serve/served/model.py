@@ -26,7 +26,7 @@ from ...manifest import MANIFEST_NAME, Manifest
 from .. import tracing
 from ..config import DEFAULT_MAX_TEXT_CHARS
 from .parameters import ParameterPolicy
-from .protocol import DATATYPES, InferRequest, ort_type_to_datatype
+from .protocol import DATATYPES, InferRequest, ort_type_to_datatype, short_repr
 
 __all__ = [
     "DEFAULT_MAX_TEXT_CHARS",
@@ -387,7 +387,7 @@ class ServedModel:
         names = [o.name for o in req.outputs]
         for n in names:
             if n not in self._output_names:
-                raise InvalidInputError(f"unknown output {n!r}; the model's outputs are {self._output_names}")
+                raise InvalidInputError(f"unknown output {short_repr(n)}; the model's outputs are {self._output_names}")
         return names
 
     async def infer(self, req: InferRequest) -> list[tuple[str, np.ndarray]]:
@@ -470,9 +470,8 @@ class ServedModel:
         unknown = [n for n in req.inputs if n not in self._input_types]
         if unknown:
             hint = f" (or the text input {self.text_input!r} alone)" if self.text_input else ""
-            raise InvalidInputError(
-                f"unknown input(s) {unknown}; the model's inputs are {list(self._input_types)}{hint}"
-            )
+            named = "[" + ", ".join(short_repr(n) for n in unknown[:8]) + (", ..." if len(unknown) > 8 else "") + "]"
+            raise InvalidInputError(f"unknown input(s) {named}; the model's inputs are {list(self._input_types)}{hint}")
         if missing:
             raise InvalidInputError(f"missing input(s) {missing}; the model's inputs are {list(self._input_types)}")
         for n in req.inputs:

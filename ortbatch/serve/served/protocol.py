@@ -42,7 +42,9 @@ __all__ = [
     "encode_infer_response",
     "loads_json",
     "ort_type_to_datatype",
+    "short_repr",
     "parse_infer_request",
+    "timeout_s_of",
 ]
 
 #: Protocol datatype -> numpy dtype. BYTES tensors are numpy object arrays of ``bytes``.
@@ -95,7 +97,7 @@ _MAX_ELEMENTS = 2**40
 _MAX_TIMEOUT_US = 365 * 24 * 3600 * 10**6
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
     """``repr`` cut to ``limit`` characters: an error message must not echo a huge value
     (nor fail on an integer with more digits than Python prints)."""
     try:
@@ -320,19 +322,22 @@ def check_tensor_spec(where: str, datatype: Any, shape: Any) -> tuple[str, tuple
     requests go through here, so HTTP and gRPC refuse the same things with the same
     messages."""
     if not isinstance(datatype, str):
-        raise InvalidInputError(f"{where}: 'datatype' must be a string, got {_short(datatype)}")
+        raise InvalidInputError(f"{where}: 'datatype' must be a string, got {short_repr(datatype)}")
     if datatype not in DATATYPES:
         if datatype == "BF16":
             raise InvalidInputError(f"{where}: BF16 tensors are not supported by this server")
-        raise InvalidInputError(f"{where}: unknown datatype {_short(datatype)}; expected one of {sorted(DATATYPES)}")
+        raise InvalidInputError(
+            f"{where}: unknown datatype {short_repr(datatype)}; expected one of {sorted(DATATYPES)}"
+        )
     if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in shape):
         raise InvalidInputError(
-            f"{where}: 'shape' must be a list of non-negative integers (each at most {_MAX_DIM}), got {_short(shape)}"
+            f"{where}: 'shape' must be a list of non-negative integers (each at most {_MAX_DIM}), "
+            f"got {short_repr(shape)}"
         )
     if len(shape) > MAX_DIMS:
         raise InvalidInputError(f"{where}: 'shape' has {len(shape)} dimensions; at most {MAX_DIMS} are supported")
     if math.prod(max(d, 1) for d in shape) > _MAX_ELEMENTS:
-        raise InvalidInputError(f"{where}: 'shape' {_short(shape)} has more elements than any request can carry")
+        raise InvalidInputError(f"{where}: 'shape' {short_repr(shape)} has more elements than any request can carry")
     return str(datatype), tuple(int(d) for d in shape)
 
 
@@ -383,7 +388,16 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
                 f"Inference-Header-Content-Length is {header_length} but the body has {len(view)} bytes"
             )
         header, binary = view[:header_length], view[header_length:]
-    doc = loads_json(header, "request body")
+    try:
+        doc = loads_json(header, "request body")
+    except InvalidInputError:
+        json_length = _json_prefix_length(view) if header_length is None else None
+        if json_length is None:
+            raise
+        raise InvalidInputError(
+            f"request body is {json_length} bytes of JSON followed by {len(view) - json_length} other bytes; "
+            "binary tensor data needs the Inference-Header-Content-Length header (the JSON's length in bytes)"
+        ) from None
     if not isinstance(doc, dict):
         raise InvalidInputError(f"request body must be a JSON object, got {type(doc).__name__}")
 
@@ -394,7 +408,7 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
     binary_output = params.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise InvalidInputError("parameter 'binary_data_output' must be a boolean")
-    timeout_s = _timeout_s(params)
+    timeout_s = timeout_s_of(params)
     inputs, datatypes = _parse_inputs(doc.get("inputs"), binary)
     return InferRequest(
         inputs=inputs,
@@ -407,8 +421,22 @@ def parse_infer_request(body: bytes, header_length: int | None = None) -> InferR
     )
 
 
-def _timeout_s(params: dict[str, Any]) -> float | None:
-    """The request's ``timeout`` parameter in seconds (None: none, or 0)."""
+def _json_prefix_length(view: memoryview) -> int | None:
+    """The byte length of the JSON object that starts a body when other bytes follow it
+    (binary data sent without its header); None otherwise. Only on the error path."""
+    text = bytes(view).decode("utf-8", "replace")
+    try:
+        _, end = json.JSONDecoder().raw_decode(text)
+    except (ValueError, RecursionError):
+        return None
+    if not text[end:].strip():
+        return None
+    return len(text[:end].encode("utf-8"))
+
+
+def timeout_s_of(params: dict[str, Any]) -> float | None:
+    """The request's ``timeout`` parameter in seconds (None: none, or 0); HTTP's and
+    gRPC's requests are checked here alike."""
     if "timeout" not in params:
         return None
     # Triton's request timeout parameter is in microseconds.
@@ -416,7 +444,7 @@ def _timeout_s(params: dict[str, Any]) -> float | None:
     if not _is_int(timeout) or not 0 <= timeout <= _MAX_TIMEOUT_US:
         raise InvalidInputError(
             f"parameter 'timeout' must be an integer number of microseconds in [0, {_MAX_TIMEOUT_US}], "
-            f"got {_short(timeout)}"
+            f"got {short_repr(timeout)}"
         )
     return timeout / 1e6 if timeout else None
 
@@ -435,7 +463,7 @@ def _parse_inputs(raw_inputs: Any, binary: memoryview) -> tuple[dict[str, np.nda
         name = raw.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidInputError(f"inputs[{i}]: 'name' must be a non-empty string")
-        where = f"input {name!r}"
+        where = f"input {short_repr(name)}"
         if name in inputs:
             raise InvalidInputError(f"{where} is given twice")
         datatype, shape_t = check_tensor_spec(where, raw.get("datatype"), raw.get("shape"))
@@ -477,17 +505,18 @@ def _parse_outputs(raw_outputs: Any) -> list[RequestedOutput]:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidInputError(f"outputs[{i}] must be an object with a 'name' string")
         name = raw["name"]
+        what = f"output {short_repr(name)}"
         if name in seen:
-            raise InvalidInputError(f"output {name!r} is requested twice")
+            raise InvalidInputError(f"{what} is requested twice")
         seen.add(name)
-        p = _parameters(raw, f"output {name!r}")
+        p = _parameters(raw, what)
         if p.get("classification"):
-            raise InvalidInputError(f"output {name!r}: the classification extension is not supported")
+            raise InvalidInputError(f"{what}: the classification extension is not supported")
         if "shared_memory_region" in p:
-            raise InvalidInputError(f"output {name!r}: shared memory is not supported by this server")
+            raise InvalidInputError(f"{what}: shared memory is not supported by this server")
         wants = p.get("binary_data")
         if wants is not None and not isinstance(wants, bool):
-            raise InvalidInputError(f"output {name!r}: parameter 'binary_data' must be a boolean")
+            raise InvalidInputError(f"{what}: parameter 'binary_data' must be a boolean")
         outputs.append(RequestedOutput(name, wants))
     return outputs
 
