@@ -66,7 +66,8 @@ PARAMETERS: dict[str, Parameter] = dict(
         _p(
             "repetition_penalty",
             "> 0",
-            "tokens in the prompt or generated: logit / r if > 0, else logit x r",
+            "tokens in the prompt or generated: logit / r if > 0, else logit x r; "
+            "unset: the export's generation_config.json value, else 1",
             "transformers (RepetitionPenaltyLogitsProcessor)/vLLM",
         ),
         _p("logit_bias", "{token id: bias in [-100, 100]}", "bias added to the token's logit", "OpenAI"),
@@ -189,7 +190,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float | None = None
     logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] = field(default=())
     logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -226,7 +227,7 @@ class SamplingParams:
                 f"min_tokens ({min_tokens}) must be <= max_new_tokens ({n_new})", input_name="min_tokens"
             )
         repetition: Any = self.repetition_penalty
-        if not _real(repetition) or not repetition > 0:
+        if repetition is not None and (not _real(repetition) or not repetition > 0):
             raise _fail("repetition_penalty", repetition)
         values: dict[str, Any] = {
             "temperature": float(t),
@@ -239,7 +240,7 @@ class SamplingParams:
             "stop_token_ids": tuple(int(i) for i in stop_ids),
             "presence_penalty": _in("presence_penalty", self.presence_penalty, -2.0, 2.0),
             "frequency_penalty": _in("frequency_penalty", self.frequency_penalty, -2.0, 2.0),
-            "repetition_penalty": float(repetition),
+            "repetition_penalty": None if repetition is None else float(repetition),
             "logit_bias": _bias(self.logit_bias),
             "logprobs": _count("logprobs", self.logprobs, 0, MAX_LOGPROBS),
             "prompt_logprobs": prompt_lp,
@@ -254,7 +255,7 @@ class SamplingParams:
         processes = bool(
             values["logit_bias"]
             or min_tokens
-            or values["repetition_penalty"] != 1.0
+            or values["repetition_penalty"] not in (None, 1.0)
             or values["presence_penalty"]
             or values["frequency_penalty"]
         )
