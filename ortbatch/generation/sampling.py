@@ -54,7 +54,12 @@ PARAMETERS: dict[str, Parameter] = dict(
         _p("top_p", "in (0, 1]", "nucleus: the smallest set of tokens whose probability reaches top_p", "OpenAI"),
         _p("min_p", "in [0, 1]", "drop tokens whose probability is below min_p x the top token's", "vLLM/transformers"),
         _p("max_new_tokens", "a positive integer (0 with prompt_logprobs)", "most tokens generated", "transformers"),
-        _p("min_tokens", "an integer >= 0 (and <= max_new_tokens)", "eos and stop_token_ids masked until then", "vLLM"),
+        _p(
+            "min_tokens",
+            "an integer >= 0 (and <= max_new_tokens)",
+            "eos and stop_token_ids masked until then; stop strings looked for from the next token on",
+            "vLLM",
+        ),
         _p("stop", "non-empty strings", "text that ends the completion, cut before it", "OpenAI"),
         _p("stop_token_ids", "token ids (in the vocabulary)", "ids that end the completion", "vLLM"),
         _p("ignore_eos", "a bool", "eos does not end the completion", "vLLM"),
