@@ -406,6 +406,8 @@ class Scheduler:
             reason = "length"
         if reason is not None:
             delta += req.tracker.finish(check_stop)
+            if req.tracker.stop_string is not None:  # completed in the tail held back till now
+                reason = "stop"
         if req.on_token is not None:
             try:
                 req.on_token(StreamToken(token, delta, len(req.generated) - 1, reason, logprob, req.choice))
