@@ -615,3 +615,11 @@ def test_a_value_of_the_wrong_shape_is_a_400_naming_the_field(
     with pytest.raises(openai.BadRequestError) as err:
         Ask(srv, gen, api, "stream_options" in fields)(**fields)
     assert err.value.body["param"] == param and f"'{param}' must be" in err.value.body["message"]
+
+
+@pytest.mark.parametrize("prompt", [[], [[]], [1, "a"]])
+def test_a_prompt_of_no_accepted_shape_names_prompt(served: Any, prompt: Any) -> None:
+    srv, gen = served
+    with pytest.raises(openai.BadRequestError) as err:
+        Ask(srv, gen, COMPLETIONS, False)(prompt=prompt)
+    assert err.value.body["param"] == "prompt" and "'prompt' must be a string" in err.value.body["message"]

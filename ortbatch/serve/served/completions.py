@@ -96,7 +96,8 @@ def text_or_ids(value: Any, field: str) -> list[str] | list[list[int]]:
         if all(is_ids(x) for x in value):
             return value
     raise InvalidInputError(
-        f"'{field}' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists"
+        f"'{field}' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists",
+        input_name=field,
     )
 
 
