@@ -13,6 +13,7 @@ Nothing waits without a timeout and close() joins the thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from .._lifecycle import check_positive, check_timeout, forget_live, track_live
 from .._observe import BatchRecord, GenerationObserver, StepRecord, next_batch_id, notify, tag_for
 from ..errors import InferenceError, InvalidInputError, OrtBatchError, SessionClosedError
 from .constrained import CompiledGrammar, GrammarCompiler
+from .defaults import read_model_defaults
 from .layout import load_layout
 from .prefill import Prefill
 from .requests import (
@@ -163,6 +165,8 @@ class BatchedGenerator:
         _check_arguments(max_batch_size, max_queue, max_new_tokens, timeout_s, max_context_length, prefix_cache_bytes)
         self._dir = Path(export_dir)
         self.layout, manifest = load_layout(self._dir, max_context_length)
+        #: What the export's generation_config.json sets for every request (:mod:`.defaults`).
+        self.model_defaults = read_model_defaults(self._dir)
         if manifest is not None and manifest.max_batch_size:
             max_batch_size = min(max_batch_size, manifest.max_batch_size)
         runner_args: dict[str, Any] = dict(
@@ -329,6 +333,8 @@ class BatchedGenerator:
         if self._scheduler.closed:
             raise SessionClosedError("the generator is closed")
         how = sampling_params(params, max_new_tokens, sampling)
+        if how.repetition_penalty is None:  # not set by the request: the model's, as generate takes it
+            how = dataclasses.replace(how, repetition_penalty=self.model_defaults.repetition_penalty)
         reqs = self._requests.build_choices(prompt, how, timeout_s, on_token, self._scheduler.clock())
         observer = self.observer
         tag = tag_for(observer) if observer is not None else None

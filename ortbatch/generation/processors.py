@@ -72,7 +72,7 @@ class RowState:
         self.counts = np.zeros(vocab, np.int32) if (p.frequency_penalty or p.presence_penalty) else None
         #: Ids in the prompt or generated (repetition penalty).
         self.seen: np.ndarray | None = None
-        if p.repetition_penalty != 1.0:
+        if p.repetition_penalty not in (None, 1.0):  # None: resolved at submit, never seen here
             self.seen = np.zeros(vocab, bool)
             self.seen[prompt] = True
         bias = dict(p.logit_bias)

@@ -106,7 +106,7 @@ class SamplingOptions(TypedDict, total=False):
     skip_special_tokens: bool
     presence_penalty: float
     frequency_penalty: float
-    repetition_penalty: float
+    repetition_penalty: float | None
     logit_bias: Mapping[int, float]
     logprobs: int | None
     prompt_logprobs: int | None

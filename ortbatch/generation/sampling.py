@@ -54,7 +54,12 @@ PARAMETERS: dict[str, Parameter] = dict(
         _p("top_p", "in (0, 1]", "nucleus: the smallest set of tokens whose probability reaches top_p", "OpenAI"),
         _p("min_p", "in [0, 1]", "drop tokens whose probability is below min_p x the top token's", "vLLM/transformers"),
         _p("max_new_tokens", "a positive integer (0 with prompt_logprobs)", "most tokens generated", "transformers"),
-        _p("min_tokens", "an integer >= 0 (and <= max_new_tokens)", "eos and stop_token_ids masked until then", "vLLM"),
+        _p(
+            "min_tokens",
+            "an integer >= 0 (and <= max_new_tokens)",
+            "eos and stop_token_ids masked until then; stop strings looked for from the next token on",
+            "vLLM",
+        ),
         _p("stop", "non-empty strings", "text that ends the completion, cut before it", "OpenAI"),
         _p("stop_token_ids", "token ids (in the vocabulary)", "ids that end the completion", "vLLM"),
         _p("ignore_eos", "a bool", "eos does not end the completion", "vLLM"),
@@ -66,7 +71,8 @@ PARAMETERS: dict[str, Parameter] = dict(
         _p(
             "repetition_penalty",
             "> 0",
-            "tokens in the prompt or generated: logit / r if > 0, else logit x r",
+            "tokens in the prompt or generated: logit / r if > 0, else logit x r; "
+            "unset: the export's generation_config.json value, else 1",
             "transformers (RepetitionPenaltyLogitsProcessor)/vLLM",
         ),
         _p("logit_bias", "{token id: bias in [-100, 100]}", "bias added to the token's logit", "OpenAI"),
@@ -189,7 +195,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float | None = None
     logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] = field(default=())
     logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -226,7 +232,7 @@ class SamplingParams:
                 f"min_tokens ({min_tokens}) must be <= max_new_tokens ({n_new})", input_name="min_tokens"
             )
         repetition: Any = self.repetition_penalty
-        if not _real(repetition) or not repetition > 0:
+        if repetition is not None and (not _real(repetition) or not repetition > 0):
             raise _fail("repetition_penalty", repetition)
         values: dict[str, Any] = {
             "temperature": float(t),
@@ -239,7 +245,7 @@ class SamplingParams:
             "stop_token_ids": tuple(int(i) for i in stop_ids),
             "presence_penalty": _in("presence_penalty", self.presence_penalty, -2.0, 2.0),
             "frequency_penalty": _in("frequency_penalty", self.frequency_penalty, -2.0, 2.0),
-            "repetition_penalty": float(repetition),
+            "repetition_penalty": None if repetition is None else float(repetition),
             "logit_bias": _bias(self.logit_bias),
             "logprobs": _count("logprobs", self.logprobs, 0, MAX_LOGPROBS),
             "prompt_logprobs": prompt_lp,
@@ -254,7 +260,7 @@ class SamplingParams:
         processes = bool(
             values["logit_bias"]
             or min_tokens
-            or values["repetition_penalty"] != 1.0
+            or values["repetition_penalty"] not in (None, 1.0)
             or values["presence_penalty"]
             or values["frequency_penalty"]
         )

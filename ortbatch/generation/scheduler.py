@@ -397,13 +397,17 @@ class Scheduler:
             reason = "stop"
         # A stop token's own text is left out, as vLLM does, unless include_stop_str_in_output.
         text = reason is None or (stop_id and params.include_stop_str_in_output)
-        delta, stopped = req.tracker.push(token) if text else ("", False)
+        # vLLM checks stop strings from the first token past min_tokens, in the new text only
+        check_stop = len(req.generated) > params.min_tokens
+        delta, stopped = req.tracker.push(token, check_stop) if text else ("", False)
         if stopped:
             reason = "stop"
         elif reason is None and len(req.generated) >= req.max_new_tokens:
             reason = "length"
         if reason is not None:
-            delta += req.tracker.finish()
+            delta += req.tracker.finish(check_stop)
+            if req.tracker.stop_string is not None:  # completed in the tail held back till now
+                reason = "stop"
         if req.on_token is not None:
             try:
                 req.on_token(StreamToken(token, delta, len(req.generated) - 1, reason, logprob, req.choice))

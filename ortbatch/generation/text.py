@@ -22,7 +22,9 @@ class TextTracker:
     ``None`` when the export has no tokenizer: text stays empty). ``push`` returns the
     newly final text and whether a stop string was completed. ``include_stop``: the text
     keeps the matched stop string (vLLM's ``include_stop_str_in_output``) instead of ending
-    before it.
+    before it. ``push(id, check_stop=False)`` (a row still short of ``min_tokens``) looks for
+    no stop string, and a later match must end in text that came after: vLLM's detokenizer
+    checks only the new text of each token past ``min_tokens``.
     """
 
     def __init__(
@@ -40,6 +42,8 @@ class TextTracker:
         self._read = 0
         self._text = ""
         self._emitted = 0
+        # a stop string must end after this position of the text (see check_stop)
+        self._floor = 0
         self.stop_string: str | None = None
 
     @property
@@ -48,8 +52,9 @@ class TextTracker:
         with ``include_stop``)."""
         return self._text
 
-    def push(self, token_id: int) -> tuple[str, bool]:
-        """Add one generated id; return (text that became final, stop string matched)."""
+    def push(self, token_id: int, check_stop: bool = True) -> tuple[str, bool]:
+        """Add one generated id; return (text that became final, stop string matched).
+        ``check_stop=False``: no stop string may end in this id's text."""
         if self._decode is None or self.stop_string is not None:
             return "", self.stop_string is not None
         self._ids.append(token_id)
@@ -60,6 +65,8 @@ class TextTracker:
             return "", False
         self._text += window[len(before) :]
         self._prefix, self._read = self._read, len(self._ids)
+        if not check_stop:
+            self._floor = len(self._text)
         return self._advance()
 
     def _advance(self) -> tuple[str, bool]:
@@ -67,7 +74,7 @@ class TextTracker:
         if self._stop:
             # Only the tail can contain a stop string that was not already there.
             start = max(0, self._emitted - self._holdback)
-            hits = [(i, s) for s in self._stop if (i := text.find(s, start)) != -1]
+            hits = [(i, s) for s in self._stop if (i := text.find(s, max(start, self._floor - len(s) + 1))) != -1]
             if hits:
                 index, self.stop_string = min(hits)
                 self._text = text[: index + len(self.stop_string) if self._include_stop else index]
@@ -79,8 +86,9 @@ class TextTracker:
         self._emitted = end
         return delta, False
 
-    def finish(self) -> str:
-        """The text not yet handed out; call once when the request ends.
+    def finish(self, check_stop: bool = True) -> str:
+        """The text not yet handed out; call once when the request ends (``check_stop`` as
+        the last :meth:`push` had it).
 
         Ids still held back (an unfinished character) are decoded as they are, as the
         tokenizer's own ``decode`` of the whole completion would show them."""
@@ -89,6 +97,8 @@ class TextTracker:
             window = self._decode(self._ids[self._prefix :])
             self._text += window[len(before) :]
             self._read = len(self._ids)
+            if not check_stop:
+                self._floor = len(self._text)
             delta, _ = self._advance()  # a stop string may complete in the tail
             if self.stop_string is not None:
                 return delta

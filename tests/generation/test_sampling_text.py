@@ -57,3 +57,40 @@ def test_token_bytes_join_into_the_text(tiny_gpt2: TinyModel) -> None:
         pieces = gen.token_bytes(ids)
         assert len(pieces) == len(ids)
         assert b"".join(pieces).decode() == gen.decode(ids) == CORPUS[3]
+
+
+def _vllm_stop(texts: list[str], stop: str, min_tokens: int) -> tuple[int, int] | None:
+    """Where vLLM's detokenizer stops: ``texts[j]`` is the decode of the first j tokens; a stop
+    string is looked for from the first token past ``min_tokens`` on, and must end in the text
+    that token added. ``(tokens, text length)`` or ``None``."""
+    for j in range(max(1, min_tokens + 1), len(texts)):
+        i = texts[j].find(stop, max(0, len(texts[j - 1]) - len(stop) + 1))
+        if i != -1:
+            return j, i
+    return None
+
+
+def test_min_tokens_holds_off_stop_strings_as_vllm_does(tiny_gpt2: TinyModel) -> None:
+    """vLLM (since PR 22014) checks stop strings only on tokens past ``min_tokens``, in the text
+    each adds: a stop string in the first ``min_tokens`` tokens' text does not end the completion."""
+    from transformers import AutoTokenizer
+
+    new = 40
+    ref = tiny_gpt2.reference(PROMPT, new)
+    assert EOS not in ref
+    tok = AutoTokenizer.from_pretrained(tiny_gpt2.source)
+    texts = [tok.decode(ref[:j], skip_special_tokens=True) for j in range(new + 1)]
+    cases = [
+        (stop, m, _vllm_stop(texts, stop, m))
+        for m in range(2, 12)
+        for stop in dict.fromkeys(texts[m])
+        if stop != "\ufffd" and _vllm_stop(texts, stop, 0) != _vllm_stop(texts, stop, m) is not None
+    ]
+    assert cases, "no stop string is held off by min_tokens in this text"
+    with BatchedGenerator(tiny_gpt2.export) as gen:
+        for stop, m, (j, i) in cases[:4]:
+            early = gen.generate(PROMPT, new, stop=stop)
+            held = gen.generate(PROMPT, new, stop=stop, min_tokens=m)
+            assert len(early.token_ids) < j  # without min_tokens it stops sooner
+            assert list(held.token_ids) == ref[:j], (stop, m)
+            assert (held.text, held.finish_reason, held.stop_sequence) == (texts[j][:i], "stop", stop)

@@ -593,3 +593,33 @@ def test_a_field_no_api_defines_is_refused_as_openai_refuses_it(served: Any, api
     srv, gen = served
     with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: grammar"):
         Ask(srv, gen, api, False)(grammar="root ::= x")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logit_bias": [[3, 1.0]]}, "logit_bias"),  # OpenAI's logit_bias is a map, not pairs
+        ({"user": 5}, "user"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+        (
+            {"stream_options": {"include_usage": False, "continuous_usage_stats": 1}},
+            "stream_options.continuous_usage_stats",
+        ),
+    ],
+)
+@pytest.mark.parametrize("api", [COMPLETIONS, CHAT])
+def test_a_value_of_the_wrong_shape_is_a_400_naming_the_field(
+    served: Any, api: str, fields: dict[str, Any], param: str
+) -> None:
+    srv, gen = served
+    with pytest.raises(openai.BadRequestError) as err:
+        Ask(srv, gen, api, "stream_options" in fields)(**fields)
+    assert err.value.body["param"] == param and f"'{param}' must be" in err.value.body["message"]
+
+
+@pytest.mark.parametrize("prompt", [[], [[]], [1, "a"]])
+def test_a_prompt_of_no_accepted_shape_names_prompt(served: Any, prompt: Any) -> None:
+    srv, gen = served
+    with pytest.raises(openai.BadRequestError) as err:
+        Ask(srv, gen, COMPLETIONS, False)(prompt=prompt)
+    assert err.value.body["param"] == "prompt" and "'prompt' must be a string" in err.value.body["message"]

@@ -225,3 +225,18 @@ def test_layout_from_dict_names_the_bad_field() -> None:
         GenerationLayout.from_dict({**lay, "padding_side": "right"})
     with pytest.raises(ManifestError, match="equal in length"):
         GenerationLayout.from_dict({**lay, "present_values": lay["present_values"][:1]})
+
+
+def test_text_tracker_checks_stop_strings_only_past_min_tokens() -> None:
+    """vLLM's own case (tests/detokenizer/test_min_tokens.py): stop "e" with min_tokens 5 skips
+    the "e" of " Lee" and stops in " student"."""
+    words = [" is", " Lee", ",", " and", " I", "'m", " a", " student", " in"]
+    for min_tokens, want in ((0, " is L"), (5, " is Lee, and I'm a stud")):
+        tracker = TextTracker(lambda ids: "".join(words[i] for i in ids), stop=["e"])
+        out = []
+        for n, i in enumerate(range(len(words)), start=1):
+            delta, stopped = tracker.push(i, check_stop=n > min_tokens)
+            out.append(delta)
+            if stopped:
+                break
+        assert stopped and "".join(out) == tracker.text == want

@@ -456,3 +456,19 @@ def test_the_scheduler_never_imports_onnxruntime() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_stop_string_completed_by_the_last_token_ends_with_stop_not_length() -> None:
+    """The last allowed token completes a stop string but ends in half a character: the tail
+    decoded at the end holds the match, so the completion stopped on it (finish "stop"), as
+    its stop_sequence says."""
+    from ortbatch.generation.text import TextTracker
+
+    pieces = {5: b"a", 6: b"b\xc3"}  # "b" and the first byte of "é"
+    h = Harness()
+    req = h.factory.build([1, 2], sampling_params(None, 2, {}), None, None, h.clock())
+    req.tracker = TextTracker(lambda ids: b"".join(pieces[i] for i in ids).decode("utf-8", "replace"), ["ab"])
+    assert not h.sched.record_token(req, 5)
+    assert h.sched.record_token(req, 6)
+    done = req.future.result(0)
+    assert (done.text, done.stop_sequence, done.finish_reason) == ("", "ab", "stop")

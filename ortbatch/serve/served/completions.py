@@ -96,7 +96,8 @@ def text_or_ids(value: Any, field: str) -> list[str] | list[list[int]]:
         if all(is_ids(x) for x in value):
             return value
     raise InvalidInputError(
-        f"'{field}' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists"
+        f"'{field}' must be a string, a non-empty list of strings, a list of token ids, or a list of such lists",
+        input_name=field,
     )
 
 
@@ -180,12 +181,14 @@ def _integer(doc: dict[str, Any], key: str, default: int | None, lo: int = -_MAX
     return value
 
 
-def _flag(doc: dict[str, Any], key: str, default: bool) -> bool:
+def _flag(doc: dict[str, Any], key: str, default: bool, where: str = "") -> bool:
+    """``doc[key]`` as a bool; ``where``: the object holding it, for the error's name."""
     value = doc.get(key)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise InvalidInputError(f"'{key}' must be true or false, got {_shown(value)}", input_name=key)
+        name = f"{where}.{key}" if where else key
+        raise InvalidInputError(f"'{name}' must be true or false, got {_shown(value)}", input_name=name)
     return value
 
 
@@ -204,9 +207,10 @@ def _stream_options(doc: dict[str, Any], stream: bool) -> tuple[bool, bool]:
             f"Unrecognized request argument supplied: stream_options.{str(unknown[0])[:40]}",
             input_name="stream_options",
         )
-    include = _flag(options, "include_usage", False)
+    include = _flag(options, "include_usage", False, "stream_options")
+    continuous = _flag(options, "continuous_usage_stats", False, "stream_options")
     # vLLM: per-chunk usage only together with include_usage
-    return include, include and _flag(options, "continuous_usage_stats", False)
+    return include, include and continuous
 
 
 def _logprobs(doc: dict[str, Any], chat: bool) -> int | None:
@@ -241,6 +245,11 @@ def _sampling_values(doc: dict[str, Any]) -> dict[str, Any]:
             f"'stop' must be a string or a list of non-empty strings, got {_shown(stop)}", input_name="stop"
         )
     _integer(doc, "seed", None, 0, _MAX_SEED)
+    # OpenAI's shapes: a map of token ids to biases (SamplingParams also takes pairs, the
+    # Python API's), and an end-user id string
+    for name, kind, what in (("logit_bias", dict, "an object mapping token ids to biases"), ("user", str, "a string")):
+        if doc.get(name) is not None and not isinstance(doc[name], kind):
+            raise InvalidInputError(f"'{name}' must be {what}, got {_shown(doc[name])}", input_name=name)
     return {
         "temperature": 0.0 if temperature < _GREEDY_BELOW_TEMPERATURE else temperature,
         "top_p": None if top_p == 1.0 else top_p,
