@@ -247,12 +247,13 @@ def _export_checked(
         model_ref = hub.local_or_reachable(model_ref)
         resolved = tasks.resolve_model(model_ref, rcp.task, trust_remote_code=trust_remote_code)
         tokenizer = _load_tokenizer(model_ref, trust_remote_code)
-        max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length)
+        embedding = _embedding_pipeline(resolved, rcp, say)
+        max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length, embedding)
         # Everything is built in a directory beside the target and moved into place only
         # when complete (and checked): an interrupt or a failure leaves the target as it was.
         build = _staging_dir(out)
         try:
-            torch_model, _ = _build(build, resolved, rcp, tokenizer, max_seq, trust_remote_code, say)
+            torch_model, _ = _build(build, resolved, rcp, tokenizer, max_seq, embedding, trust_remote_code, say)
             report = None
             if validate:
                 from .checks import validate as run_checks
@@ -280,6 +281,7 @@ def _build(
     rcp: Recipe,
     tokenizer: Any,
     max_seq: int,
+    embedding: st_pipeline.ParsedPipeline | None,
     trust_remote_code: bool,
     say: Progress,
 ) -> tuple[Any, Manifest]:
@@ -310,7 +312,6 @@ def _build(
             quantized = quantize_model(
                 out / f, rcp.quantize, tokenizer=tokenizer, texts=rcp.samples, max_length=max_seq
             )
-    embedding = _embedding_pipeline(resolved, rcp, say)
     if embedding is not None:
         st_pipeline.append_pipeline_file(out / "model.onnx", embedding)
     tokenizer.save_pretrained(out)
@@ -520,7 +521,17 @@ def _load_tokenizer(model_ref: str, trust_remote_code: bool) -> Any:
         ) from exc
 
 
-def _max_sequence_length(resolved: tasks.ResolvedModel, tokenizer: Any, requested: int | None) -> int:
+def _max_sequence_length(
+    resolved: tasks.ResolvedModel,
+    tokenizer: Any,
+    requested: int | None,
+    embedding: st_pipeline.ParsedPipeline | None = None,
+) -> int:
+    """The longest input the export takes (texts are truncated to it): ``requested``, else
+    what the model and its tokenizer allow. A sentence-transformers checkpoint whose
+    ``sentence_bert_config.json`` sets ``max_seq_length`` truncates there, below the
+    tokenizer's own ``model_max_length`` (all-MiniLM-L6-v2: 256, not 512), so that is the
+    default, and a longer ``requested`` would embed long texts unlike ``encode``: refused."""
     cfg = resolved.config
     limits = [
         getattr(cfg, k)
@@ -533,6 +544,16 @@ def _max_sequence_length(resolved: tasks.ResolvedModel, tokenizer: Any, requeste
     if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
         limits.append(tok_max)
     model_max = min(limits) if limits else None
+    st_max = embedding.max_seq_length if embedding is not None else None
+    if isinstance(st_max, int) and st_max > 0:
+        assert embedding is not None
+        where = embedding.transformer_path / "sentence_bert_config.json"
+        if requested is not None and requested > st_max:
+            raise ExportError(
+                f"max_sequence_length={requested} exceeds the checkpoint's max_seq_length={st_max} ({where}): "
+                "sentence-transformers truncates texts there, so longer texts would embed differently"
+            )
+        model_max = st_max if model_max is None else min(st_max, model_max)
     if requested is not None:
         if model_max is not None and requested > model_max:
             raise ExportError(

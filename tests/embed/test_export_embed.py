@@ -22,7 +22,7 @@ st_mod = pytest.importorskip("sentence_transformers")
 
 from ortbatch import export_model, validate  # noqa: E402
 from ortbatch.embed import Embedder, EmbeddingPipeline  # noqa: E402
-from ortbatch.errors import ValidationError  # noqa: E402
+from ortbatch.errors import ExportError, ValidationError  # noqa: E402
 from ortbatch.manifest import Manifest, model_hash  # noqa: E402
 from tests.embed.stmodels import TEXTS, build_base, build_st, cosines  # noqa: E402
 
@@ -217,3 +217,31 @@ def test_plain_transformer_pooled_by_the_flag(bert_base, tmp_path):
     with Embedder(result.directory) as emb:
         got = emb.encode(TEXTS)
     assert cosines(got, want).min() >= MIN_COSINE
+
+
+def test_checkpoint_max_seq_length_truncates_as_encode(bert_base, tmp_path):
+    """A checkpoint whose sentence_bert_config.json sets max_seq_length below the
+    tokenizer's model_max_length (as all-MiniLM-L6-v2: 256 vs 512) is truncated where
+    encode truncates, and its checks (on samples longer than that) pass; a longer
+    max_sequence_length is refused, naming the setting."""
+    st_dir = build_st(bert_base, tmp_path / "st", pooling="mean", normalize=True)
+    cfg_file = st_dir / "sentence_bert_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["max_seq_length"] = 12
+    cfg_file.write_text(json.dumps(cfg))
+    tok_file = st_dir / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_file.read_text())
+    tok_cfg["model_max_length"] = 128
+    tok_file.write_text(json.dumps(tok_cfg))
+    model = st_mod.SentenceTransformer(str(st_dir), device="cpu")
+    assert model.max_seq_length == 12
+    texts = [*TEXTS, " ".join(TEXTS)]
+    assert max(len(model.tokenizer(t)["input_ids"]) for t in texts) > 12
+    result = export_model(st_dir, tmp_path / "export", max_batch_size=4, samples=texts)
+    assert result.manifest.max_sequence_length == 12
+    with Embedder(result.directory) as emb:
+        got = emb.embed(texts)
+    assert cosines(got.vectors, model.encode(texts, batch_size=3)).min() >= MIN_COSINE
+    assert max(got.tokens) == 12
+    with pytest.raises(ExportError, match=r"max_seq_length=12 .*sentence_bert_config\.json"):
+        export_model(st_dir, tmp_path / "longer", max_sequence_length=64, validate=False)
