@@ -227,6 +227,14 @@ def read_pipeline(model_dir: str | Path) -> ParsedPipeline | None:
     found = _Modules()
     for entry in sorted(modules, key=lambda m: int(m.get("idx", 0))):
         kind = str(entry.get("type", "")).rsplit(".", 1)[-1]
+        if not str(entry.get("type", "")).startswith("sentence_transformers."):
+            # custom code that only shares a name (jina-embeddings-v3's custom_st.Transformer
+            # applies task adapters): exporting it as sentence-transformers' own would not be it
+            raise ExportError(
+                f"{modules_file}: module {entry.get('type')!r} ({entry.get('name')}) is custom code, not "
+                f"sentence-transformers' own {kind}: ortbatch exports only sentence-transformers' modules "
+                f"{list(_KNOWN_MODULES)}"
+            )
         if kind not in _KNOWN_MODULES:
             raise ExportError(
                 f"{modules_file}: module {entry.get('type')!r} ({entry.get('name')}) is not one ortbatch can "

@@ -156,6 +156,12 @@ def test_unknown_module_and_activation_are_export_errors(bases, tmp_path):
     with pytest.raises(ExportError, match="LayerNorm"):
         st_pipeline.read_pipeline(st_dir)
     modules.pop()
+    # custom code under a known module's name (jina-embeddings-v3's custom_st.Transformer)
+    custom = [dict(m) for m in modules]
+    custom[0]["type"] = "custom_st.Transformer"
+    (st_dir / "modules.json").write_text(json.dumps(custom))
+    with pytest.raises(ExportError, match=r"'custom_st\.Transformer' \(0\) is custom code"):
+        st_pipeline.read_pipeline(st_dir)
     (st_dir / "modules.json").write_text(json.dumps(modules))
     cfg_file = st_dir / "2_Dense" / "config.json"
     cfg = json.loads(cfg_file.read_text())
