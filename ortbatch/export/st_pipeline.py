@@ -2,7 +2,7 @@
 
 * :func:`read_pipeline` parses ``modules.json`` (Transformer -> Pooling -> Dense* ->
   Normalize), each module's config and weights, and ``config_sentence_transformers.json``
-  (prompts, default prompt, similarity) into an
+  (prompts, default prompt, similarity, truncate_dim) into an
   :class:`~ortbatch.embed.pipeline.EmbeddingPipeline`; a module ortbatch does not know is
   an :class:`~ortbatch.errors.ExportError` naming it.
 * :func:`append_pipeline` appends that pipeline to the transformer's ONNX graph, after
@@ -263,7 +263,8 @@ def read_pipeline(model_dir: str | Path) -> ParsedPipeline | None:
 
 def _described(root: Path, found: _Modules) -> EmbeddingPipeline:
     """The :class:`EmbeddingPipeline` of a checkpoint's modules and its
-    ``config_sentence_transformers.json`` (prompts, default prompt, similarity)."""
+    ``config_sentence_transformers.json`` (prompts, default prompt, similarity,
+    truncate_dim)."""
     assert found.transformer is not None
     st_cfg_file = root / "config_sentence_transformers.json"
     st_cfg = _json(st_cfg_file) if st_cfg_file.is_file() else {}
@@ -285,6 +286,7 @@ def _described(root: Path, found: _Modules) -> EmbeddingPipeline:
             source="sentence-transformers",
             output="sparse_embedding" if sparse else "sentence_embedding",
             sparse=found.sparse,
+            truncate_dim=st_cfg.get("truncate_dim"),
         )
     except ValueError as exc:
         raise ExportError(f"{root}: {exc}") from exc
@@ -484,6 +486,8 @@ def _head(b: _Builder, parsed: ParsedPipeline, h: str, m0: str, m: str) -> str:
     if pipe.normalize:  # torch.nn.functional.normalize: x / max(||x||, 1e-12)
         norm = b.op("Sqrt", b.reduce("ReduceSum", b.op("Mul", x, x), -1, 1))
         x = b.op("Div", x, b.op("Max", norm, b.const(1e-12)))
+    if pipe.truncate_dim is not None:  # encode's truncate_dim: after Normalize, not re-normalized
+        x = b.op("Slice", x, b.const([0], np.int64), b.const([pipe.truncate_dim], np.int64), b.axes(1))
     return x
 
 
@@ -611,7 +615,7 @@ class TorchPipeline:
                     x = _torch_activation(spec.activation)(x)
                 if pipe.normalize:
                     x = x / x.norm().clamp_min(1e-12)
-                rows.append(x.numpy())
+                rows.append(x[: pipe.dimension].numpy())
         return np.stack(rows).astype(np.float32)
 
 

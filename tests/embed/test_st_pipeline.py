@@ -101,6 +101,30 @@ def test_graph_and_torch_reference_equal_sentence_transformers(bases, tmp_path, 
     assert cosines(ref, want).min() >= MIN_COSINE
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+def test_truncate_dim_of_the_checkpoint(bases, tmp_path, normalize):
+    """config_sentence_transformers.json's truncate_dim: encode keeps the first values of
+    the pipeline's output (after Normalize, not re-normalized); so do the graph, the torch
+    reference and the Embedder, and the manifest records that dimension."""
+    base, onnx_path = bases["bert"]
+    st_dir = build_st(base, tmp_path / "st", pooling="mean", dense=((16, "Tanh"),), normalize=normalize, truncate_dim=6)
+    model = st_mod.SentenceTransformer(str(st_dir), device="cpu")
+    want = model.encode(TEXTS, batch_size=4)
+    assert want.shape == (len(TEXTS), 6)
+    parsed = st_pipeline.read_pipeline(st_dir)
+    assert parsed is not None and parsed.pipeline.dimension == 6
+    got = _encode_graph(_graph_session(onnx_path, parsed), st_dir, TEXTS)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(st_pipeline.TorchPipeline(parsed).encode(TEXTS), want, atol=1e-5)
+    export = make_export(onnx_path, st_dir, tmp_path / "export")
+    with Embedder(export) as emb:
+        assert emb.dimension == 6
+        np.testing.assert_allclose(emb.encode(TEXTS), want, atol=1e-5)
+        want4 = model.encode(TEXTS, truncate_dim=4, normalize_embeddings=normalize)
+        np.testing.assert_allclose(emb.encode(TEXTS, dimensions=4), want4, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
 @pytest.mark.parametrize("pooling", ["mean", "cls", "lasttoken", "weightedmean", "max"])
 def test_prompts_left_out_of_pooling(bases, tmp_path, kind, pooling):
