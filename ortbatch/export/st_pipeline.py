@@ -174,9 +174,12 @@ def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -
         found.transformer = folder
         cfg_file = folder / "sentence_bert_config.json"
         cfg = _json(cfg_file) if cfg_file.is_file() else {}
-        if cfg.get("do_lower_case"):
+        # the tokenizer's keyword arguments (tokenizer_args is their older name): a
+        # model_max_length there is where encode truncates, ahead of max_seq_length
+        tok_kwargs = {**(cfg.get("tokenizer_args") or {}), **(cfg.get("processor_kwargs") or {})}
+        if cfg.get("do_lower_case") or tok_kwargs.get("do_lower_case"):
             raise ExportError(f"{cfg_file}: do_lower_case=true is not supported by ortbatch's tokenizer path")
-        found.max_seq = cfg.get("max_seq_length")
+        found.max_seq = tok_kwargs.get("model_max_length", cfg.get("max_seq_length"))
         found.task = str(cfg.get("transformer_task") or ("fill-mask" if kind == "MLMTransformer" else found.task))
         if found.task not in ("feature-extraction", "fill-mask"):
             raise ExportError(
