@@ -360,6 +360,13 @@ def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progres
         return parsed
     if parsed is not None and parsed.pipeline.is_sparse:
         raise ExportError(f"{resolved.model} is a SPLADE SparseEncoder: export it for task fill-mask (the default)")
+    if _encoder_decoder(resolved.config):
+        # optimum's feature-extraction graph of T5 & co. is the whole seq2seq model (it takes
+        # decoder_input_ids); a sentence embedding of it is the encoder's alone
+        raise ExportError(
+            f"{resolved.model} is an encoder-decoder ({resolved.model_type}): sentence-transformers embeds with "
+            "its encoder alone (T5EncoderModel), which ortbatch does not export for feature-extraction"
+        )
     if parsed is None:
         cfg = resolved.config
         sizes = (getattr(cfg, k, None) for k in ("hidden_size", "n_embd", "d_model"))
@@ -378,6 +385,16 @@ def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progres
             + f" ({p.dimension} dims)"
         )
     return parsed
+
+
+def _encoder_decoder(config: Any) -> bool:
+    """An encoder-decoder architecture, even saved from its encoder alone (T5EncoderModel
+    writes ``is_encoder_decoder: false``, but its model type is still T5's)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+
+    return bool(getattr(config, "is_encoder_decoder", False)) or (
+        getattr(config, "model_type", None) in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    )
 
 
 def _checkpoint_files(model: str, sparse_only: bool) -> str | None:

@@ -416,6 +416,9 @@ def append_pipeline(model: Any, parsed: ParsedPipeline, hidden: str | None = Non
         raise ExportError(f"the transformer's graph has no {hidden!r} output to pool")
     if "attention_mask" not in {i.name for i in g.input}:
         raise ExportError("the transformer's graph takes no attention_mask: padding could not be left out")
+    extra = sorted({i.name for i in g.input} - {"input_ids", "attention_mask", "token_type_ids", "position_ids"})
+    if extra:  # nothing the texts give could fill them (decoder_input_ids: a seq2seq graph)
+        raise ExportError(f"the transformer's graph also takes {extra}: a text's tokens cannot be pooled from it")
     if pipe.output in {o.name for o in g.output}:
         raise ExportError(f"the graph already has a {pipe.output!r} output")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -247,3 +247,25 @@ def test_checkpoint_max_seq_length_truncates_as_encode(bert_base, tmp_path, sett
     assert max(got.tokens) == 12
     with pytest.raises(ExportError, match=r"max_seq_length=12 .*sentence_bert_config\.json"):
         export_model(st_dir, tmp_path / "longer", max_sequence_length=64, validate=False)
+
+
+def test_encoder_decoder_checkpoint_is_an_export_error(tmp_path):
+    """sentence-transformers embeds a T5 checkpoint with its encoder alone; ortbatch's
+    feature-extraction graph of it would be the whole seq2seq model, so the export is
+    refused by name instead of failing later on decoder_input_ids."""
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    from tests.embed.stmodels import _tokenizer
+
+    torch.manual_seed(0)
+    tok = _tokenizer("gpt2")
+    base = tmp_path / "t5"
+    cfg = T5Config(vocab_size=len(tok), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2, pad_token_id=0)
+    T5EncoderModel(cfg).eval().save_pretrained(base)
+    tok.save_pretrained(base)
+    st_dir = build_st(base, tmp_path / "st", pooling="mean")
+    assert st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS).shape == (len(TEXTS), 32)
+    with pytest.raises(ExportError, match=r"encoder-decoder \(t5\).*encoder alone"):
+        export_model(st_dir, tmp_path / "export", validate=False)
+    assert not (tmp_path / "export").exists()
