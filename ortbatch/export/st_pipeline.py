@@ -165,6 +165,8 @@ class _Modules:
     dense: list[DenseSpec] = field(default_factory=list)
     dense_w: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
     normalize: bool = False
+    # the Transformer's sentence_bert_config.json and its path
+    transformer_cfg: tuple[dict[str, Any], Path] | None = None
 
 
 def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -> None:
@@ -186,6 +188,7 @@ def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -
                 f"{cfg_file}: transformer_task {found.task!r} is not one ortbatch can export "
                 "(feature-extraction for Pooling, fill-mask for SpladePooling)"
             )
+        found.transformer_cfg = (cfg, cfg_file)
     elif kind == "Pooling":
         cfg = _json(folder / "config.json")
         found.pooling = _pooling_modes(cfg, folder / "config.json")
@@ -206,6 +209,30 @@ def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -
     elif kind == "Normalize":
         found.normalize = True
     found.order.append(kind)
+
+
+# what the exported graph gives a text: the model's forward() and this output of it
+_TEXT_OUTPUT = {"feature-extraction": "last_hidden_state", "fill-mask": "logits"}
+
+
+def _check_text_modality(cfg: dict[str, Any], cfg_file: Path, task: str) -> None:
+    """sentence-transformers takes a text's token embeddings from ``modality_config``'s
+    ``text`` method and output (CLIP-like models: ``get_text_features`` /
+    ``pooler_output``); ortbatch's graph is the model's ``forward``, so anything else would
+    be pooled from the wrong tensor."""
+    modality = cfg.get("modality_config")
+    if modality is None:
+        return
+    text = modality.get("text") if isinstance(modality, dict) else None
+    if not isinstance(text, dict):
+        raise ExportError(f"{cfg_file}: modality_config has no 'text' entry: ortbatch exports text models")
+    want = ("forward", _TEXT_OUTPUT[task])
+    got = (text.get("method", "forward"), text.get("method_output_name", want[1]))
+    if got != want:
+        raise ExportError(
+            f"{cfg_file}: modality_config text takes {got[0]}().{got[1]}; ortbatch exports a {task} model's "
+            f"{want[0]}().{want[1]} only"
+        )
 
 
 def checkpoint_task(model_dir: str | Path) -> str:
@@ -261,6 +288,8 @@ def read_pipeline(model_dir: str | Path) -> ParsedPipeline | None:
         if found.task != "feature-extraction":
             raise ExportError(f"{modules_file}: a Pooling module after a {found.task} Transformer cannot be exported")
     assert found.transformer is not None
+    if found.transformer_cfg is not None:
+        _check_text_modality(*found.transformer_cfg, found.task)
     return ParsedPipeline(_described(root, found), found.transformer, found.dense_w, found.max_seq, root)
 
 

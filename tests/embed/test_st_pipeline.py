@@ -338,3 +338,23 @@ def test_splade_modules_that_cannot_be_exported(tmp_path):
     (st_dir / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(ExportError, match="SparseStaticEmbedding"):
         st_pipeline.read_pipeline(st_dir)
+
+
+def test_text_modality_other_than_forward_is_an_export_error(bases, tmp_path):
+    """sentence-transformers pools the tensor sentence_bert_config.json's modality_config
+    names for text (CLIP-like models: get_text_features' pooler_output); the graph is the
+    model's forward(), so any other is refused by name rather than pooled from the wrong one."""
+    base, _ = bases["bert"]
+    st_dir = build_st(base, tmp_path / "st", pooling="mean")
+    cfg_file = st_dir / "sentence_bert_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    assert cfg["modality_config"]["text"] == {"method": "forward", "method_output_name": "last_hidden_state"}
+    assert st_pipeline.read_pipeline(st_dir) is not None
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS[:2])
+    cfg["modality_config"]["text"]["method_output_name"] = "pooler_output"
+    cfg_file.write_text(json.dumps(cfg))
+    # sentence-transformers does pool another tensor then
+    got = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS[:2])
+    assert got.shape != want.shape or not np.allclose(got, want)
+    with pytest.raises(ExportError, match=r"modality_config text takes forward\(\)\.pooler_output"):
+        st_pipeline.read_pipeline(st_dir)
