@@ -182,6 +182,9 @@ def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -
         if cfg.get("do_lower_case") or tok_kwargs.get("do_lower_case"):
             raise ExportError(f"{cfg_file}: do_lower_case=true is not supported by ortbatch's tokenizer path")
         found.max_seq = tok_kwargs.get("model_max_length", cfg.get("max_seq_length"))
+        call_max = _processing_max_length(cfg, cfg_file)
+        if call_max is not None:
+            found.max_seq = call_max
         found.task = str(cfg.get("transformer_task") or ("fill-mask" if kind == "MLMTransformer" else found.task))
         if found.task not in ("feature-extraction", "fill-mask"):
             raise ExportError(
@@ -209,6 +212,29 @@ def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -
     elif kind == "Normalize":
         found.normalize = True
     found.order.append(kind)
+
+
+# processing_kwargs (the tokenizer call's keyword arguments) that leave a text's tokens as they are
+_NEUTRAL_CALL_KWARGS = frozenset(
+    {"padding", "padding_side", "pad_to_multiple_of", "return_tensors", "return_attention_mask"}
+)
+
+
+def _processing_max_length(cfg: dict[str, Any], cfg_file: Path) -> int | None:
+    """The ``max_length`` sentence_bert_config.json's ``processing_kwargs`` (``common``,
+    then ``text``) give the tokenizer call, where encode then truncates; any other
+    argument that changes a text's tokens (``add_special_tokens``, ``truncation``, ...) is
+    an :class:`ExportError` naming it: the export tokenizes as the tokenizer does."""
+    kwargs = cfg.get("processing_kwargs") or {}
+    call = {**(kwargs.get("common") or {}), **(kwargs.get("text") or {})}
+    odd = sorted(set(call) - _NEUTRAL_CALL_KWARGS - {"max_length"})
+    if odd:
+        raise ExportError(
+            f"{cfg_file}: processing_kwargs {odd} change how sentence-transformers tokenizes a text; "
+            "ortbatch tokenizes as the tokenizer does and cannot export that"
+        )
+    length = call.get("max_length")
+    return int(length) if isinstance(length, int) else None
 
 
 # what the exported graph gives a text: the model's forward() and this output of it

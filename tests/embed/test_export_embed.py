@@ -219,24 +219,29 @@ def test_plain_transformer_pooled_by_the_flag(bert_base, tmp_path):
     assert cosines(got, want).min() >= MIN_COSINE
 
 
-@pytest.mark.parametrize("setting", ["max_seq_length", "tokenizer_args", "processor_kwargs"])
+@pytest.mark.parametrize("setting", ["max_seq_length", "tokenizer_args", "processor_kwargs", "processing_kwargs"])
 def test_checkpoint_max_seq_length_truncates_as_encode(bert_base, tmp_path, setting):
     """A checkpoint whose sentence_bert_config.json sets max_seq_length (or the tokenizer's
-    model_max_length in tokenizer_args / processor_kwargs) below the tokenizer's own
+    model_max_length in tokenizer_args / processor_kwargs, or its call's max_length in
+    processing_kwargs) below the tokenizer's own
     model_max_length (as all-MiniLM-L6-v2: 256 vs 512) is truncated where encode
     truncates, and its checks (on samples longer than that) pass; a longer
     max_sequence_length is refused, naming the setting."""
     st_dir = build_st(bert_base, tmp_path / "st", pooling="mean", normalize=True)
     cfg_file = st_dir / "sentence_bert_config.json"
     cfg = json.loads(cfg_file.read_text())
-    cfg[setting] = 12 if setting == "max_seq_length" else {"model_max_length": 12}
+    cfg[setting] = {
+        "max_seq_length": 12,
+        "processing_kwargs": {"text": {"max_length": 12}},  # the tokenizer call's
+    }.get(setting, {"model_max_length": 12})
     cfg_file.write_text(json.dumps(cfg))
     tok_file = st_dir / "tokenizer_config.json"
     tok_cfg = json.loads(tok_file.read_text())
     tok_cfg["model_max_length"] = 128
     tok_file.write_text(json.dumps(tok_cfg))
     model = st_mod.SentenceTransformer(str(st_dir), device="cpu")
-    assert model.max_seq_length == 12
+    # (processing_kwargs' max_length is the tokenizer call's: max_seq_length does not show it)
+    assert model.max_seq_length == (128 if setting == "processing_kwargs" else 12)
     texts = [*TEXTS, " ".join(TEXTS)]
     assert max(len(model.tokenizer(t)["input_ids"]) for t in texts) > 12
     result = export_model(st_dir, tmp_path / "export", max_batch_size=4, samples=texts)

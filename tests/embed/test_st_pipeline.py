@@ -358,3 +358,21 @@ def test_text_modality_other_than_forward_is_an_export_error(bases, tmp_path):
     assert got.shape != want.shape or not np.allclose(got, want)
     with pytest.raises(ExportError, match=r"modality_config text takes forward\(\)\.pooler_output"):
         st_pipeline.read_pipeline(st_dir)
+
+
+def test_processing_kwargs_that_change_the_tokens_are_an_export_error(bases, tmp_path):
+    """sentence_bert_config.json's processing_kwargs are the tokenizer call's arguments in
+    encode: one that changes a text's tokens (add_special_tokens=False here) is refused by
+    name, since the export tokenizes as the tokenizer does."""
+    base, _ = bases["bert"]
+    st_dir = build_st(base, tmp_path / "st", pooling="cls")
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS[:2])
+    cfg_file = st_dir / "sentence_bert_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg_file.write_text(json.dumps(cfg | {"processing_kwargs": {"text": {"add_special_tokens": False}}}))
+    got = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS[:2])
+    assert not np.allclose(got, want)  # sentence-transformers does tokenize otherwise
+    with pytest.raises(ExportError, match=r"processing_kwargs \['add_special_tokens'\]"):
+        st_pipeline.read_pipeline(st_dir)
+    cfg_file.write_text(json.dumps(cfg | {"processing_kwargs": {"common": {"padding": True}}}))
+    assert st_pipeline.read_pipeline(st_dir) is not None
