@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import glob
 import importlib.metadata
+import json
 import logging
 import os
 import shutil
@@ -245,9 +246,17 @@ def _export_checked(
     with third_parties_quiet() if quiet else contextlib.nullcontext():
         say(f"resolving {rcp.model} (task {rcp.task})")
         model_ref = hub.local_or_reachable(model_ref)
-        resolved = tasks.resolve_model(model_ref, rcp.task, trust_remote_code=trust_remote_code)
+        st_root, task = None, rcp.task
+        sub = _transformer_subfolder(model_ref)
+        if sub is not None:
+            # an older sentence-transformers layout (0_Transformer/): the transformer is
+            # exported from its folder, the pipeline read from the checkpoint's root
+            st_root, model_ref = model_ref, sub
+            task = st_pipeline.checkpoint_task(st_root) if task == "auto" else task
+            say(f"the checkpoint's transformer is in {sub}")
+        resolved = tasks.resolve_model(model_ref, task, trust_remote_code=trust_remote_code)
         tokenizer = _load_tokenizer(model_ref, trust_remote_code)
-        embedding = _embedding_pipeline(resolved, rcp, say)
+        embedding = _embedding_pipeline(resolved, rcp, say, st_root)
         max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length, embedding)
         # Everything is built in a directory beside the target and moved into place only
         # when complete (and checked): an interrupt or a failure leaves the target as it was.
@@ -339,14 +348,17 @@ def _build(
     return torch_model, manifest
 
 
-def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progress) -> st_pipeline.ParsedPipeline | None:
+def _embedding_pipeline(
+    resolved: tasks.ResolvedModel, rcp: Recipe, say: Progress, st_root: str | None = None
+) -> st_pipeline.ParsedPipeline | None:
     """The sentence-embedding pipeline a feature-extraction export gets: the checkpoint's
-    own (modules.json), else its tokens pooled as ``--pooling`` says; printed either way,
-    so a served embedding is never pooled by an unstated guess. A fill-mask export gets
-    one only when the checkpoint is a SPLADE ``SparseEncoder`` (``sparse_embedding``)."""
+    own (modules.json, in ``st_root`` when the transformer is in a subfolder of it), else
+    its tokens pooled as ``--pooling`` says; printed either way, so a served embedding is
+    never pooled by an unstated guess. A fill-mask export gets one only when the checkpoint
+    is a SPLADE ``SparseEncoder`` (``sparse_embedding``)."""
     if resolved.task not in ("feature-extraction", "fill-mask"):
         return None
-    root = _checkpoint_files(resolved.model, sparse_only=resolved.task == "fill-mask")
+    root = st_root or _checkpoint_files(resolved.model, sparse_only=resolved.task == "fill-mask")
     parsed = st_pipeline.read_pipeline(root) if root is not None else None
     if resolved.task == "fill-mask":
         if parsed is None or not parsed.pipeline.is_sparse:
@@ -385,6 +397,24 @@ def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progres
             + f" ({p.dimension} dims)"
         )
     return parsed
+
+
+def _transformer_subfolder(model_ref: str) -> str | None:
+    """The folder a local sentence-transformers checkpoint keeps its Transformer in when
+    that is not the checkpoint's root (``0_Transformer/``, as older versions saved them);
+    ``None`` otherwise."""
+    modules_file = Path(model_ref) / "modules.json"
+    if not modules_file.is_file():
+        return None
+    try:
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None  # read_pipeline reports it
+    for entry in modules if isinstance(modules, list) else []:
+        kind = str(entry.get("type", "")).rsplit(".", 1)[-1] if isinstance(entry, dict) else ""
+        if kind in ("Transformer", "MLMTransformer") and entry.get("path"):
+            return os.fspath(Path(model_ref) / str(entry["path"]))
+    return None
 
 
 def _encoder_decoder(config: Any) -> bool:

@@ -274,3 +274,25 @@ def test_encoder_decoder_checkpoint_is_an_export_error(tmp_path):
     with pytest.raises(ExportError, match=r"encoder-decoder \(t5\).*encoder alone"):
         export_model(st_dir, tmp_path / "export", validate=False)
     assert not (tmp_path / "export").exists()
+
+
+def test_transformer_in_a_subfolder(bert_base, tmp_path):
+    """An older sentence-transformers layout keeps the Transformer in 0_Transformer/
+    (modules.json's path): the export takes the transformer from there and the pipeline
+    from the root, and equals encode."""
+    st_dir = build_st(bert_base, tmp_path / "st", pooling="cls", dense=((8, "Tanh"),), normalize=True)
+    sub = st_dir / "0_Transformer"
+    sub.mkdir()
+    for f in st_dir.iterdir():
+        if f.is_file() and f.name not in ("modules.json", "config_sentence_transformers.json", "README.md"):
+            f.rename(sub / f.name)
+    modules = json.loads((st_dir / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (st_dir / "modules.json").write_text(json.dumps(modules))
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS, batch_size=4)
+    result = export_model(st_dir, tmp_path / "export", max_batch_size=4)
+    pipe = EmbeddingPipeline.from_manifest(result.manifest)
+    assert pipe is not None and (pipe.pooling, pipe.dimension) == (("cls",), 8)
+    assert result.manifest.source["embedding_checkpoint"] == str(st_dir)
+    with Embedder(result.directory) as emb:
+        assert cosines(emb.encode(TEXTS), want).min() >= MIN_COSINE
