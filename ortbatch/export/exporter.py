@@ -257,6 +257,8 @@ def _export_checked(
         resolved = tasks.resolve_model(model_ref, task, trust_remote_code=trust_remote_code)
         tokenizer = _load_tokenizer(model_ref, trust_remote_code)
         embedding = _embedding_pipeline(resolved, rcp, say, st_root)
+        if embedding is not None and embedding.pipeline.source == "sentence-transformers":
+            _check_truncation_side(tokenizer, embedding)
         max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length, embedding)
         # Everything is built in a directory beside the target and moved into place only
         # when complete (and checked): an interrupt or a failure leaves the target as it was.
@@ -397,6 +399,18 @@ def _embedding_pipeline(
             + f" ({p.dimension} dims)"
         )
     return parsed
+
+
+def _check_truncation_side(tokenizer: Any, embedding: st_pipeline.ParsedPipeline) -> None:
+    """encode truncates a long text where its tokenizer says; ortbatch's Embedder, server
+    and bulk jobs keep a text's first tokens, so a tokenizer that keeps the last ones
+    (``truncation_side: left``) would embed long texts differently: refused by name."""
+    side = getattr(tokenizer, "truncation_side", "right")
+    if side != "right":
+        raise ExportError(
+            f"{embedding.transformer_path / 'tokenizer_config.json'}: truncation_side={side!r}: sentence-transformers "
+            "cuts a long text there, ortbatch keeps a text's first tokens (truncation_side 'right') only"
+        )
 
 
 def _transformer_subfolder(model_ref: str) -> str | None:

@@ -296,3 +296,18 @@ def test_transformer_in_a_subfolder(bert_base, tmp_path):
     assert result.manifest.source["embedding_checkpoint"] == str(st_dir)
     with Embedder(result.directory) as emb:
         assert cosines(emb.encode(TEXTS), want).min() >= MIN_COSINE
+
+
+def test_left_truncating_tokenizer_is_an_export_error(bert_base, tmp_path):
+    """encode cuts a long text where the checkpoint's tokenizer says (truncation_side left:
+    its last tokens kept); ortbatch keeps the first ones, so such a checkpoint is refused by
+    name rather than embedding long texts differently."""
+    st_dir = build_st(bert_base, tmp_path / "st", pooling="mean")
+    tok_file = st_dir / "tokenizer_config.json"
+    tok_file.write_text(json.dumps(json.loads(tok_file.read_text()) | {"truncation_side": "left"}))
+    model = st_mod.SentenceTransformer(str(st_dir), device="cpu")
+    long = " ".join(TEXTS) * 3
+    ids = model.tokenizer(long, truncation=True, max_length=model.max_seq_length)["input_ids"]
+    assert ids[1:-1] != model.tokenizer(long)["input_ids"][1 : len(ids) - 1]  # sentence-transformers keeps the end
+    with pytest.raises(ExportError, match=r"tokenizer_config\.json: truncation_side='left'"):
+        export_model(st_dir, tmp_path / "export", validate=False)
