@@ -259,6 +259,9 @@ def _export_checked(
         embedding = _embedding_pipeline(resolved, rcp, say, st_root)
         if embedding is not None and embedding.pipeline.source == "sentence-transformers":
             _check_truncation_side(tokenizer, embedding)
+            if embedding.lower_case:
+                say("lowercasing texts in the tokenizer, as the checkpoint's do_lower_case says")
+                st_pipeline.lowercase_tokenizer(tokenizer)
         max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length, embedding)
         # Everything is built in a directory beside the target and moved into place only
         # when complete (and checked): an interrupt or a failure leaves the target as it was.

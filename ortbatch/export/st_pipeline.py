@@ -75,6 +75,8 @@ class ParsedPipeline:
     dense_weights: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
     max_seq_length: int | None = None
     root: Path | None = None
+    # sentence_bert_config.json's do_lower_case: texts are lowercased before tokenizing
+    lower_case: bool = False
 
     @property
     def checkpoint(self) -> Path:
@@ -167,6 +169,7 @@ class _Modules:
     normalize: bool = False
     # the Transformer's sentence_bert_config.json and its path
     transformer_cfg: tuple[dict[str, Any], Path] | None = None
+    lower_case: bool = False
 
 
 def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -> None:
@@ -179,8 +182,9 @@ def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -
         # the tokenizer's keyword arguments (tokenizer_args is their older name): a
         # model_max_length there is where encode truncates, ahead of max_seq_length
         tok_kwargs = {**(cfg.get("tokenizer_args") or {}), **(cfg.get("processor_kwargs") or {})}
-        if cfg.get("do_lower_case") or tok_kwargs.get("do_lower_case"):
-            raise ExportError(f"{cfg_file}: do_lower_case=true is not supported by ortbatch's tokenizer path")
+        if tok_kwargs.get("do_lower_case"):  # what it does depends on the tokenizer's class
+            raise ExportError(f"{cfg_file}: do_lower_case in the tokenizer's arguments is not supported by ortbatch")
+        found.lower_case = bool(cfg.get("do_lower_case"))
         found.max_seq = tok_kwargs.get("model_max_length", cfg.get("max_seq_length"))
         call_max = _processing_max_length(cfg, cfg_file)
         if call_max is not None:
@@ -316,7 +320,26 @@ def read_pipeline(model_dir: str | Path) -> ParsedPipeline | None:
     assert found.transformer is not None
     if found.transformer_cfg is not None:
         _check_text_modality(*found.transformer_cfg, found.task)
-    return ParsedPipeline(_described(root, found), found.transformer, found.dense_w, found.max_seq, root)
+    return ParsedPipeline(
+        _described(root, found), found.transformer, found.dense_w, found.max_seq, root, found.lower_case
+    )
+
+
+def lowercase_tokenizer(tokenizer: Any) -> None:
+    """``do_lower_case`` as sentence-transformers applies it: a ``Lowercase`` normalizer put
+    in front of the fast tokenizer's own (unless it has one), so the saved tokenizer.json
+    lowercases for every reader of the export."""
+    from tokenizers import normalizers
+
+    if not getattr(tokenizer, "is_fast", False):
+        raise ExportError("do_lower_case needs a fast (tokenizers) tokenizer to lowercase in tokenizer.json")
+    norm = tokenizer.backend_tokenizer.normalizer
+    if isinstance(norm, normalizers.Lowercase):
+        return
+    if isinstance(norm, normalizers.Sequence) and any(isinstance(n, normalizers.Lowercase) for n in norm):
+        return
+    rest = list(norm) if isinstance(norm, normalizers.Sequence) else ([] if norm is None else [norm])
+    tokenizer.backend_tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *rest])
 
 
 def _described(root: Path, found: _Modules) -> EmbeddingPipeline:
@@ -617,6 +640,8 @@ class TorchPipeline:
 
         self.parsed = parsed
         self.tokenizer = AutoTokenizer.from_pretrained(str(parsed.transformer_path))
+        if parsed.lower_case:
+            lowercase_tokenizer(self.tokenizer)
         auto = AutoModelForMaskedLM if parsed.pipeline.is_sparse else AutoModel
         self.model = auto.from_pretrained(str(parsed.transformer_path)).eval()
 

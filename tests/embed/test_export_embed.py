@@ -311,3 +311,19 @@ def test_left_truncating_tokenizer_is_an_export_error(bert_base, tmp_path):
     assert ids[1:-1] != model.tokenizer(long)["input_ids"][1 : len(ids) - 1]  # sentence-transformers keeps the end
     with pytest.raises(ExportError, match=r"tokenizer_config\.json: truncation_side='left'"):
         export_model(st_dir, tmp_path / "export", validate=False)
+
+
+def test_do_lower_case_lowercases_as_encode(bert_base, tmp_path):
+    """sentence_bert_config.json's do_lower_case: encode lowercases texts before its
+    tokenizer (whose vocabulary here is lowercase only, so case changes the answer); the
+    export's tokenizer.json lowercases too, for the checks, the Embedder and the server."""
+    st_dir = build_st(bert_base, tmp_path / "st", pooling="mean")
+    texts = [t.upper() if i % 2 else t.title() for i, t in enumerate(TEXTS)]
+    plain = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(texts)
+    cfg_file = st_dir / "sentence_bert_config.json"
+    cfg_file.write_text(json.dumps(json.loads(cfg_file.read_text()) | {"do_lower_case": True}))
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(texts, batch_size=4)
+    assert cosines(plain, want).min() < 0.99  # lowercasing does change the answer
+    result = export_model(st_dir, tmp_path / "export", max_batch_size=4, samples=texts)
+    with Embedder(result.directory) as emb:
+        assert cosines(emb.encode(texts), want).min() >= MIN_COSINE
