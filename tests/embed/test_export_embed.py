@@ -324,6 +324,12 @@ def test_do_lower_case_lowercases_as_encode(bert_base, tmp_path):
     cfg_file.write_text(json.dumps(json.loads(cfg_file.read_text()) | {"do_lower_case": True}))
     want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(texts, batch_size=4)
     assert cosines(plain, want).min() < 0.99  # lowercasing does change the answer
+    from ortbatch.export import st_pipeline
+
+    parsed = st_pipeline.read_pipeline(st_dir)
+    assert parsed is not None and parsed.lower_case
+    # the checks' reference where sentence-transformers is not installed
+    assert cosines(st_pipeline.TorchPipeline(parsed).encode(texts), want).min() >= MIN_COSINE
     result = export_model(st_dir, tmp_path / "export", max_batch_size=4, samples=texts)
     with Embedder(result.directory) as emb:
         assert cosines(emb.encode(texts), want).min() >= MIN_COSINE
