@@ -214,13 +214,14 @@ class Encoder:
             latency_session=False,
         )
         self.input_names = list(self.session.input_names)
-        # prompt_length: a pipeline's include_prompt=false (the prompt's tokens left out of pooling)
-        known = {"input_ids", "attention_mask", "token_type_ids", "prompt_length"}
+        # prompt_length: a pipeline's include_prompt=false (the prompt's tokens left out of pooling);
+        # position_ids: a decoder embedder's (Qwen2/Llama/GPT-2 feature-extraction), each row's own 0..n-1
+        known = {"input_ids", "attention_mask", "token_type_ids", "position_ids", "prompt_length"}
         if "input_ids" not in self.input_names or not known.issuperset(self.input_names):
             self.session.close()
             raise UnsupportedModelError(
-                f"the model's inputs {self.input_names} are not input_ids/attention_mask/token_type_ids, "
-                "so text cannot be tokenized for it"
+                f"the model's inputs {self.input_names} are not input_ids/attention_mask/token_type_ids/"
+                "position_ids, so text cannot be tokenized for it"
             )
         self._prompt_lengths: dict[str, int] = {}
         self._dtypes = {i.name: _ort_dtype(i.type) for i in self.session.get_inputs()}
@@ -318,6 +319,7 @@ class Encoder:
             "input_ids": ids,
             "attention_mask": mask if mask is not None else [1] * n,
             "token_type_ids": types if types is not None else [0] * n,
+            "position_ids": range(n),
         }
         feed = {
             name: np.asarray(cols[name], dtype=self._dtypes[name]).reshape(1, n)

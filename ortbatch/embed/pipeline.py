@@ -18,6 +18,10 @@ the exporter appends everything after the transformer to the ONNX graph (output
 ``dimensions`` truncation as the request's vectors. ``quantization_ranges`` (their
 per-dimension min and max) is what older exports record instead.
 
+A checkpoint whose ``config_sentence_transformers.json`` sets ``truncate_dim`` records it as
+``"truncate_dim": N``: the graph already keeps only the first N values (after Normalize, not
+re-normalized, as ``encode`` does) and ``dimension`` is N.
+
 A SPLADE checkpoint (sentence-transformers' ``SparseEncoder``: a masked-LM transformer and
 ``SpladePooling``) records ``"sparse": {"pooling": "max", "activation": "relu"}`` instead of
 pooling modes and Dense layers; its graph's output is ``sparse_embedding`` [batch, vocabulary].
@@ -122,6 +126,9 @@ class EmbeddingPipeline:
     sparse: SparseSpec | None = None
     # int8/uint8 calibration: the export's sample embeddings themselves, one row each
     calibration: tuple[tuple[float, ...], ...] | None = None
+    # config_sentence_transformers.json's truncate_dim: encode keeps the first N values
+    # (after Normalize, not re-normalized); the graph's output is already that wide
+    truncate_dim: int | None = None
 
     def __post_init__(self) -> None:
         for mode in self.pooling:
@@ -132,6 +139,11 @@ class EmbeddingPipeline:
                 raise ValueError("a sparse (SPLADE) pipeline has no pooling modes, Dense layers or Normalize")
         elif not self.pooling:
             raise ValueError("a pipeline needs at least one pooling mode")
+        if self.truncate_dim is not None:
+            if isinstance(self.truncate_dim, bool) or not isinstance(self.truncate_dim, int) or self.truncate_dim < 1:
+                raise ValueError(f"truncate_dim must be a positive integer, got {self.truncate_dim!r}")
+            if self.sparse is not None:
+                raise ValueError("a sparse (SPLADE) pipeline has no truncate_dim")
         width = self.token_dimension * len(self.pooling)
         for i, d in enumerate(self.dense):
             if d.activation not in ACTIVATIONS:
@@ -156,9 +168,8 @@ class EmbeddingPipeline:
         """Width of the output (``sentence_embedding``, or the vocabulary for ``sparse_embedding``)."""
         if self.sparse is not None:
             return self.token_dimension
-        if self.dense:
-            return self.dense[-1].out_features
-        return self.token_dimension * len(self.pooling)
+        full = self.dense[-1].out_features if self.dense else self.token_dimension * len(self.pooling)
+        return full if self.truncate_dim is None else min(self.truncate_dim, full)
 
     @property
     def needs_prompt_length(self) -> bool:
@@ -181,6 +192,8 @@ class EmbeddingPipeline:
         }
         if self.sparse is not None:
             d["sparse"] = self.sparse.to_dict()
+        if self.truncate_dim is not None:
+            d["truncate_dim"] = self.truncate_dim
         if self.calibration is not None:
             d["calibration"] = [list(row) for row in self.calibration]
         if self.quantization_ranges is not None:
@@ -200,6 +213,7 @@ class EmbeddingPipeline:
             ranges = data.get("quantization_ranges")
             sparse = data.get("sparse")
             calibration = data.get("calibration")
+            truncate_dim = data.get("truncate_dim")
             pipe = cls(
                 pooling=tuple(str(m) for m in data["pooling"]),
                 token_dimension=int(data["token_dimension"]),
@@ -216,6 +230,7 @@ class EmbeddingPipeline:
                 else (tuple(float(v) for v in ranges[0]), tuple(float(v) for v in ranges[1])),
                 sparse=None if sparse is None else SparseSpec(str(sparse["pooling"]), str(sparse["activation"])),
                 calibration=None if calibration is None else tuple(tuple(float(v) for v in r) for r in calibration),
+                truncate_dim=truncate_dim,
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ManifestError(f"{where}: {type(exc).__name__}: {exc}") from exc

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import glob
 import importlib.metadata
+import json
 import logging
 import os
 import shutil
@@ -245,14 +246,28 @@ def _export_checked(
     with third_parties_quiet() if quiet else contextlib.nullcontext():
         say(f"resolving {rcp.model} (task {rcp.task})")
         model_ref = hub.local_or_reachable(model_ref)
-        resolved = tasks.resolve_model(model_ref, rcp.task, trust_remote_code=trust_remote_code)
+        st_root, task = None, rcp.task
+        sub = _transformer_subfolder(model_ref)
+        if sub is not None:
+            # an older sentence-transformers layout (0_Transformer/): the transformer is
+            # exported from its folder, the pipeline read from the checkpoint's root
+            st_root, model_ref = model_ref, sub
+            task = st_pipeline.checkpoint_task(st_root) if task == "auto" else task
+            say(f"the checkpoint's transformer is in {sub}")
+        resolved = tasks.resolve_model(model_ref, task, trust_remote_code=trust_remote_code)
         tokenizer = _load_tokenizer(model_ref, trust_remote_code)
-        max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length)
+        embedding = _embedding_pipeline(resolved, rcp, say, st_root)
+        if embedding is not None and embedding.pipeline.source == "sentence-transformers":
+            _check_truncation_side(tokenizer, embedding)
+            if embedding.lower_case:
+                say("lowercasing texts in the tokenizer, as the checkpoint's do_lower_case says")
+                st_pipeline.lowercase_tokenizer(tokenizer)
+        max_seq = _max_sequence_length(resolved, tokenizer, rcp.max_sequence_length, embedding)
         # Everything is built in a directory beside the target and moved into place only
         # when complete (and checked): an interrupt or a failure leaves the target as it was.
         build = _staging_dir(out)
         try:
-            torch_model, _ = _build(build, resolved, rcp, tokenizer, max_seq, trust_remote_code, say)
+            torch_model, _ = _build(build, resolved, rcp, tokenizer, max_seq, embedding, trust_remote_code, say)
             report = None
             if validate:
                 from .checks import validate as run_checks
@@ -280,6 +295,7 @@ def _build(
     rcp: Recipe,
     tokenizer: Any,
     max_seq: int,
+    embedding: st_pipeline.ParsedPipeline | None,
     trust_remote_code: bool,
     say: Progress,
 ) -> tuple[Any, Manifest]:
@@ -310,7 +326,6 @@ def _build(
             quantized = quantize_model(
                 out / f, rcp.quantize, tokenizer=tokenizer, texts=rcp.samples, max_length=max_seq
             )
-    embedding = _embedding_pipeline(resolved, rcp, say)
     if embedding is not None:
         st_pipeline.append_pipeline_file(out / "model.onnx", embedding)
     tokenizer.save_pretrained(out)
@@ -338,14 +353,17 @@ def _build(
     return torch_model, manifest
 
 
-def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progress) -> st_pipeline.ParsedPipeline | None:
+def _embedding_pipeline(
+    resolved: tasks.ResolvedModel, rcp: Recipe, say: Progress, st_root: str | None = None
+) -> st_pipeline.ParsedPipeline | None:
     """The sentence-embedding pipeline a feature-extraction export gets: the checkpoint's
-    own (modules.json), else its tokens pooled as ``--pooling`` says; printed either way,
-    so a served embedding is never pooled by an unstated guess. A fill-mask export gets
-    one only when the checkpoint is a SPLADE ``SparseEncoder`` (``sparse_embedding``)."""
+    own (modules.json, in ``st_root`` when the transformer is in a subfolder of it), else
+    its tokens pooled as ``--pooling`` says; printed either way, so a served embedding is
+    never pooled by an unstated guess. A fill-mask export gets one only when the checkpoint
+    is a SPLADE ``SparseEncoder`` (``sparse_embedding``)."""
     if resolved.task not in ("feature-extraction", "fill-mask"):
         return None
-    root = _checkpoint_files(resolved.model, sparse_only=resolved.task == "fill-mask")
+    root = st_root or _checkpoint_files(resolved.model, sparse_only=resolved.task == "fill-mask")
     parsed = st_pipeline.read_pipeline(root) if root is not None else None
     if resolved.task == "fill-mask":
         if parsed is None or not parsed.pipeline.is_sparse:
@@ -359,6 +377,13 @@ def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progres
         return parsed
     if parsed is not None and parsed.pipeline.is_sparse:
         raise ExportError(f"{resolved.model} is a SPLADE SparseEncoder: export it for task fill-mask (the default)")
+    if _encoder_decoder(resolved.config):
+        # optimum's feature-extraction graph of T5 & co. is the whole seq2seq model (it takes
+        # decoder_input_ids); a sentence embedding of it is the encoder's alone
+        raise ExportError(
+            f"{resolved.model} is an encoder-decoder ({resolved.model_type}): sentence-transformers embeds with "
+            "its encoder alone (T5EncoderModel), which ortbatch does not export for feature-extraction"
+        )
     if parsed is None:
         cfg = resolved.config
         sizes = (getattr(cfg, k, None) for k in ("hidden_size", "n_embd", "d_model"))
@@ -377,6 +402,46 @@ def _embedding_pipeline(resolved: tasks.ResolvedModel, rcp: Recipe, say: Progres
             + f" ({p.dimension} dims)"
         )
     return parsed
+
+
+def _check_truncation_side(tokenizer: Any, embedding: st_pipeline.ParsedPipeline) -> None:
+    """encode truncates a long text where its tokenizer says; ortbatch's Embedder, server
+    and bulk jobs keep a text's first tokens, so a tokenizer that keeps the last ones
+    (``truncation_side: left``) would embed long texts differently: refused by name."""
+    side = getattr(tokenizer, "truncation_side", "right")
+    if side != "right":
+        raise ExportError(
+            f"{embedding.transformer_path / 'tokenizer_config.json'}: truncation_side={side!r}: sentence-transformers "
+            "cuts a long text there, ortbatch keeps a text's first tokens (truncation_side 'right') only"
+        )
+
+
+def _transformer_subfolder(model_ref: str) -> str | None:
+    """The folder a local sentence-transformers checkpoint keeps its Transformer in when
+    that is not the checkpoint's root (``0_Transformer/``, as older versions saved them);
+    ``None`` otherwise."""
+    modules_file = Path(model_ref) / "modules.json"
+    if not modules_file.is_file():
+        return None
+    try:
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None  # read_pipeline reports it
+    for entry in modules if isinstance(modules, list) else []:
+        kind = str(entry.get("type", "")).rsplit(".", 1)[-1] if isinstance(entry, dict) else ""
+        if kind in ("Transformer", "MLMTransformer") and entry.get("path"):
+            return os.fspath(Path(model_ref) / str(entry["path"]))
+    return None
+
+
+def _encoder_decoder(config: Any) -> bool:
+    """An encoder-decoder architecture, even saved from its encoder alone (T5EncoderModel
+    writes ``is_encoder_decoder: false``, but its model type is still T5's)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+
+    return bool(getattr(config, "is_encoder_decoder", False)) or (
+        getattr(config, "model_type", None) in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    )
 
 
 def _checkpoint_files(model: str, sparse_only: bool) -> str | None:
@@ -520,7 +585,17 @@ def _load_tokenizer(model_ref: str, trust_remote_code: bool) -> Any:
         ) from exc
 
 
-def _max_sequence_length(resolved: tasks.ResolvedModel, tokenizer: Any, requested: int | None) -> int:
+def _max_sequence_length(
+    resolved: tasks.ResolvedModel,
+    tokenizer: Any,
+    requested: int | None,
+    embedding: st_pipeline.ParsedPipeline | None = None,
+) -> int:
+    """The longest input the export takes (texts are truncated to it): ``requested``, else
+    what the model and its tokenizer allow. A sentence-transformers checkpoint whose
+    ``sentence_bert_config.json`` sets ``max_seq_length`` truncates there, below the
+    tokenizer's own ``model_max_length`` (all-MiniLM-L6-v2: 256, not 512), so that is the
+    default, and a longer ``requested`` would embed long texts unlike ``encode``: refused."""
     cfg = resolved.config
     limits = [
         getattr(cfg, k)
@@ -533,6 +608,16 @@ def _max_sequence_length(resolved: tasks.ResolvedModel, tokenizer: Any, requeste
     if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
         limits.append(tok_max)
     model_max = min(limits) if limits else None
+    st_max = embedding.max_seq_length if embedding is not None else None
+    if isinstance(st_max, int) and st_max > 0:
+        assert embedding is not None
+        where = embedding.transformer_path / "sentence_bert_config.json"
+        if requested is not None and requested > st_max:
+            raise ExportError(
+                f"max_sequence_length={requested} exceeds the checkpoint's max_seq_length={st_max} ({where}): "
+                "sentence-transformers truncates texts there, so longer texts would embed differently"
+            )
+        model_max = st_max if model_max is None else min(st_max, model_max)
     if requested is not None:
         if model_max is not None and requested > model_max:
             raise ExportError(

@@ -2,7 +2,7 @@
 
 * :func:`read_pipeline` parses ``modules.json`` (Transformer -> Pooling -> Dense* ->
   Normalize), each module's config and weights, and ``config_sentence_transformers.json``
-  (prompts, default prompt, similarity) into an
+  (prompts, default prompt, similarity, truncate_dim) into an
   :class:`~ortbatch.embed.pipeline.EmbeddingPipeline`; a module ortbatch does not know is
   an :class:`~ortbatch.errors.ExportError` naming it.
 * :func:`append_pipeline` appends that pipeline to the transformer's ONNX graph, after
@@ -75,6 +75,8 @@ class ParsedPipeline:
     dense_weights: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
     max_seq_length: int | None = None
     root: Path | None = None
+    # sentence_bert_config.json's do_lower_case: texts are lowercased before tokenizing
+    lower_case: bool = False
 
     @property
     def checkpoint(self) -> Path:
@@ -165,6 +167,9 @@ class _Modules:
     dense: list[DenseSpec] = field(default_factory=list)
     dense_w: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
     normalize: bool = False
+    # the Transformer's sentence_bert_config.json and its path
+    transformer_cfg: tuple[dict[str, Any], Path] | None = None
+    lower_case: bool = False
 
 
 def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -> None:
@@ -174,15 +179,23 @@ def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -
         found.transformer = folder
         cfg_file = folder / "sentence_bert_config.json"
         cfg = _json(cfg_file) if cfg_file.is_file() else {}
-        if cfg.get("do_lower_case"):
-            raise ExportError(f"{cfg_file}: do_lower_case=true is not supported by ortbatch's tokenizer path")
-        found.max_seq = cfg.get("max_seq_length")
+        # the tokenizer's keyword arguments (tokenizer_args is their older name): a
+        # model_max_length there is where encode truncates, ahead of max_seq_length
+        tok_kwargs = {**(cfg.get("tokenizer_args") or {}), **(cfg.get("processor_kwargs") or {})}
+        if tok_kwargs.get("do_lower_case"):  # what it does depends on the tokenizer's class
+            raise ExportError(f"{cfg_file}: do_lower_case in the tokenizer's arguments is not supported by ortbatch")
+        found.lower_case = bool(cfg.get("do_lower_case"))
+        found.max_seq = tok_kwargs.get("model_max_length", cfg.get("max_seq_length"))
+        call_max = _processing_max_length(cfg, cfg_file)
+        if call_max is not None:
+            found.max_seq = call_max
         found.task = str(cfg.get("transformer_task") or ("fill-mask" if kind == "MLMTransformer" else found.task))
         if found.task not in ("feature-extraction", "fill-mask"):
             raise ExportError(
                 f"{cfg_file}: transformer_task {found.task!r} is not one ortbatch can export "
                 "(feature-extraction for Pooling, fill-mask for SpladePooling)"
             )
+        found.transformer_cfg = (cfg, cfg_file)
     elif kind == "Pooling":
         cfg = _json(folder / "config.json")
         found.pooling = _pooling_modes(cfg, folder / "config.json")
@@ -203,6 +216,53 @@ def _read_module(found: _Modules, kind: str, folder: Path, modules_file: Path) -
     elif kind == "Normalize":
         found.normalize = True
     found.order.append(kind)
+
+
+# processing_kwargs (the tokenizer call's keyword arguments) that leave a text's tokens as they are
+_NEUTRAL_CALL_KWARGS = frozenset(
+    {"padding", "padding_side", "pad_to_multiple_of", "return_tensors", "return_attention_mask"}
+)
+
+
+def _processing_max_length(cfg: dict[str, Any], cfg_file: Path) -> int | None:
+    """The ``max_length`` sentence_bert_config.json's ``processing_kwargs`` (``common``,
+    then ``text``) give the tokenizer call, where encode then truncates; any other
+    argument that changes a text's tokens (``add_special_tokens``, ``truncation``, ...) is
+    an :class:`ExportError` naming it: the export tokenizes as the tokenizer does."""
+    kwargs = cfg.get("processing_kwargs") or {}
+    call = {**(kwargs.get("common") or {}), **(kwargs.get("text") or {})}
+    odd = sorted(set(call) - _NEUTRAL_CALL_KWARGS - {"max_length"})
+    if odd:
+        raise ExportError(
+            f"{cfg_file}: processing_kwargs {odd} change how sentence-transformers tokenizes a text; "
+            "ortbatch tokenizes as the tokenizer does and cannot export that"
+        )
+    length = call.get("max_length")
+    return int(length) if isinstance(length, int) else None
+
+
+# what the exported graph gives a text: the model's forward() and this output of it
+_TEXT_OUTPUT = {"feature-extraction": "last_hidden_state", "fill-mask": "logits"}
+
+
+def _check_text_modality(cfg: dict[str, Any], cfg_file: Path, task: str) -> None:
+    """sentence-transformers takes a text's token embeddings from ``modality_config``'s
+    ``text`` method and output (CLIP-like models: ``get_text_features`` /
+    ``pooler_output``); ortbatch's graph is the model's ``forward``, so anything else would
+    be pooled from the wrong tensor."""
+    modality = cfg.get("modality_config")
+    if modality is None:
+        return
+    text = modality.get("text") if isinstance(modality, dict) else None
+    if not isinstance(text, dict):
+        raise ExportError(f"{cfg_file}: modality_config has no 'text' entry: ortbatch exports text models")
+    want = ("forward", _TEXT_OUTPUT[task])
+    got = (text.get("method", "forward"), text.get("method_output_name", want[1]))
+    if got != want:
+        raise ExportError(
+            f"{cfg_file}: modality_config text takes {got[0]}().{got[1]}; ortbatch exports a {task} model's "
+            f"{want[0]}().{want[1]} only"
+        )
 
 
 def checkpoint_task(model_dir: str | Path) -> str:
@@ -227,6 +287,14 @@ def read_pipeline(model_dir: str | Path) -> ParsedPipeline | None:
     found = _Modules()
     for entry in sorted(modules, key=lambda m: int(m.get("idx", 0))):
         kind = str(entry.get("type", "")).rsplit(".", 1)[-1]
+        if not str(entry.get("type", "")).startswith("sentence_transformers."):
+            # custom code that only shares a name (jina-embeddings-v3's custom_st.Transformer
+            # applies task adapters): exporting it as sentence-transformers' own would not be it
+            raise ExportError(
+                f"{modules_file}: module {entry.get('type')!r} ({entry.get('name')}) is custom code, not "
+                f"sentence-transformers' own {kind}: ortbatch exports only sentence-transformers' modules "
+                f"{list(_KNOWN_MODULES)}"
+            )
         if kind not in _KNOWN_MODULES:
             raise ExportError(
                 f"{modules_file}: module {entry.get('type')!r} ({entry.get('name')}) is not one ortbatch can "
@@ -250,12 +318,34 @@ def read_pipeline(model_dir: str | Path) -> ParsedPipeline | None:
         if found.task != "feature-extraction":
             raise ExportError(f"{modules_file}: a Pooling module after a {found.task} Transformer cannot be exported")
     assert found.transformer is not None
-    return ParsedPipeline(_described(root, found), found.transformer, found.dense_w, found.max_seq, root)
+    if found.transformer_cfg is not None:
+        _check_text_modality(*found.transformer_cfg, found.task)
+    return ParsedPipeline(
+        _described(root, found), found.transformer, found.dense_w, found.max_seq, root, found.lower_case
+    )
+
+
+def lowercase_tokenizer(tokenizer: Any) -> None:
+    """``do_lower_case`` as sentence-transformers applies it: a ``Lowercase`` normalizer put
+    in front of the fast tokenizer's own (unless it has one), so the saved tokenizer.json
+    lowercases for every reader of the export."""
+    from tokenizers import normalizers
+
+    if not getattr(tokenizer, "is_fast", False):
+        raise ExportError("do_lower_case needs a fast (tokenizers) tokenizer to lowercase in tokenizer.json")
+    norm = tokenizer.backend_tokenizer.normalizer
+    if isinstance(norm, normalizers.Lowercase):
+        return
+    if isinstance(norm, normalizers.Sequence) and any(isinstance(n, normalizers.Lowercase) for n in norm):
+        return
+    rest = list(norm) if isinstance(norm, normalizers.Sequence) else ([] if norm is None else [norm])
+    tokenizer.backend_tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *rest])
 
 
 def _described(root: Path, found: _Modules) -> EmbeddingPipeline:
     """The :class:`EmbeddingPipeline` of a checkpoint's modules and its
-    ``config_sentence_transformers.json`` (prompts, default prompt, similarity)."""
+    ``config_sentence_transformers.json`` (prompts, default prompt, similarity,
+    truncate_dim)."""
     assert found.transformer is not None
     st_cfg_file = root / "config_sentence_transformers.json"
     st_cfg = _json(st_cfg_file) if st_cfg_file.is_file() else {}
@@ -277,6 +367,7 @@ def _described(root: Path, found: _Modules) -> EmbeddingPipeline:
             source="sentence-transformers",
             output="sparse_embedding" if sparse else "sentence_embedding",
             sparse=found.sparse,
+            truncate_dim=st_cfg.get("truncate_dim"),
         )
     except ValueError as exc:
         raise ExportError(f"{root}: {exc}") from exc
@@ -403,6 +494,9 @@ def append_pipeline(model: Any, parsed: ParsedPipeline, hidden: str | None = Non
         raise ExportError(f"the transformer's graph has no {hidden!r} output to pool")
     if "attention_mask" not in {i.name for i in g.input}:
         raise ExportError("the transformer's graph takes no attention_mask: padding could not be left out")
+    extra = sorted({i.name for i in g.input} - {"input_ids", "attention_mask", "token_type_ids", "position_ids"})
+    if extra:  # nothing the texts give could fill them (decoder_input_ids: a seq2seq graph)
+        raise ExportError(f"the transformer's graph also takes {extra}: a text's tokens cannot be pooled from it")
     if pipe.output in {o.name for o in g.output}:
         raise ExportError(f"the graph already has a {pipe.output!r} output")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -476,6 +570,8 @@ def _head(b: _Builder, parsed: ParsedPipeline, h: str, m0: str, m: str) -> str:
     if pipe.normalize:  # torch.nn.functional.normalize: x / max(||x||, 1e-12)
         norm = b.op("Sqrt", b.reduce("ReduceSum", b.op("Mul", x, x), -1, 1))
         x = b.op("Div", x, b.op("Max", norm, b.const(1e-12)))
+    if pipe.truncate_dim is not None:  # encode's truncate_dim: after Normalize, not re-normalized
+        x = b.op("Slice", x, b.const([0], np.int64), b.const([pipe.truncate_dim], np.int64), b.axes(1))
     return x
 
 
@@ -544,6 +640,8 @@ class TorchPipeline:
 
         self.parsed = parsed
         self.tokenizer = AutoTokenizer.from_pretrained(str(parsed.transformer_path))
+        if parsed.lower_case:
+            lowercase_tokenizer(self.tokenizer)
         auto = AutoModelForMaskedLM if parsed.pipeline.is_sparse else AutoModel
         self.model = auto.from_pretrained(str(parsed.transformer_path)).eval()
 
@@ -603,7 +701,7 @@ class TorchPipeline:
                     x = _torch_activation(spec.activation)(x)
                 if pipe.normalize:
                     x = x / x.norm().clamp_min(1e-12)
-                rows.append(x.numpy())
+                rows.append(x[: pipe.dimension].numpy())
         return np.stack(rows).astype(np.float32)
 
 

@@ -17,6 +17,7 @@ import pytest
 
 import ortbatch
 from ortbatch.errors import InvalidInputError
+from ortbatch.manifest import Manifest
 
 from .conftest import cli, serve_embeddings, write_jsonl
 
@@ -141,3 +142,28 @@ def test_batch_api_embedding_options_as_serve_and_sentence_transformers(
     assert np.abs(vectors("int8") - want).max() <= 1  # a bucket edge may round either way
     assert answers["ids-prompt"]["body"]["error"]["param"] == "prompt_name"
     assert answers["top-k"]["body"]["error"]["param"] == "top_k"
+
+
+def test_decoder_embedder_rows_are_sentence_transformers_encode(tmp_path: Path) -> None:
+    """A decoder embedder (GPT-2, last-token pooling, the prompt left out) takes position_ids
+    besides input_ids and attention_mask; its rows are encode's, as ``ortbatch serve``'s."""
+    from tests.embed.stmodels import TEXTS, build_base, build_st, export_transformer, make_export
+
+    base = build_base("gpt2", tmp_path / "base")
+    st_dir = build_st(
+        base, tmp_path / "st", pooling="lasttoken", include_prompt=False, prompts=PROMPTS, default_prompt_name="query"
+    )
+    export = make_export(export_transformer(base, tmp_path / "onnx"), st_dir, tmp_path / "export")
+    assert "position_ids" in Manifest.load(export).inputs
+    texts = TEXTS * 2
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in texts])
+    summary = ortbatch.run(export, src, tmp_path / "out", window=5, output_format="jsonl", progress=False)
+    assert summary.succeeded == len(texts)
+    got = np.array(
+        [
+            json.loads(x)["embedding"]
+            for p in sorted((tmp_path / "out").glob("part-*"))
+            for x in p.read_text().splitlines()
+        ]
+    )
+    np.testing.assert_allclose(got, st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(texts), atol=1e-5)

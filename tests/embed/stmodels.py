@@ -95,9 +95,11 @@ def build_st(
     prompts: dict[str, str] | None = None,
     default_prompt_name: str | None = None,
     safe_serialization: bool = True,
+    truncate_dim: int | None = None,
 ) -> Path:
     """A sentence-transformers checkpoint over ``base``; ``dense`` is (out_features,
-    activation class name in torch.nn) per Dense layer."""
+    activation class name in torch.nn) per Dense layer; ``truncate_dim`` is saved in
+    config_sentence_transformers.json."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
@@ -112,7 +114,11 @@ def build_st(
     if normalize:
         modules.append(Normalize())
     model = SentenceTransformer(
-        modules=modules, device="cpu", prompts=prompts or {}, default_prompt_name=default_prompt_name
+        modules=modules,
+        device="cpu",
+        prompts=prompts or {},
+        default_prompt_name=default_prompt_name,
+        truncate_dim=truncate_dim,
     )
     if directory.exists():
         shutil.rmtree(directory)

@@ -22,7 +22,7 @@ st_mod = pytest.importorskip("sentence_transformers")
 
 from ortbatch import export_model, validate  # noqa: E402
 from ortbatch.embed import Embedder, EmbeddingPipeline  # noqa: E402
-from ortbatch.errors import ValidationError  # noqa: E402
+from ortbatch.errors import ExportError, ValidationError  # noqa: E402
 from ortbatch.manifest import Manifest, model_hash  # noqa: E402
 from tests.embed.stmodels import TEXTS, build_base, build_st, cosines  # noqa: E402
 
@@ -217,3 +217,119 @@ def test_plain_transformer_pooled_by_the_flag(bert_base, tmp_path):
     with Embedder(result.directory) as emb:
         got = emb.encode(TEXTS)
     assert cosines(got, want).min() >= MIN_COSINE
+
+
+@pytest.mark.parametrize("setting", ["max_seq_length", "tokenizer_args", "processor_kwargs", "processing_kwargs"])
+def test_checkpoint_max_seq_length_truncates_as_encode(bert_base, tmp_path, setting):
+    """A checkpoint whose sentence_bert_config.json sets max_seq_length (or the tokenizer's
+    model_max_length in tokenizer_args / processor_kwargs, or its call's max_length in
+    processing_kwargs) below the tokenizer's own
+    model_max_length (as all-MiniLM-L6-v2: 256 vs 512) is truncated where encode
+    truncates, and its checks (on samples longer than that) pass; a longer
+    max_sequence_length is refused, naming the setting."""
+    st_dir = build_st(bert_base, tmp_path / "st", pooling="mean", normalize=True)
+    cfg_file = st_dir / "sentence_bert_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg[setting] = {
+        "max_seq_length": 12,
+        "processing_kwargs": {"text": {"max_length": 12}},  # the tokenizer call's
+    }.get(setting, {"model_max_length": 12})
+    cfg_file.write_text(json.dumps(cfg))
+    tok_file = st_dir / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_file.read_text())
+    tok_cfg["model_max_length"] = 128
+    tok_file.write_text(json.dumps(tok_cfg))
+    model = st_mod.SentenceTransformer(str(st_dir), device="cpu")
+    # (processing_kwargs' max_length is the tokenizer call's: max_seq_length does not show it)
+    assert model.max_seq_length == (128 if setting == "processing_kwargs" else 12)
+    texts = [*TEXTS, " ".join(TEXTS)]
+    assert max(len(model.tokenizer(t)["input_ids"]) for t in texts) > 12
+    result = export_model(st_dir, tmp_path / "export", max_batch_size=4, samples=texts)
+    assert result.manifest.max_sequence_length == 12
+    with Embedder(result.directory) as emb:
+        got = emb.embed(texts)
+    assert cosines(got.vectors, model.encode(texts, batch_size=3)).min() >= MIN_COSINE
+    assert max(got.tokens) == 12
+    with pytest.raises(ExportError, match=r"max_seq_length=12 .*sentence_bert_config\.json"):
+        export_model(st_dir, tmp_path / "longer", max_sequence_length=64, validate=False)
+
+
+def test_encoder_decoder_checkpoint_is_an_export_error(tmp_path):
+    """sentence-transformers embeds a T5 checkpoint with its encoder alone; ortbatch's
+    feature-extraction graph of it would be the whole seq2seq model, so the export is
+    refused by name instead of failing later on decoder_input_ids."""
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    from tests.embed.stmodels import _tokenizer
+
+    torch.manual_seed(0)
+    tok = _tokenizer("gpt2")
+    base = tmp_path / "t5"
+    cfg = T5Config(vocab_size=len(tok), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2, pad_token_id=0)
+    T5EncoderModel(cfg).eval().save_pretrained(base)
+    tok.save_pretrained(base)
+    st_dir = build_st(base, tmp_path / "st", pooling="mean")
+    assert st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS).shape == (len(TEXTS), 32)
+    with pytest.raises(ExportError, match=r"encoder-decoder \(t5\).*encoder alone"):
+        export_model(st_dir, tmp_path / "export", validate=False)
+    assert not (tmp_path / "export").exists()
+
+
+def test_transformer_in_a_subfolder(bert_base, tmp_path):
+    """An older sentence-transformers layout keeps the Transformer in 0_Transformer/
+    (modules.json's path): the export takes the transformer from there and the pipeline
+    from the root, and equals encode."""
+    st_dir = build_st(bert_base, tmp_path / "st", pooling="cls", dense=((8, "Tanh"),), normalize=True)
+    sub = st_dir / "0_Transformer"
+    sub.mkdir()
+    for f in st_dir.iterdir():
+        if f.is_file() and f.name not in ("modules.json", "config_sentence_transformers.json", "README.md"):
+            f.rename(sub / f.name)
+    modules = json.loads((st_dir / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (st_dir / "modules.json").write_text(json.dumps(modules))
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS, batch_size=4)
+    result = export_model(st_dir, tmp_path / "export", max_batch_size=4)
+    pipe = EmbeddingPipeline.from_manifest(result.manifest)
+    assert pipe is not None and (pipe.pooling, pipe.dimension) == (("cls",), 8)
+    assert result.manifest.source["embedding_checkpoint"] == str(st_dir)
+    with Embedder(result.directory) as emb:
+        assert cosines(emb.encode(TEXTS), want).min() >= MIN_COSINE
+
+
+def test_left_truncating_tokenizer_is_an_export_error(bert_base, tmp_path):
+    """encode cuts a long text where the checkpoint's tokenizer says (truncation_side left:
+    its last tokens kept); ortbatch keeps the first ones, so such a checkpoint is refused by
+    name rather than embedding long texts differently."""
+    st_dir = build_st(bert_base, tmp_path / "st", pooling="mean")
+    tok_file = st_dir / "tokenizer_config.json"
+    tok_file.write_text(json.dumps(json.loads(tok_file.read_text()) | {"truncation_side": "left"}))
+    model = st_mod.SentenceTransformer(str(st_dir), device="cpu")
+    long = " ".join(TEXTS) * 3
+    ids = model.tokenizer(long, truncation=True, max_length=model.max_seq_length)["input_ids"]
+    assert ids[1:-1] != model.tokenizer(long)["input_ids"][1 : len(ids) - 1]  # sentence-transformers keeps the end
+    with pytest.raises(ExportError, match=r"tokenizer_config\.json: truncation_side='left'"):
+        export_model(st_dir, tmp_path / "export", validate=False)
+
+
+def test_do_lower_case_lowercases_as_encode(bert_base, tmp_path):
+    """sentence_bert_config.json's do_lower_case: encode lowercases texts before its
+    tokenizer (whose vocabulary here is lowercase only, so case changes the answer); the
+    export's tokenizer.json lowercases too, for the checks, the Embedder and the server."""
+    st_dir = build_st(bert_base, tmp_path / "st", pooling="mean")
+    texts = [t.upper() if i % 2 else t.title() for i, t in enumerate(TEXTS)]
+    plain = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(texts)
+    cfg_file = st_dir / "sentence_bert_config.json"
+    cfg_file.write_text(json.dumps(json.loads(cfg_file.read_text()) | {"do_lower_case": True}))
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(texts, batch_size=4)
+    assert cosines(plain, want).min() < 0.99  # lowercasing does change the answer
+    from ortbatch.export import st_pipeline
+
+    parsed = st_pipeline.read_pipeline(st_dir)
+    assert parsed is not None and parsed.lower_case
+    # the checks' reference where sentence-transformers is not installed
+    assert cosines(st_pipeline.TorchPipeline(parsed).encode(texts), want).min() >= MIN_COSINE
+    result = export_model(st_dir, tmp_path / "export", max_batch_size=4, samples=texts)
+    with Embedder(result.directory) as emb:
+        assert cosines(emb.encode(texts), want).min() >= MIN_COSINE

@@ -101,6 +101,30 @@ def test_graph_and_torch_reference_equal_sentence_transformers(bases, tmp_path, 
     assert cosines(ref, want).min() >= MIN_COSINE
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+def test_truncate_dim_of_the_checkpoint(bases, tmp_path, normalize):
+    """config_sentence_transformers.json's truncate_dim: encode keeps the first values of
+    the pipeline's output (after Normalize, not re-normalized); so do the graph, the torch
+    reference and the Embedder, and the manifest records that dimension."""
+    base, onnx_path = bases["bert"]
+    st_dir = build_st(base, tmp_path / "st", pooling="mean", dense=((16, "Tanh"),), normalize=normalize, truncate_dim=6)
+    model = st_mod.SentenceTransformer(str(st_dir), device="cpu")
+    want = model.encode(TEXTS, batch_size=4)
+    assert want.shape == (len(TEXTS), 6)
+    parsed = st_pipeline.read_pipeline(st_dir)
+    assert parsed is not None and parsed.pipeline.dimension == 6
+    got = _encode_graph(_graph_session(onnx_path, parsed), st_dir, TEXTS)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(st_pipeline.TorchPipeline(parsed).encode(TEXTS), want, atol=1e-5)
+    export = make_export(onnx_path, st_dir, tmp_path / "export")
+    with Embedder(export) as emb:
+        assert emb.dimension == 6
+        np.testing.assert_allclose(emb.encode(TEXTS), want, atol=1e-5)
+        want4 = model.encode(TEXTS, truncate_dim=4, normalize_embeddings=normalize)
+        np.testing.assert_allclose(emb.encode(TEXTS, dimensions=4), want4, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
 @pytest.mark.parametrize("pooling", ["mean", "cls", "lasttoken", "weightedmean", "max"])
 def test_prompts_left_out_of_pooling(bases, tmp_path, kind, pooling):
@@ -156,6 +180,12 @@ def test_unknown_module_and_activation_are_export_errors(bases, tmp_path):
     with pytest.raises(ExportError, match="LayerNorm"):
         st_pipeline.read_pipeline(st_dir)
     modules.pop()
+    # custom code under a known module's name (jina-embeddings-v3's custom_st.Transformer)
+    custom = [dict(m) for m in modules]
+    custom[0]["type"] = "custom_st.Transformer"
+    (st_dir / "modules.json").write_text(json.dumps(custom))
+    with pytest.raises(ExportError, match=r"'custom_st\.Transformer' \(0\) is custom code"):
+        st_pipeline.read_pipeline(st_dir)
     (st_dir / "modules.json").write_text(json.dumps(modules))
     cfg_file = st_dir / "2_Dense" / "config.json"
     cfg = json.loads(cfg_file.read_text())
@@ -308,3 +338,41 @@ def test_splade_modules_that_cannot_be_exported(tmp_path):
     (st_dir / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(ExportError, match="SparseStaticEmbedding"):
         st_pipeline.read_pipeline(st_dir)
+
+
+def test_text_modality_other_than_forward_is_an_export_error(bases, tmp_path):
+    """sentence-transformers pools the tensor sentence_bert_config.json's modality_config
+    names for text (CLIP-like models: get_text_features' pooler_output); the graph is the
+    model's forward(), so any other is refused by name rather than pooled from the wrong one."""
+    base, _ = bases["bert"]
+    st_dir = build_st(base, tmp_path / "st", pooling="mean")
+    cfg_file = st_dir / "sentence_bert_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    assert cfg["modality_config"]["text"] == {"method": "forward", "method_output_name": "last_hidden_state"}
+    assert st_pipeline.read_pipeline(st_dir) is not None
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS[:2])
+    cfg["modality_config"]["text"]["method_output_name"] = "pooler_output"
+    cfg_file.write_text(json.dumps(cfg))
+    # sentence-transformers does pool another tensor then
+    got = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS[:2])
+    assert got.shape != want.shape or not np.allclose(got, want)
+    with pytest.raises(ExportError, match=r"modality_config text takes forward\(\)\.pooler_output"):
+        st_pipeline.read_pipeline(st_dir)
+
+
+def test_processing_kwargs_that_change_the_tokens_are_an_export_error(bases, tmp_path):
+    """sentence_bert_config.json's processing_kwargs are the tokenizer call's arguments in
+    encode: one that changes a text's tokens (add_special_tokens=False here) is refused by
+    name, since the export tokenizes as the tokenizer does."""
+    base, _ = bases["bert"]
+    st_dir = build_st(base, tmp_path / "st", pooling="cls")
+    want = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS[:2])
+    cfg_file = st_dir / "sentence_bert_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg_file.write_text(json.dumps(cfg | {"processing_kwargs": {"text": {"add_special_tokens": False}}}))
+    got = st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS[:2])
+    assert not np.allclose(got, want)  # sentence-transformers does tokenize otherwise
+    with pytest.raises(ExportError, match=r"processing_kwargs \['add_special_tokens'\]"):
+        st_pipeline.read_pipeline(st_dir)
+    cfg_file.write_text(json.dumps(cfg | {"processing_kwargs": {"common": {"padding": True}}}))
+    assert st_pipeline.read_pipeline(st_dir) is not None

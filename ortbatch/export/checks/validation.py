@@ -147,7 +147,9 @@ def _plan(
     texts = list(samples or manifest.validation.get("samples") or DEFAULT_SAMPLES)
     max_seq = int(manifest.max_sequence_length or 512)
     family = str(manifest.source.get("family", "encoder"))
-    rows = [ids[:max_seq] for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    # truncated as the tokenizer truncates (a trailing SEP/EOS kept), as Embedder and encode see a long text
+    enc = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_seq)
+    rows = [list(ids) for ids in enc["input_ids"]]
     if family == "decoder":
         rows = [r[: max_seq - GREEDY_TOKENS] or [tokenizer.eos_token_id or 0] for r in rows]
     return _Plan(
