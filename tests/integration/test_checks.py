@@ -230,10 +230,17 @@ def test_silent_cpu_fallback_is_detected(exported, monkeypatch) -> None:
     import onnxruntime as ort
 
     from ortbatch import validate
+    from ortbatch._ort.providers import probe_providers
 
     real = ort.get_available_providers()
+    # the probe is cached per process: what an earlier test probed with the real list must not
+    # answer here, nor what this test probes with the pretended one answer a later test
+    probe_providers.cache_clear()
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real])
-    report = validate(exported("bert").directory, providers="cuda", save=False)
+    try:
+        report = validate(exported("bert").directory, providers="cuda", save=False)
+    finally:
+        probe_providers.cache_clear()
     (fail,) = [c for c in report.checks if c.name == "provider_parity"]
     if "CUDAExecutionProvider" in real:  # pragma: no cover - a CUDA machine really has it
         pytest.skip("CUDA is available here: nothing falls back")
