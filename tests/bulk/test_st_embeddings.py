@@ -53,22 +53,27 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, A
     return out
 
 
-@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
-def test_rows_are_sentence_transformers_encode(exports: dict[str, tuple[Path, Any]], tmp_path: Path, name: str):
-    from tests.embed.stmodels import TEXTS
-
-    export, model = exports[name]
-    texts = TEXTS * 2
+def _embedded(export: Path, texts: list[str], tmp_path: Path) -> np.ndarray:
+    """``texts`` through ``ortbatch run`` (windows of 5, JSONL), every row succeeding: the vectors."""
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in texts])
     summary = ortbatch.run(export, src, tmp_path / "out", window=5, output_format="jsonl", progress=False)
     assert summary.succeeded == len(texts)
-    got = np.array(
+    return np.array(
         [
             json.loads(x)["embedding"]
             for p in sorted((tmp_path / "out").glob("part-*"))
             for x in p.read_text().splitlines()
         ]
     )
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
+def test_rows_are_sentence_transformers_encode(exports: dict[str, tuple[Path, Any]], tmp_path: Path, name: str):
+    from tests.embed.stmodels import TEXTS
+
+    export, model = exports[name]
+    texts = TEXTS * 2
+    got = _embedded(export, texts, tmp_path)
     want = model.encode(texts)  # the default prompt, as encode applies it
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     norms = np.linalg.norm(got, axis=1)
@@ -156,14 +161,5 @@ def test_decoder_embedder_rows_are_sentence_transformers_encode(tmp_path: Path) 
     export = make_export(export_transformer(base, tmp_path / "onnx"), st_dir, tmp_path / "export")
     assert "position_ids" in Manifest.load(export).inputs
     texts = TEXTS * 2
-    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in texts])
-    summary = ortbatch.run(export, src, tmp_path / "out", window=5, output_format="jsonl", progress=False)
-    assert summary.succeeded == len(texts)
-    got = np.array(
-        [
-            json.loads(x)["embedding"]
-            for p in sorted((tmp_path / "out").glob("part-*"))
-            for x in p.read_text().splitlines()
-        ]
-    )
+    got = _embedded(export, texts, tmp_path)
     np.testing.assert_allclose(got, st_mod.SentenceTransformer(str(st_dir), device="cpu").encode(texts), atol=1e-5)
