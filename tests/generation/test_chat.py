@@ -97,6 +97,34 @@ def test_template_comes_from_the_export(tmp_path: Path) -> None:
     assert template is not None and template.source == STRICT
 
 
+def _served_prompt(source: str, messages: list[dict]) -> str:
+    from ortbatch.serve.served.completions import parse_chat_request, render_bounded
+
+    template = ChatTemplate(source)
+    chat, _ = parse_chat_request({"messages": messages}, template)
+    return render_bounded(template, chat, 2.0, 10**6)
+
+
+def test_text_parts_are_joined_with_newlines_as_vllm_joins_them() -> None:
+    """vLLM gives a template that reads text the parts joined with "\n"; the reference is
+    transformers' rendering of that one string."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    parts = [{"type": "text", "text": "Look:"}, {"type": "text", "text": "two parts"}]
+    joined = [{"role": "user", "content": "Look:\ntwo parts"}]
+    (want,), _ = render_jinja_template(conversations=[joined], chat_template=CHATML, add_generation_prompt=True)
+    assert _served_prompt(CHATML, [{"role": "user", "content": parts}]) == want
+
+
+def test_a_legacy_function_call_message_is_refused_not_dropped() -> None:
+    """Templates read ``tool_calls``: an assistant turn's deprecated ``function_call`` would
+    vanish from the prompt, so it is a 400 naming it."""
+    call = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}
+    with pytest.raises(InvalidInputError, match=r"messages\[1\]\.function_call") as err:
+        _served_prompt(CHATML, [MESSAGES[1], call])
+    assert err.value.input_name == "messages[1].function_call"
+
+
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
@@ -146,6 +174,10 @@ def test_chat_completion_is_the_rendered_prompt_completed(chat_server: Backgroun
         ({"messages": []}, "'messages' must be a non-empty list"),
         ({"messages": [{"content": "x"}]}, "string 'role'"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+        (
+            {"messages": [{"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}}]},
+            "messages[0].function_call is not supported",
+        ),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0].function"),
     ],
 )

@@ -377,10 +377,19 @@ class ChatPrompt:
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:
-    """A message as the template gets it: text content (parts joined); an assistant turn
-    with ``tool_calls`` may have null content."""
+    """A message as the template gets it: text content (text parts joined with newlines, as
+    vLLM joins them for a template that reads text); an assistant turn with ``tool_calls`` may
+    have null content. The deprecated ``function_call`` is a 400 (templates read ``tool_calls``:
+    it would vanish from the prompt)."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise InvalidInputError(f"messages[{index}] must be an object with a string 'role'", input_name="messages")
+    if message.get("function_call") is not None:
+        raise InvalidInputError(
+            f"messages[{index}].function_call is not supported (chat templates read tool_calls): "
+            'send the call as "tool_calls": [{"id": ..., "type": "function", "function": {"name": ..., '
+            '"arguments": ...}}]',
+            input_name=f"messages[{index}].function_call",
+        )
     content = message.get("content")
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
         parts = []
@@ -391,9 +400,8 @@ def _message(message: Any, index: int) -> dict[str, Any]:
                     input_name="messages",
                 )
             parts.append(part["text"])
-        content = "".join(parts)
-    calls = message.get("tool_calls") or message.get("function_call")
-    if content is None and message["role"] == "assistant" and calls:
+        content = "\n".join(parts)
+    if content is None and message["role"] == "assistant" and message.get("tool_calls"):
         if message.get("tool_calls") is not None and not isinstance(message["tool_calls"], list):
             raise InvalidInputError(f"messages[{index}].tool_calls must be a list", input_name="messages")
     elif not isinstance(content, str):
