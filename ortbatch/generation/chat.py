@@ -150,7 +150,16 @@ class ChatTemplate:
             text = str(self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **variables))
         except InvalidInputError:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, ArithmeticError, RecursionError) as exc:
+        except (
+            jinja2.TemplateError,
+            TypeError,
+            ValueError,
+            LookupError,
+            AttributeError,
+            AssertionError,  # jinja's own filters assert their arguments (truncate(-1))
+            ArithmeticError,
+            RecursionError,
+        ) as exc:
             message = f"the chat template failed on these messages: {exc}"
             raise InvalidInputError(message, input_name="messages") from exc
         return _cut_at_final_message(text, final) if continue_final_message else text

@@ -83,6 +83,10 @@ def test_template_errors_are_bad_input() -> None:
         template.render(MESSAGES)
     with pytest.raises(ValueError, match="does not compile"):
         ChatTemplate("{% for %}")
+    # a filter's own assertion on what the messages made of its argument is bad input too, not a 500
+    cut = ChatTemplate("{% for m in messages %}{{ m['content'] | truncate(m['content'] | length - 9) }}{% endfor %}")
+    with pytest.raises(InvalidInputError, match="failed on these messages"):
+        cut.render([{"role": "user", "content": "short"}])
 
 
 def test_template_comes_from_the_export(tmp_path: Path) -> None:
