@@ -120,6 +120,36 @@ def test_text_parts_are_joined_with_newlines_as_vllm_joins_them() -> None:
     assert _served_prompt(CHATML, [{"role": "user", "content": parts}]) == want
 
 
+# a template that reads content parts (as Llama 3.2 Vision's, Gemma 3's, Mistral Small 3.1's do)
+PARTS = (
+    "{% for message in messages %}{{ '<' + message['role'] + '>' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] | selectattr('type', 'equalto', 'text') %}[{{ part['text'] }}]{% endfor %}"
+    "{% endif %}{{ '</' + message['role'] + '>' }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.mark.parametrize("continued", [False, True], ids=["generation-prompt", "continue-final-message"])
+def test_a_template_that_reads_content_parts_gets_them_as_transformers_does(continued: bool) -> None:
+    """vLLM passes the parts on to a template that loops over a message's content; the
+    reference is transformers rendering those parts (continuing the last text part)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from ortbatch.serve.served.completions import parse_chat_request, render_bounded
+
+    parts = [{"type": "text", "text": "Look:"}, {"type": "text", "text": "two parts"}]
+    messages = [{"role": "user", "content": parts}, {"role": "assistant", "content": [{"type": "text", "text": "Se"}]}]
+    messages = messages if continued else messages[:1]
+    flags = {"add_generation_prompt": not continued, "continue_final_message": continued}
+    (want,), _ = render_jinja_template(conversations=[messages], chat_template=PARTS, **flags)
+    template = ChatTemplate(PARTS)
+    assert template.reads_content_parts and not ChatTemplate(CHATML).reads_content_parts
+    chat, req = parse_chat_request({"messages": messages, **flags, "echo": True}, template)
+    assert render_bounded(template, chat, 2.0, 10**6) == want
+    assert want.endswith("[Se" if continued else "[Look:][two parts]</user><assistant>")
+    assert req.echo_text == ("Se" if continued else "")
+
+
 def test_a_legacy_function_call_message_is_refused_not_dropped() -> None:
     """Templates read ``tool_calls``: an assistant turn's deprecated ``function_call`` would
     vanish from the prompt, so it is a 400 naming it."""
