@@ -77,6 +77,9 @@ class ChatTemplate:
             raise ValueError(f"the chat template does not compile: {exc}") from exc
         self.source = source
         self.special_tokens = dict(special_tokens or {})
+        #: whether the template loops over a message's content: it reads OpenAI's content parts
+        #: (vLLM's "openai" content format), so a chat's text parts reach it as a list
+        self.reads_content_parts = _loops_over_content(env.parse(source))
 
     @classmethod
     def from_export(cls, directory: str | Path) -> ChatTemplate | None:
@@ -134,12 +137,24 @@ class ChatTemplate:
                 raise InvalidInputError(
                     "continue_final_message and add_generation_prompt are exclusive", input_name="messages"
                 )
-            if not chat or not isinstance(chat[-1].get("content"), str):
+            content = chat[-1].get("content") if chat else None
+            texts = (
+                [i for i, p in enumerate(content) if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+                if isinstance(content, list)
+                else []
+            )
+            if isinstance(content, str):
+                final = content
+                chat[-1]["content"] = final + _CONTINUE_TAG
+            elif texts:  # content parts: the last text part is continued, as transformers continues it
+                parts = [dict(p) if isinstance(p, Mapping) else p for p in content or ()]
+                final = parts[texts[-1]]["text"]
+                parts[texts[-1]]["text"] = final + _CONTINUE_TAG
+                chat[-1]["content"] = parts
+            else:
                 raise InvalidInputError(
                     "continue_final_message needs a last message with text content", input_name="messages"
                 )
-            final = chat[-1]["content"]
-            chat[-1]["content"] = final + _CONTINUE_TAG
         variables = {
             "tools": None if tools is None else [dict(t) for t in tools],
             "documents": None if documents is None else [dict(d) for d in documents],
@@ -150,10 +165,35 @@ class ChatTemplate:
             text = str(self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **variables))
         except InvalidInputError:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, ArithmeticError, RecursionError) as exc:
+        except (
+            jinja2.TemplateError,
+            TypeError,
+            ValueError,
+            LookupError,
+            AttributeError,
+            AssertionError,  # jinja's own filters assert their arguments (truncate(-1))
+            ArithmeticError,
+            RecursionError,
+        ) as exc:
             message = f"the chat template failed on these messages: {exc}"
             raise InvalidInputError(message, input_name="messages") from exc
         return _cut_at_final_message(text, final) if continue_final_message else text
+
+
+def _loops_over_content(ast: Any) -> bool:
+    """Whether a parsed template has a ``{% for ... in x['content'] %}`` loop (through filters:
+    ``x.content | selectattr(...)``), as vLLM detects a template that reads content parts."""
+    from jinja2 import nodes
+
+    for loop in ast.find_all(nodes.For):
+        it = loop.iter
+        while isinstance(it, nodes.Filter) and it.node is not None:
+            it = it.node
+        if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const) and it.arg.value == "content":
+            return True
+        if isinstance(it, nodes.Getattr) and it.attr == "content":
+            return True
+    return False
 
 
 # transformers' marker of where the final message ends (utils/chat_template_utils.py)

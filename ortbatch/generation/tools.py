@@ -511,7 +511,9 @@ class ToolStreamParser:
     """Turns a completion's text, fed as it streams, into :class:`MessageDelta` s: content
     as it becomes certain, each call's id and name once its name is complete, then its
     arguments' text as it arrives. The deltas join into what :meth:`ToolRequest.parse`
-    returns for the whole text (ids aside), for every well-formed call."""
+    returns for the whole text (ids aside), for every well-formed call; a call malformed or cut
+    (``max_tokens``) before any call's name was streamed ends the stream with the held-back
+    text as content, as :meth:`~ToolRequest.parse` gives it."""
 
     def __init__(self, fmt: _Format | None, parallel: bool = True, called_reason: str = "tool_calls") -> None:
         self._format = fmt
@@ -546,6 +548,9 @@ class ToolStreamParser:
             content = self._text
         else:
             content, calls = self._format.split(self._text, final)
+            if final and calls and not self._ids and not all(c.valid for c in calls):
+                # a malformed or cut call, none of it streamed: the text is content, as parse gives it
+                content, calls = self._text, []
         piece = content[self._content_sent :]
         self._content_sent = max(self._content_sent, len(content))
         deltas: list[ToolCallDelta] = []

@@ -83,6 +83,10 @@ def test_template_errors_are_bad_input() -> None:
         template.render(MESSAGES)
     with pytest.raises(ValueError, match="does not compile"):
         ChatTemplate("{% for %}")
+    # a filter's own assertion on what the messages made of its argument is bad input too, not a 500
+    cut = ChatTemplate("{% for m in messages %}{{ m['content'] | truncate(m['content'] | length - 9) }}{% endfor %}")
+    with pytest.raises(InvalidInputError, match="failed on these messages"):
+        cut.render([{"role": "user", "content": "short"}])
 
 
 def test_template_comes_from_the_export(tmp_path: Path) -> None:
@@ -95,6 +99,64 @@ def test_template_comes_from_the_export(tmp_path: Path) -> None:
     (tmp_path / "chat_template.jinja").write_text(STRICT)  # the file wins, as in transformers
     template = ChatTemplate.from_export(tmp_path)
     assert template is not None and template.source == STRICT
+
+
+def _served_prompt(source: str, messages: list[dict]) -> str:
+    from ortbatch.serve.served.completions import parse_chat_request, render_bounded
+
+    template = ChatTemplate(source)
+    chat, _ = parse_chat_request({"messages": messages}, template)
+    return render_bounded(template, chat, 2.0, 10**6)
+
+
+def test_text_parts_are_joined_with_newlines_as_vllm_joins_them() -> None:
+    """vLLM gives a template that reads text the parts joined with "\n"; the reference is
+    transformers' rendering of that one string."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    parts = [{"type": "text", "text": "Look:"}, {"type": "text", "text": "two parts"}]
+    joined = [{"role": "user", "content": "Look:\ntwo parts"}]
+    (want,), _ = render_jinja_template(conversations=[joined], chat_template=CHATML, add_generation_prompt=True)
+    assert _served_prompt(CHATML, [{"role": "user", "content": parts}]) == want
+
+
+# a template that reads content parts (as Llama 3.2 Vision's, Gemma 3's, Mistral Small 3.1's do)
+PARTS = (
+    "{% for message in messages %}{{ '<' + message['role'] + '>' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] | selectattr('type', 'equalto', 'text') %}[{{ part['text'] }}]{% endfor %}"
+    "{% endif %}{{ '</' + message['role'] + '>' }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.mark.parametrize("continued", [False, True], ids=["generation-prompt", "continue-final-message"])
+def test_a_template_that_reads_content_parts_gets_them_as_transformers_does(continued: bool) -> None:
+    """vLLM passes the parts on to a template that loops over a message's content; the
+    reference is transformers rendering those parts (continuing the last text part)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from ortbatch.serve.served.completions import parse_chat_request, render_bounded
+
+    parts = [{"type": "text", "text": "Look:"}, {"type": "text", "text": "two parts"}]
+    messages = [{"role": "user", "content": parts}, {"role": "assistant", "content": [{"type": "text", "text": "Se"}]}]
+    messages = messages if continued else messages[:1]
+    flags = {"add_generation_prompt": not continued, "continue_final_message": continued}
+    (want,), _ = render_jinja_template(conversations=[messages], chat_template=PARTS, **flags)
+    template = ChatTemplate(PARTS)
+    assert template.reads_content_parts and not ChatTemplate(CHATML).reads_content_parts
+    chat, req = parse_chat_request({"messages": messages, **flags, "echo": True}, template)
+    assert render_bounded(template, chat, 2.0, 10**6) == want
+    assert want.endswith("[Se" if continued else "[Look:][two parts]</user><assistant>")
+    assert req.echo_text == ("Se" if continued else "")
+
+
+def test_a_legacy_function_call_message_is_refused_not_dropped() -> None:
+    """Templates read ``tool_calls``: an assistant turn's deprecated ``function_call`` would
+    vanish from the prompt, so it is a 400 naming it."""
+    call = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}
+    with pytest.raises(InvalidInputError, match=r"messages\[1\]\.function_call") as err:
+        _served_prompt(CHATML, [MESSAGES[1], call])
+    assert err.value.input_name == "messages[1].function_call"
 
 
 httpx = pytest.importorskip("httpx")
@@ -146,6 +208,10 @@ def test_chat_completion_is_the_rendered_prompt_completed(chat_server: Backgroun
         ({"messages": []}, "'messages' must be a non-empty list"),
         ({"messages": [{"content": "x"}]}, "string 'role'"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+        (
+            {"messages": [{"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}}]},
+            "messages[0].function_call is not supported",
+        ),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0].function"),
     ],
 )

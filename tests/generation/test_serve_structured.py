@@ -398,6 +398,19 @@ def test_required_calls_in_each_format_validate(request: pytest.FixtureRequest, 
         assert _ask(served.url, CHAT, fields, stream=True, messages=CONVERSATION[:2]) == whole
 
 
+@pytest.mark.parametrize("fmt", ["hermes", "llama3"])
+def test_a_forced_call_cut_by_max_tokens_streams_what_it_answers_whole(
+    request: pytest.FixtureRequest, fmt: str
+) -> None:
+    """Cut before the call's name is whole: the whole answer is the text as content with
+    finish_reason "length"; the stream gives the same (it once held the text back and ended empty)."""
+    served = request.getfixturevalue("local" if fmt == "hermes" else "local_llama3")
+    fields = {"tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": 3}
+    (whole,) = _ask(served.url, CHAT, fields, stream=False, messages=CONVERSATION[:2])
+    assert whole.calls == [] and whole.text and whole.finish_reason == "length"
+    assert _ask(served.url, CHAT, fields, stream=True, messages=CONVERSATION[:2]) == [whole]
+
+
 def test_a_two_turn_tool_conversation_completes(url: str, tiny_gpt2_long: TinyModel) -> None:
     """Turn one forces calls; turn two sends them back with ``role: "tool"`` results and completes.
     The second prompt's token ids are those of transformers' ``apply_chat_template`` (the

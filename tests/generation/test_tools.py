@@ -222,7 +222,17 @@ def _reassemble(request: ToolRequest, text: str, pieces: list[str]) -> tuple[str
 
 @pytest.mark.parametrize(
     ("source", "text"),
-    [(HERMES, HERMES_TEXT), (LLAMA3, LLAMA3_TEXT), (HERMES, "Just words <tool"), (LLAMA3, "  plain words {x}")],
+    [
+        (HERMES, HERMES_TEXT),
+        (LLAMA3, LLAMA3_TEXT),
+        (HERMES, "Just words <tool"),
+        (LLAMA3, "  plain words {x}"),
+        # cut (max_tokens) or malformed before a call's name is whole: parse gives the text as content
+        (LLAMA3, '{"nam'),
+        (LLAMA3, '<|python_tag|>{"name": "no'),
+        (HERMES, 'Sure<tool_call>\n{"na'),
+        (HERMES, "Sure<tool_call>\nnot json</tool_call>"),
+    ],
 )
 def test_streamed_deltas_reassemble_to_the_parsed_calls(source: str, text: str) -> None:
     request = _request(source)

@@ -23,7 +23,8 @@ the transport-free core (:mod:`~ortbatch.serve.served.completions` parses,
 :mod:`~ortbatch.serve.served.answers` shapes, :mod:`~ortbatch.serve.served.streaming` streams);
 this module only carries it over HTTP.
 
-Chat requests take ``messages`` (text content, as a string or text parts; assistant turns with
+Chat requests take ``messages`` (text content, as a string or text parts, given to the template as vLLM
+gives them; assistant turns with
 ``tool_calls`` and null content, ``tool`` turns with their results), rendered with the export's
 chat template (:class:`~ortbatch.generation.chat.ChatTemplate`) into one prompt, in a thread,
 bounded in time and size (:func:`~ortbatch.serve.served.completions.render_bounded`). An export

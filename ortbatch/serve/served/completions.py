@@ -376,34 +376,52 @@ class ChatPrompt:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def _message(message: Any, index: int) -> dict[str, Any]:
-    """A message as the template gets it: text content (parts joined); an assistant turn
-    with ``tool_calls`` may have null content."""
+def _message(message: Any, index: int, as_parts: bool = False) -> dict[str, Any]:
+    """A message as the template gets it, as vLLM gives it: text parts joined with newlines for a
+    template that reads text, or (``as_parts``: the template loops over content) a list of
+    ``{"type": "text", "text": ...}`` parts; an assistant turn with ``tool_calls`` may have null
+    content. The deprecated ``function_call`` is a 400 (templates read ``tool_calls``: it would
+    vanish from the prompt)."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise InvalidInputError(f"messages[{index}] must be an object with a string 'role'", input_name="messages")
+    if message.get("function_call") is not None:
+        raise InvalidInputError(
+            f"messages[{index}].function_call is not supported (chat templates read tool_calls): "
+            'send the call as "tool_calls": [{"id": ..., "type": "function", "function": {"name": ..., '
+            '"arguments": ...}}]',
+            input_name=f"messages[{index}].function_call",
+        )
     content = message.get("content")
+    texts: list[str] = []
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise InvalidInputError(
                     f"messages[{index}].content: only text parts are supported, got {_shown(part)}",
                     input_name="messages",
                 )
-            parts.append(part["text"])
-        content = "".join(parts)
-    calls = message.get("tool_calls") or message.get("function_call")
-    if content is None and message["role"] == "assistant" and calls:
+            texts.append(part["text"])
+        content = [{"type": "text", "text": t} for t in texts] if as_parts else "\n".join(texts)
+    elif isinstance(content, str):
+        texts = [content]
+    if content is None and message["role"] == "assistant" and message.get("tool_calls"):
         if message.get("tool_calls") is not None and not isinstance(message["tool_calls"], list):
             raise InvalidInputError(f"messages[{index}].tool_calls must be a list", input_name="messages")
-    elif not isinstance(content, str):
+    elif not isinstance(content, (str, list)):
         raise InvalidInputError(
             f"messages[{index}].content must be a string or text parts (null only in an assistant turn "
             "with tool_calls)",
             input_name="messages",
         )
-    check_texts([content or "", message["role"]], f"messages[{index}]", None, sys.maxsize)  # lone surrogates
+    check_texts([*texts, message["role"]], f"messages[{index}]", None, sys.maxsize)  # lone surrogates
     return {**message, "content": content}
+
+
+def _text(content: Any) -> str:
+    """A checked message's content as text (parts joined with newlines, as vLLM's echo joins them)."""
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content)
+    return content or ""
 
 
 def _template_kwargs(doc: dict[str, Any]) -> dict[str, Any]:
@@ -439,7 +457,7 @@ def parse_chat_request(
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidInputError("'messages' must be a non-empty list", input_name="messages")
-    checked = [_message(m, i) for i, m in enumerate(messages)]
+    checked = [_message(m, i, template.reads_content_parts) for i, m in enumerate(messages)]
     generation_prompt = _flag(doc, "add_generation_prompt", True)
     continue_final = _flag(doc, "continue_final_message", False)
     if continue_final and generation_prompt:
@@ -460,7 +478,7 @@ def parse_chat_request(
     if req.echo:  # vLLM's: the last message, when it has the reply's role
         role = "assistant" if generation_prompt else checked[-1]["role"]
         if checked[-1]["role"] == role:
-            req = dataclasses.replace(req, echo_text=checked[-1]["content"] or "")
+            req = dataclasses.replace(req, echo_text=_text(checked[-1]["content"]))
     return chat, req
 
 
