@@ -170,6 +170,23 @@ def test_deadline_passes_while_queued(echo_path):
         assert s.stats().errors.get("RequestTimeoutError") == 2
 
 
+@pytest.mark.timeout(60)
+def test_deadline_passes_with_nothing_else_queued(echo_path):
+    # The worker reaps the expired request and finds the queue empty: the request must
+    # hear of its timeout then, not when some later batch (or close) comes along.
+    sess = GatedSession(ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"]))
+    with BatchedSession(sess, workers=1) as s:
+        first = s.submit(good())
+        assert sess.entered.wait(10)
+        late = s.submit(good(3), timeout_s=1e-9)  # expired before the worker is free
+        sess.gate.set()
+        first.result(10)
+        with pytest.raises(RequestTimeoutError):
+            late.result(10)
+        with BatchedSession(str(echo_path), workers=1) as idle, pytest.raises(RequestTimeoutError):
+            idle.submit(good(), timeout_s=1e-9).result(10)
+
+
 def test_async_deadline(echo_path):
     sess = GatedSession(ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"]))
     with BatchedSession(sess, workers=1) as s:
