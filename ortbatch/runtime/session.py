@@ -327,7 +327,7 @@ class BatchedSession:
         per request."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[np.ndarray]] = loop.create_future()
-        req = self._request(input_feed, output_names, timeout_s, AsyncSlot(fut, mailbox_for(loop)))
+        req = self._request(_own(input_feed), output_names, timeout_s, AsyncSlot(fut, mailbox_for(loop)))
         box = self._outboxes.get(loop)
         if box is None:
             box = self._outboxes.setdefault(loop, Outbox(loop, self._sched))
@@ -365,9 +365,10 @@ class BatchedSession:
         timeout_s: float | None = None,
     ) -> concurrent.futures.Future[list[np.ndarray]]:
         """Queue one request; the Future resolves to its outputs (list, in ``output_names``
-        order) or to a typed error. ``future.cancel()`` drops it if it has not started."""
+        order) or to a typed error. ``future.cancel()`` drops it if it has not started.
+        The request holds its own copy of the arrays: the caller may reuse them at once."""
         fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
-        self._sched.put(self._request(input_feed, output_names, timeout_s, fut))
+        self._sched.put(self._request(_own(input_feed), output_names, timeout_s, fut))
         return fut
 
     def submit_each(
@@ -397,7 +398,7 @@ class BatchedSession:
         for i, (feed, names, timeout_s) in enumerate(requests):
             fut: Any = concurrent.futures.Future() if slots is None else slots[i]
             try:
-                reqs.append(self._request(feed, names, timeout_s, fut))
+                reqs.append(self._request(_own(feed), names, timeout_s, fut))
             except OrtBatchError as exc:
                 out.append(exc)
                 continue
@@ -434,7 +435,7 @@ class BatchedSession:
                 f"{self._sched.max_queue} (max_queue); send them in smaller groups"
             )
         futures: list[concurrent.futures.Future[list[np.ndarray]]] = [concurrent.futures.Future() for _ in feeds]
-        reqs = [self._request(f, output_names, timeout_s, fut) for f, fut in zip(feeds, futures, strict=True)]
+        reqs = [self._request(_own(f), output_names, timeout_s, fut) for f, fut in zip(feeds, futures, strict=True)]
         self._sched.put_many(reqs)
         return futures
 
@@ -651,6 +652,15 @@ class BatchedSession:
             error=error,
         )
         notify(observer.on_batch, record)
+
+
+def _own(feed: Any) -> Any:
+    """A queued request's own copy of the caller's arrays: ``submit`` and ``run_async``
+    return before the batch is built, and a caller that refills its buffer meanwhile must
+    still get the answer for what it sent. (``run`` blocks its caller, so it needs none.)"""
+    if type(feed) is not dict and not isinstance(feed, Mapping):
+        return feed  # a custom collator's request type: its own business (or refused in prepare)
+    return {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in feed.items()}
 
 
 def _values(boxes: weakref.WeakKeyDictionary[Any, Outbox]) -> list[Outbox]:

@@ -24,7 +24,7 @@ from ortbatch import (
     RequestTimeoutError,
     SessionClosedError,
 )
-from tests.models import fixed_batch_model, scalar_output_model
+from tests.models import echo_reference, fixed_batch_model, scalar_output_model
 from tests.runtime.helpers import GatedSession, PoisonSession
 
 
@@ -185,6 +185,39 @@ def test_deadline_passes_with_nothing_else_queued(echo_path):
             late.result(10)
         with BatchedSession(str(echo_path), workers=1) as idle, pytest.raises(RequestTimeoutError):
             idle.submit(good(), timeout_s=1e-9).result(10)
+
+
+@pytest.mark.timeout(60)
+def test_caller_may_refill_its_arrays_once_submitted(echo_path):
+    # submit, submit_many, submit_each and run_async return before the batch is built:
+    # a caller reusing its buffers must still get the answer for what it sent.
+    sess = GatedSession(ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"]))
+    with BatchedSession(sess, workers=1) as s:
+        first = s.submit(good(9))
+        assert sess.entered.wait(10)
+        buf = good(1)
+        futs = [s.submit(buf), *s.submit_many([buf]), *s.submit_each([(buf, None, None)])]
+
+        async def main():
+            built = asyncio.Event()
+
+            async def call():
+                built.set()  # run_async builds its request in this same step
+                return await s.run_async(None, buf)
+
+            task = asyncio.ensure_future(call())
+            await built.wait()
+            buf["input_ids"][:] = 42
+            buf["extra"][:] = 5.0
+            sess.gate.set()
+            return await task
+
+        result = asyncio.run(main())
+        first.result(10)
+        want = echo_reference(*good(1).values())
+        for out in [result] + [f.result(10) for f in futs]:
+            for g, w in zip(out, want, strict=True):
+                assert np.array_equal(g, w)
 
 
 def test_async_deadline(echo_path):
