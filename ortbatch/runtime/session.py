@@ -281,7 +281,7 @@ class BatchedSession:
         """Run one request, batched with whatever else is queued; blocks until done.
 
         Same contract as ``InferenceSession.run`` for this one request: returns the
-        outputs named in ``output_names`` (all, in model order, when ``None``).
+        outputs named in ``output_names`` (all, in model order, when ``None`` or empty).
         ``timeout_s`` overrides the session's deadline for this request: a positive
         number of seconds (``math.inf`` or anything beyond ~31 years: no deadline);
         zero, negative, NaN or a non-number is an :class:`InvalidInputError` before
@@ -526,8 +526,10 @@ class BatchedSession:
                 raise InvalidInputError(f"output_names must be a list of names, got the string {output_names!r}")
             names = list(output_names)
             for n in names:
-                if n not in self._output_set:
+                if not isinstance(n, str) or n not in self._output_set:
                     raise InvalidInputError(f"unknown output {n!r}; the model's outputs are {self.output_names}")
+            if not names:  # as InferenceSession.run: no names asks for every output
+                names = self.output_names
         item = self.collator.prepare(input_feed)
         t = self.timeout_s if timeout_s is None else deadline_seconds(timeout_s, "timeout_s")
         deadline = time.monotonic() + t if t is not None else None

@@ -105,6 +105,17 @@ def test_unknown_output_name(bs):
         bs.run(["nope"], good())
     with pytest.raises(InvalidInputError, match="list of names"):
         bs.run("hidden", good())
+    with pytest.raises(InvalidInputError, match="unknown output"):
+        bs.run([["pooled"]], good())  # not a name (unhashable): typed, not a TypeError
+
+
+def test_empty_output_names_mean_all_as_in_onnxruntime(bs, echo_path):
+    plain = ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"])
+    want = plain.run([], good())
+    for got in (bs.run([], good()), bs.submit(good(), []).result(10)):
+        assert len(got) == len(want) == 3
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g, w)
 
 
 def test_over_the_length_limit(tmp_path, echo_path):
