@@ -18,6 +18,7 @@ import concurrent.futures
 import glob
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -704,7 +705,7 @@ def deadline_seconds(value: Any, name: str) -> float | None:
     negative, NaN, a bool, a non-number) is an :class:`InvalidInputError`."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's numbers too, not np.bool_
         raise InvalidInputError(f"{name} must be a number of seconds, got {value!r}", input_name=name)
     try:
         seconds = float(value)
