@@ -303,6 +303,9 @@ def test_queue_full_is_an_answer(fake_dir: Path, no_thread_leak: None) -> None:
         ([5], {"top_p": 0.0, "max_new_tokens": 4}, "top_p"),
         ([5], {"stop": ["x"], "max_new_tokens": 4}, "tokenizer"),
         ([5], {"timeout_s": 0, "max_new_tokens": 4}, "timeout_s"),
+        ([5], {"timeout_s": "1", "max_new_tokens": 4}, "timeout_s"),  # was a TypeError
+        ([5], {"timeout_s": True, "max_new_tokens": 4}, "timeout_s"),  # was taken as 1 second
+        ([5], {"timeout_s": float("nan"), "max_new_tokens": 4}, "timeout_s"),
     ],
 )
 def test_bad_requests_are_rejected_at_submit(fake_dir: Path, prompt: object, kwargs: dict, match: str) -> None:
