@@ -10,6 +10,7 @@ import textwrap
 import threading
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -142,6 +143,27 @@ def test_lists_are_accepted_when_they_convert_exactly(bs):
     f = good()
     f["input_ids"] = [[1, 1, 1, 1]]
     assert bs.run(["pooled"], f)[0].tolist() == [[4]]
+
+
+def test_list_values_that_do_not_fit_the_dtype_are_refused(bs, tmp_path):
+    f = good()
+    f["extra"] = [[1e300, 0.0, 0.0]]  # float32 would make it inf
+    with pytest.raises(InvalidInputError, match="does not fit") as info:
+        bs.run(None, f)
+    assert info.value.input_name == "extra"
+    f["extra"] = [[0.1, 2, 3]]  # rounding to float32 is fine
+    assert np.array_equal(bs.run(["extra_out"], f)[0], np.array([[0.2, 4, 6]], np.float32))
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.INT32, ["batch", 2])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT32, ["batch", 2])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "id32", [x], [y])
+    path = tmp_path / "id32.onnx"
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    with BatchedSession(str(path)) as s:
+        assert s.run(None, {"x": [[1, -2]]})[0].tolist() == [[1, -2]]
+        with pytest.raises(InvalidInputError, match="does not fit"):
+            s.run(None, {"x": [[2**31, 0]]})  # would wrap around to -2**31
 
 
 def test_queue_full_carries_numbers(echo_path):
