@@ -207,6 +207,7 @@ class BatchedSession:
         self.warmup_s = self._warm_up() if warmup else 0.0
         self._state = _OPEN
         self._state_lock = threading.Lock()
+        self._on_worker = _OnWorker()
         self._threads = [
             threading.Thread(target=self._worker, name=f"ortbatch-worker-{i}", daemon=True) for i in range(self.workers)
         ]
@@ -286,7 +287,8 @@ class BatchedSession:
         ``timeout_s`` overrides the session's deadline for this request: a positive
         number of seconds (``math.inf`` or anything beyond ~31 years: no deadline);
         zero, negative, NaN or a non-number is an :class:`InvalidInputError` before
-        anything is queued, whether or not the session is idle.
+        anything is queued, whether or not the session is idle. Called from a done-callback
+        of this session's futures (on the worker settling them), it runs right there.
         """
         if run_options is not None:
             raise InvalidInputError(
@@ -294,6 +296,8 @@ class BatchedSession:
             )
         fut = LightFuture()
         req = self._request(input_feed, output_names, timeout_s, fut)
+        if self._on_worker.active:
+            return self._run_on_worker(req, fut)
         if self._sched.put(req, inline_ok=True):
             # Idle: run it here, on the caller's thread, skipping two thread hand-offs.
             try:
@@ -312,6 +316,14 @@ class BatchedSession:
                 self._stats.error(RequestTimeoutError())
                 raise RequestTimeoutError("deadline passed before the request could run; it was dropped") from None
             return fut.result()  # already running: its result is on the way
+
+    def _run_on_worker(self, req: Request, fut: LightFuture) -> list[np.ndarray]:
+        """``run`` called on one of this session's workers (from a done-callback it is
+        settling): queued, the request would wait for the very worker that waits for it
+        (with one worker, forever), so it runs here and now, on a binding of its own."""
+        fut.set_running_or_notify_cancel()
+        self._run([req], self._executor.binding(), [0.0], self._executor)
+        return fut.result()
 
     async def run_async(
         self,
@@ -538,6 +550,7 @@ class BatchedSession:
         return Request(item, item.rows, item.length, names, deadline, future, tag)
 
     def _worker(self) -> None:
+        self._on_worker.active = True
         binding = self._executor.binding()
         alone_binding = self._alone_executor.binding() if self._alone_executor is not self._executor else binding
         sched = self._sched
@@ -655,6 +668,12 @@ class BatchedSession:
             error=error,
         )
         notify(observer.on_batch, record)
+
+
+class _OnWorker(threading.local):
+    """Per thread: whether it is one of this session's workers."""
+
+    active = False
 
 
 def _own(feed: Any) -> Any:

@@ -253,6 +253,35 @@ def test_caller_may_refill_its_arrays_once_submitted(echo_path):
                 assert np.array_equal(g, w)
 
 
+@pytest.mark.timeout(60)
+def test_run_from_a_done_callback_on_the_only_worker(echo_path):
+    # A done-callback runs on the worker settling the batch; a run() there used to queue
+    # its request for that same worker, which waited for it forever.
+    sess = GatedSession(ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"]))
+    s = BatchedSession(sess, workers=1)
+    try:
+        first = s.submit(good(1))
+        assert sess.entered.wait(10)
+        second = s.submit(good(2))
+        got: list = []
+        done = threading.Event()
+
+        def chained(_fut):
+            try:
+                got.append(s.run(["pooled"], good(7)))
+            finally:
+                done.set()
+
+        second.add_done_callback(chained)
+        sess.gate.set()
+        assert done.wait(10), "run() in a done-callback never returned"
+        assert got[0][0].tolist() == [[28]]
+        first.result(10)
+        assert s.run(["pooled"], good(3))[0].tolist() == [[12]]  # still serving
+    finally:
+        s.close(drain=False, timeout=10)
+
+
 def test_async_deadline(echo_path):
     sess = GatedSession(ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"]))
     with BatchedSession(sess, workers=1) as s:
