@@ -324,6 +324,28 @@ def test_prompt_as_2d_single_row_and_numpy(fake_dir: Path) -> None:
     assert a.token_ids == b.token_ids == tuple(reference([7, 8, 9], 6))
 
 
+@pytest.mark.timeout(60)
+def test_generate_on_the_scheduler_thread_is_refused_not_hung(fake_dir: Path, no_thread_leak: None) -> None:
+    with BatchedGenerator(fake_dir, max_batch_size=2) as gen:
+        seen: list[BaseException | object] = []
+        done = threading.Event()
+
+        def nested(token: StreamToken) -> None:
+            if token.index == 0:
+                try:
+                    seen.append(gen.generate([5, 6], 3))
+                except BaseException as exc:
+                    seen.append(exc)
+                finally:
+                    done.set()
+
+        outer = gen.submit([4, 4], 5, on_token=nested)
+        assert done.wait(10), "generate() on the scheduler thread never returned"
+        assert isinstance(seen[0], InvalidInputError) and "submit()" in str(seen[0])
+        assert list(outer.result(10).token_ids) == reference([4, 4], 5)
+        assert list(gen.generate([5, 6], 3).token_ids) == reference([5, 6], 3)
+
+
 def test_close_without_drain_fails_everything(fake_dir: Path, no_thread_leak: None) -> None:
     gen = BatchedGenerator(fake_dir, max_batch_size=1)
     gate = Gate(at=1)
