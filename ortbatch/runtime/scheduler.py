@@ -385,6 +385,14 @@ class Scheduler:
             self._enqueue([req])
             return False
 
+    def accept_unqueued(self) -> None:
+        """Count a request that runs without queueing (``run`` on a worker's own thread);
+        :class:`SessionClosedError` once closed, as :meth:`put`."""
+        with self._cond:
+            if self._closed:
+                raise SessionClosedError("the session is closed; no new requests are accepted")
+            self.accepted += 1
+
     def put_many(self, reqs: list[Request]) -> None:
         """Queue all of ``reqs`` or none: :class:`QueueFullError` unless there is room for
         every one of them now (O(1) to refuse)."""

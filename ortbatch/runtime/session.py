@@ -321,6 +321,7 @@ class BatchedSession:
         """``run`` called on one of this session's workers (from a done-callback it is
         settling): queued, the request would wait for the very worker that waits for it
         (with one worker, forever), so it runs here and now, on a binding of its own."""
+        self._sched.accept_unqueued()
         fut.set_running_or_notify_cancel()
         self._run([req], self._executor.binding(), [0.0], self._executor)
         return fut.result()

@@ -278,6 +278,7 @@ def test_run_from_a_done_callback_on_the_only_worker(echo_path):
         assert got[0][0].tolist() == [[28]]
         first.result(10)
         assert s.run(["pooled"], good(3))[0].tolist() == [[12]]  # still serving
+        assert s.stats().requests == 4 and s.stats().completed == 4
     finally:
         s.close(drain=False, timeout=10)
 
