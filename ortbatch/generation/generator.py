@@ -356,6 +356,7 @@ class BatchedGenerator:
         **sampling: Unpack[SamplingOptions],
     ) -> list[Completion]:
         """The ``n`` completions of one prompt, blocking; see :meth:`submit_choices`."""
+        self._check_may_block()
         futures = self.submit_choices(prompt, max_new_tokens, params=params, timeout_s=timeout_s, **sampling)
         try:
             return [f.result() for f in futures]
@@ -373,13 +374,24 @@ class BatchedGenerator:
         timeout_s: float | None = None,
         **sampling: Unpack[SamplingOptions],
     ) -> Completion:
-        """Generate one completion, blocking; see :meth:`submit` for arguments and errors."""
+        """Generate one completion, blocking; see :meth:`submit` for arguments and errors.
+        Not from ``on_token`` or a done-callback (the scheduler thread): an
+        :class:`InvalidInputError` there, since that thread would wait for itself."""
+        self._check_may_block()
         fut = self.submit(prompt, max_new_tokens, params=params, timeout_s=timeout_s, **sampling)
         try:
             return fut.result()
         except BaseException:
             fut.cancel()  # e.g. KeyboardInterrupt: free the row
             raise
+
+    def _check_may_block(self) -> None:
+        """Refuse a blocking call on the scheduler thread: it would wait forever for itself."""
+        if threading.current_thread() is self._thread:
+            raise InvalidInputError(
+                "generate() was called on the generator's own scheduler thread (from on_token or a "
+                "future's done-callback), which would wait forever for itself; use submit() there"
+            )
 
     async def generate_async(
         self,

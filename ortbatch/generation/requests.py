@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -366,8 +367,12 @@ class RequestFactory:
                     f"{name} has id {outside[0]}, outside the vocabulary [0, {self.vocab_size})", input_name=name
                 )
         timeout = self.default_timeout_s if timeout_s is None else timeout_s
-        if timeout is not None and not timeout > 0:
-            raise InvalidInputError(f"timeout_s must be positive, got {timeout!r}", input_name="timeout_s")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0
+        ):
+            raise InvalidInputError(
+                f"timeout_s must be a positive number of seconds, got {timeout!r}", input_name="timeout_s"
+            )
         return ids, n_new, timeout
 
     def _check_fits(self, prompt_tokens: int, n_new: int) -> None:

@@ -324,7 +324,7 @@ def _as_array(sig: InputSig, value: Any) -> np.ndarray:
                 input_name=sig.name,
             ) from None
         if arr.dtype != sig.dtype and arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, sig.dtype, "same_kind"):
-            arr = arr.astype(sig.dtype)
+            arr = _cast_exactly(sig, arr)
     else:
         raise InvalidInputError(
             f"input {sig.name!r}: expected a numpy array {sig.describe()}, got {type(value).__name__}",
@@ -336,3 +336,24 @@ def _as_array(sig: InputSig, value: Any) -> np.ndarray:
             input_name=sig.name,
         )
     return arr
+
+
+def _cast_exactly(sig: InputSig, arr: np.ndarray) -> np.ndarray:
+    """A converted list as ``sig.dtype``, refused where a value does not fit: an integer
+    that would wrap around, a finite number that would become infinite (rounding a float
+    to fewer bits is fine)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = arr.astype(sig.dtype)
+    if cast.dtype.kind in "iu":
+        bad = cast != arr
+    elif cast.dtype.kind == "f":
+        bad = np.isinf(cast) & np.isfinite(arr)
+    else:
+        return cast
+    if bad.any():
+        value = arr[bad].flat[0]
+        raise InvalidInputError(
+            f"input {sig.name!r}: value {value!r} does not fit dtype {sig.dtype} {sig.describe()}",
+            input_name=sig.name,
+        )
+    return cast

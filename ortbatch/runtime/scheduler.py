@@ -385,6 +385,14 @@ class Scheduler:
             self._enqueue([req])
             return False
 
+    def accept_unqueued(self) -> None:
+        """Count a request that runs without queueing (``run`` on a worker's own thread);
+        :class:`SessionClosedError` once closed, as :meth:`put`."""
+        with self._cond:
+            if self._closed:
+                raise SessionClosedError("the session is closed; no new requests are accepted")
+            self.accepted += 1
+
     def put_many(self, reqs: list[Request]) -> None:
         """Queue all of ``reqs`` or none: :class:`QueueFullError` unless there is room for
         every one of them now (O(1) to refuse)."""
@@ -444,37 +452,49 @@ class Scheduler:
     def start_batch(self) -> tuple[list[Request], bool] | None:
         """Like :meth:`take_and_finish`, plus whether the batch runs *alone* (nothing else running,
         nothing left queued). Call :meth:`finished` after running it."""
-        expired: list[Request] = []
-        try:
-            with self._cond:
-                while True:
-                    now = self._clock()
-                    self._reap(now, expired)
-                    if self._closed and (not self._pending or not self._drain):
-                        return None
-                    pending = self._pending
-                    if pending:
-                        delay = self.policy.max_delay_s
-                        if delay > 0 and not self._closed:
-                            wait = pending[0].enqueued + delay - now
-                            if wait > 0 and sum(r.rows for r in pending) < self.policy.max_rows:
-                                self._wait(self._timeout(wait, now))
-                                continue
-                        picked = self.policy.select(pending)
-                        batch = [pending[i] for i in picked]
-                        keep = set(picked)
-                        self._pending = [r for i, r in enumerate(pending) if i not in keep]
-                        if self._pending:
-                            self._cond.notify()  # another free worker may take the rest
-                        alone = not self._busy and not self._pending
-                        self._busy += 1
-                        return batch, alone
-                    self._wait(self._timeout(None, now))
-        finally:
-            for req in expired:
-                exc = RequestTimeoutError("deadline passed before the request could run; it was dropped")
-                if _fail(req, exc) and self._on_expired is not None:
-                    self._on_expired(exc)
+        while True:
+            expired: list[Request] = []
+            try:
+                taken = self._next_batch(expired)
+            finally:
+                # settled outside the lock, and before this worker waits again: an expired
+                # request must not wait for the next batch (or close) to hear of it
+                for req in expired:
+                    exc = RequestTimeoutError("deadline passed before the request could run; it was dropped")
+                    if _fail(req, exc) and self._on_expired is not None:
+                        self._on_expired(exc)
+            if taken is not _AGAIN:
+                return taken
+
+    def _next_batch(self, expired: list[Request]) -> tuple[list[Request], bool] | None:
+        """:meth:`start_batch` under the lock; ``_AGAIN`` when it reaped expired requests
+        (into ``expired``) that must be failed before it may wait."""
+        with self._cond:
+            while True:
+                now = self._clock()
+                self._reap(now, expired)
+                if expired:
+                    return _AGAIN
+                if self._closed and (not self._pending or not self._drain):
+                    return None
+                pending = self._pending
+                if pending:
+                    delay = self.policy.max_delay_s
+                    if delay > 0 and not self._closed:
+                        wait = pending[0].enqueued + delay - now
+                        if wait > 0 and sum(r.rows for r in pending) < self.policy.max_rows:
+                            self._wait(self._timeout(wait, now))
+                            continue
+                    picked = self.policy.select(pending)
+                    batch = [pending[i] for i in picked]
+                    keep = set(picked)
+                    self._pending = [r for i, r in enumerate(pending) if i not in keep]
+                    if self._pending:
+                        self._cond.notify()  # another free worker may take the rest
+                    alone = not self._busy and not self._pending
+                    self._busy += 1
+                    return batch, alone
+                self._wait(self._timeout(None, now))
 
     def close(self, drain: bool) -> list[Request]:
         """Stop accepting. Without drain, return the queued requests for the caller to fail."""
@@ -556,6 +576,10 @@ class Scheduler:
                 keep.append(r)
         if keep is not None:
             self._pending = keep
+
+
+#: what Scheduler._next_batch returns when it reaped expired requests: settle them, look again
+_AGAIN: tuple[list[Request], bool] = ([], False)
 
 
 def _fail(req: Request, exc: BaseException) -> bool:

@@ -18,6 +18,7 @@ import concurrent.futures
 import glob
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -206,6 +207,7 @@ class BatchedSession:
         self.warmup_s = self._warm_up() if warmup else 0.0
         self._state = _OPEN
         self._state_lock = threading.Lock()
+        self._on_worker = _OnWorker()
         self._threads = [
             threading.Thread(target=self._worker, name=f"ortbatch-worker-{i}", daemon=True) for i in range(self.workers)
         ]
@@ -281,11 +283,12 @@ class BatchedSession:
         """Run one request, batched with whatever else is queued; blocks until done.
 
         Same contract as ``InferenceSession.run`` for this one request: returns the
-        outputs named in ``output_names`` (all, in model order, when ``None``).
+        outputs named in ``output_names`` (all, in model order, when ``None`` or empty).
         ``timeout_s`` overrides the session's deadline for this request: a positive
         number of seconds (``math.inf`` or anything beyond ~31 years: no deadline);
         zero, negative, NaN or a non-number is an :class:`InvalidInputError` before
-        anything is queued, whether or not the session is idle.
+        anything is queued, whether or not the session is idle. Called from a done-callback
+        of this session's futures (on the worker settling them), it runs right there.
         """
         if run_options is not None:
             raise InvalidInputError(
@@ -293,6 +296,8 @@ class BatchedSession:
             )
         fut = LightFuture()
         req = self._request(input_feed, output_names, timeout_s, fut)
+        if self._on_worker.active:
+            return self._run_on_worker(req, fut)
         if self._sched.put(req, inline_ok=True):
             # Idle: run it here, on the caller's thread, skipping two thread hand-offs.
             try:
@@ -312,6 +317,15 @@ class BatchedSession:
                 raise RequestTimeoutError("deadline passed before the request could run; it was dropped") from None
             return fut.result()  # already running: its result is on the way
 
+    def _run_on_worker(self, req: Request, fut: LightFuture) -> list[np.ndarray]:
+        """``run`` called on one of this session's workers (from a done-callback it is
+        settling): queued, the request would wait for the very worker that waits for it
+        (with one worker, forever), so it runs here and now, on a binding of its own."""
+        self._sched.accept_unqueued()
+        fut.set_running_or_notify_cancel()
+        self._run([req], self._executor.binding(), [0.0], self._executor)
+        return fut.result()
+
     async def run_async(
         self,
         output_names: Sequence[str] | None,
@@ -327,7 +341,7 @@ class BatchedSession:
         per request."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[np.ndarray]] = loop.create_future()
-        req = self._request(input_feed, output_names, timeout_s, AsyncSlot(fut, mailbox_for(loop)))
+        req = self._request(_own(input_feed), output_names, timeout_s, AsyncSlot(fut, mailbox_for(loop)))
         box = self._outboxes.get(loop)
         if box is None:
             box = self._outboxes.setdefault(loop, Outbox(loop, self._sched))
@@ -365,9 +379,10 @@ class BatchedSession:
         timeout_s: float | None = None,
     ) -> concurrent.futures.Future[list[np.ndarray]]:
         """Queue one request; the Future resolves to its outputs (list, in ``output_names``
-        order) or to a typed error. ``future.cancel()`` drops it if it has not started."""
+        order) or to a typed error. ``future.cancel()`` drops it if it has not started.
+        The request holds its own copy of the arrays: the caller may reuse them at once."""
         fut: concurrent.futures.Future[list[np.ndarray]] = concurrent.futures.Future()
-        self._sched.put(self._request(input_feed, output_names, timeout_s, fut))
+        self._sched.put(self._request(_own(input_feed), output_names, timeout_s, fut))
         return fut
 
     def submit_each(
@@ -397,7 +412,7 @@ class BatchedSession:
         for i, (feed, names, timeout_s) in enumerate(requests):
             fut: Any = concurrent.futures.Future() if slots is None else slots[i]
             try:
-                reqs.append(self._request(feed, names, timeout_s, fut))
+                reqs.append(self._request(_own(feed), names, timeout_s, fut))
             except OrtBatchError as exc:
                 out.append(exc)
                 continue
@@ -434,7 +449,7 @@ class BatchedSession:
                 f"{self._sched.max_queue} (max_queue); send them in smaller groups"
             )
         futures: list[concurrent.futures.Future[list[np.ndarray]]] = [concurrent.futures.Future() for _ in feeds]
-        reqs = [self._request(f, output_names, timeout_s, fut) for f, fut in zip(feeds, futures, strict=True)]
+        reqs = [self._request(_own(f), output_names, timeout_s, fut) for f, fut in zip(feeds, futures, strict=True)]
         self._sched.put_many(reqs)
         return futures
 
@@ -525,8 +540,10 @@ class BatchedSession:
                 raise InvalidInputError(f"output_names must be a list of names, got the string {output_names!r}")
             names = list(output_names)
             for n in names:
-                if n not in self._output_set:
+                if not isinstance(n, str) or n not in self._output_set:
                     raise InvalidInputError(f"unknown output {n!r}; the model's outputs are {self.output_names}")
+            if not names:  # as InferenceSession.run: no names asks for every output
+                names = self.output_names
         item = self.collator.prepare(input_feed)
         t = self.timeout_s if timeout_s is None else deadline_seconds(timeout_s, "timeout_s")
         deadline = time.monotonic() + t if t is not None else None
@@ -534,6 +551,7 @@ class BatchedSession:
         return Request(item, item.rows, item.length, names, deadline, future, tag)
 
     def _worker(self) -> None:
+        self._on_worker.active = True
         binding = self._executor.binding()
         alone_binding = self._alone_executor.binding() if self._alone_executor is not self._executor else binding
         sched = self._sched
@@ -653,6 +671,21 @@ class BatchedSession:
         notify(observer.on_batch, record)
 
 
+class _OnWorker(threading.local):
+    """Per thread: whether it is one of this session's workers."""
+
+    active = False
+
+
+def _own(feed: Any) -> Any:
+    """A queued request's own copy of the caller's arrays: ``submit`` and ``run_async``
+    return before the batch is built, and a caller that refills its buffer meanwhile must
+    still get the answer for what it sent. (``run`` blocks its caller, so it needs none.)"""
+    if type(feed) is not dict and not isinstance(feed, Mapping):
+        return feed  # a custom collator's request type: its own business (or refused in prepare)
+    return {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in feed.items()}
+
+
 def _values(boxes: weakref.WeakKeyDictionary[Any, Outbox]) -> list[Outbox]:
     """The outboxes, read from any thread (a loop may add its own meanwhile)."""
     while True:
@@ -692,7 +725,7 @@ def deadline_seconds(value: Any, name: str) -> float | None:
     negative, NaN, a bool, a non-number) is an :class:`InvalidInputError`."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's numbers too, not np.bool_
         raise InvalidInputError(f"{name} must be a number of seconds, got {value!r}", input_name=name)
     try:
         seconds = float(value)

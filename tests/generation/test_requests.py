@@ -303,6 +303,9 @@ def test_queue_full_is_an_answer(fake_dir: Path, no_thread_leak: None) -> None:
         ([5], {"top_p": 0.0, "max_new_tokens": 4}, "top_p"),
         ([5], {"stop": ["x"], "max_new_tokens": 4}, "tokenizer"),
         ([5], {"timeout_s": 0, "max_new_tokens": 4}, "timeout_s"),
+        ([5], {"timeout_s": "1", "max_new_tokens": 4}, "timeout_s"),  # was a TypeError
+        ([5], {"timeout_s": True, "max_new_tokens": 4}, "timeout_s"),  # was taken as 1 second
+        ([5], {"timeout_s": float("nan"), "max_new_tokens": 4}, "timeout_s"),
     ],
 )
 def test_bad_requests_are_rejected_at_submit(fake_dir: Path, prompt: object, kwargs: dict, match: str) -> None:
@@ -319,6 +322,28 @@ def test_prompt_as_2d_single_row_and_numpy(fake_dir: Path) -> None:
         a = gen.generate(np.array([[7, 8, 9]], dtype=np.int32), 6)
         b = gen.generate([7, 8, 9], 6)
     assert a.token_ids == b.token_ids == tuple(reference([7, 8, 9], 6))
+
+
+@pytest.mark.timeout(60)
+def test_generate_on_the_scheduler_thread_is_refused_not_hung(fake_dir: Path, no_thread_leak: None) -> None:
+    with BatchedGenerator(fake_dir, max_batch_size=2) as gen:
+        seen: list[BaseException | object] = []
+        done = threading.Event()
+
+        def nested(token: StreamToken) -> None:
+            if token.index == 0:
+                try:
+                    seen.append(gen.generate([5, 6], 3))
+                except BaseException as exc:
+                    seen.append(exc)
+                finally:
+                    done.set()
+
+        outer = gen.submit([4, 4], 5, on_token=nested)
+        assert done.wait(10), "generate() on the scheduler thread never returned"
+        assert isinstance(seen[0], InvalidInputError) and "submit()" in str(seen[0])
+        assert list(outer.result(10).token_ids) == reference([4, 4], 5)
+        assert list(gen.generate([5, 6], 3).token_ids) == reference([5, 6], 3)
 
 
 def test_close_without_drain_fails_everything(fake_dir: Path, no_thread_leak: None) -> None:

@@ -90,7 +90,7 @@ def test_refusing_a_full_queue_does_not_scan_it():
         sched.put_many([Request(item=1, rows=1, length=1)])
 
 
-BAD_TIMEOUTS = [0, -1, 0.0, math.nan, "1", True]
+BAD_TIMEOUTS = [0, -1, 0.0, math.nan, "1", True, np.bool_(True), np.float32(-1), np.float64(math.nan)]
 
 
 @pytest.mark.parametrize("timeout", BAD_TIMEOUTS, ids=repr)
@@ -121,6 +121,14 @@ def test_huge_timeouts_mean_no_deadline_idle_and_busy(gated, timeout):
     sess.gate.set()
     assert int(queued.result(10)[0][0, 0, 0]) == 4
     first.result(10)
+
+
+@pytest.mark.parametrize("timeout", [np.float32(30), np.float64(30), np.int64(30)], ids=repr)
+def test_numpy_number_timeouts_are_seconds(gated, timeout):
+    bs, sess = gated
+    sess.gate.set()
+    assert int(bs.run(None, good(3), timeout_s=timeout)[0][0, 0, 0]) == 3
+    assert int(bs.submit(good(4), timeout_s=timeout).result(10)[0][0, 0, 0]) == 4
 
 
 def test_huge_timeout_on_the_blocking_queued_path(gated):

@@ -10,6 +10,7 @@ import textwrap
 import threading
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -24,7 +25,7 @@ from ortbatch import (
     RequestTimeoutError,
     SessionClosedError,
 )
-from tests.models import fixed_batch_model, scalar_output_model
+from tests.models import echo_reference, fixed_batch_model, scalar_output_model
 from tests.runtime.helpers import GatedSession, PoisonSession
 
 
@@ -105,6 +106,17 @@ def test_unknown_output_name(bs):
         bs.run(["nope"], good())
     with pytest.raises(InvalidInputError, match="list of names"):
         bs.run("hidden", good())
+    with pytest.raises(InvalidInputError, match="unknown output"):
+        bs.run([["pooled"]], good())  # not a name (unhashable): typed, not a TypeError
+
+
+def test_empty_output_names_mean_all_as_in_onnxruntime(bs, echo_path):
+    plain = ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"])
+    want = plain.run([], good())
+    for got in (bs.run([], good()), bs.submit(good(), []).result(10)):
+        assert len(got) == len(want) == 3
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g, w)
 
 
 def test_over_the_length_limit(tmp_path, echo_path):
@@ -131,6 +143,27 @@ def test_lists_are_accepted_when_they_convert_exactly(bs):
     f = good()
     f["input_ids"] = [[1, 1, 1, 1]]
     assert bs.run(["pooled"], f)[0].tolist() == [[4]]
+
+
+def test_list_values_that_do_not_fit_the_dtype_are_refused(bs, tmp_path):
+    f = good()
+    f["extra"] = [[1e300, 0.0, 0.0]]  # float32 would make it inf
+    with pytest.raises(InvalidInputError, match="does not fit") as info:
+        bs.run(None, f)
+    assert info.value.input_name == "extra"
+    f["extra"] = [[0.1, 2, 3]]  # rounding to float32 is fine
+    assert np.array_equal(bs.run(["extra_out"], f)[0], np.array([[0.2, 4, 6]], np.float32))
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.INT32, ["batch", 2])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT32, ["batch", 2])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "id32", [x], [y])
+    path = tmp_path / "id32.onnx"
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    with BatchedSession(str(path)) as s:
+        assert s.run(None, {"x": [[1, -2]]})[0].tolist() == [[1, -2]]
+        with pytest.raises(InvalidInputError, match="does not fit"):
+            s.run(None, {"x": [[2**31, 0]]})  # would wrap around to -2**31
 
 
 def test_queue_full_carries_numbers(echo_path):
@@ -168,6 +201,86 @@ def test_deadline_passes_while_queued(echo_path):
         ran = [int(b["input_ids"].max()) for b in sess.batches]
         assert 2 not in ran and 3 not in ran
         assert s.stats().errors.get("RequestTimeoutError") == 2
+
+
+@pytest.mark.timeout(60)
+def test_deadline_passes_with_nothing_else_queued(echo_path):
+    # The worker reaps the expired request and finds the queue empty: the request must
+    # hear of its timeout then, not when some later batch (or close) comes along.
+    sess = GatedSession(ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"]))
+    with BatchedSession(sess, workers=1) as s:
+        first = s.submit(good())
+        assert sess.entered.wait(10)
+        late = s.submit(good(3), timeout_s=1e-9)  # expired before the worker is free
+        sess.gate.set()
+        first.result(10)
+        with pytest.raises(RequestTimeoutError):
+            late.result(10)
+        with BatchedSession(str(echo_path), workers=1) as idle, pytest.raises(RequestTimeoutError):
+            idle.submit(good(), timeout_s=1e-9).result(10)
+
+
+@pytest.mark.timeout(60)
+def test_caller_may_refill_its_arrays_once_submitted(echo_path):
+    # submit, submit_many, submit_each and run_async return before the batch is built:
+    # a caller reusing its buffers must still get the answer for what it sent.
+    sess = GatedSession(ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"]))
+    with BatchedSession(sess, workers=1) as s:
+        first = s.submit(good(9))
+        assert sess.entered.wait(10)
+        buf = good(1)
+        futs = [s.submit(buf), *s.submit_many([buf]), *s.submit_each([(buf, None, None)])]
+
+        async def main():
+            built = asyncio.Event()
+
+            async def call():
+                built.set()  # run_async builds its request in this same step
+                return await s.run_async(None, buf)
+
+            task = asyncio.ensure_future(call())
+            await built.wait()
+            buf["input_ids"][:] = 42
+            buf["extra"][:] = 5.0
+            sess.gate.set()
+            return await task
+
+        result = asyncio.run(main())
+        first.result(10)
+        want = echo_reference(*good(1).values())
+        for out in [result] + [f.result(10) for f in futs]:
+            for g, w in zip(out, want, strict=True):
+                assert np.array_equal(g, w)
+
+
+@pytest.mark.timeout(60)
+def test_run_from_a_done_callback_on_the_only_worker(echo_path):
+    # A done-callback runs on the worker settling the batch; a run() there used to queue
+    # its request for that same worker, which waited for it forever.
+    sess = GatedSession(ort.InferenceSession(str(echo_path), providers=["CPUExecutionProvider"]))
+    s = BatchedSession(sess, workers=1)
+    try:
+        first = s.submit(good(1))
+        assert sess.entered.wait(10)
+        second = s.submit(good(2))
+        got: list = []
+        done = threading.Event()
+
+        def chained(_fut):
+            try:
+                got.append(s.run(["pooled"], good(7)))
+            finally:
+                done.set()
+
+        second.add_done_callback(chained)
+        sess.gate.set()
+        assert done.wait(10), "run() in a done-callback never returned"
+        assert got[0][0].tolist() == [[28]]
+        first.result(10)
+        assert s.run(["pooled"], good(3))[0].tolist() == [[12]]  # still serving
+        assert s.stats().requests == 4 and s.stats().completed == 4
+    finally:
+        s.close(drain=False, timeout=10)
 
 
 def test_async_deadline(echo_path):
