@@ -323,7 +323,8 @@ def _as_array(sig: InputSig, value: Any) -> np.ndarray:
                 f"input {sig.name!r} could not be made into an array {sig.describe()}: {exc}",
                 input_name=sig.name,
             ) from None
-        if arr.dtype != sig.dtype and arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, sig.dtype, "same_kind"):
+        # numbers convert (exactly); booleans do not become numbers, as a bool array is refused
+        if arr.dtype != sig.dtype and arr.dtype.kind in "iuf" and np.can_cast(arr.dtype, sig.dtype, "same_kind"):
             arr = _cast_exactly(sig, arr)
     else:
         raise InvalidInputError(

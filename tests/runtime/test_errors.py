@@ -164,6 +164,11 @@ def test_list_values_that_do_not_fit_the_dtype_are_refused(bs, tmp_path):
         assert s.run(None, {"x": [[1, -2]]})[0].tolist() == [[1, -2]]
         with pytest.raises(InvalidInputError, match="does not fit"):
             s.run(None, {"x": [[2**31, 0]]})  # would wrap around to -2**31
+        # a list of booleans is refused for a number input, as an array of them is
+        for value in ([[True, False]], np.array([[True, False]])):
+            with pytest.raises(InvalidInputError, match="bool") as info:
+                s.run(None, {"x": value})
+            assert info.value.input_name == "x"
 
 
 def test_queue_full_carries_numbers(echo_path):
