@@ -47,6 +47,7 @@ from .._quiet import third_parties_quiet
 from ..embed.ops import calibration_ranges
 from ..embed.pipeline import EMBEDDING_KEY, EmbeddingPipeline
 from ..errors import ExportError, OrtBatchError, UnsupportedModelError, ValidationError
+from ..heads import ST_CONFIG
 from ..manifest import Manifest, model_hash
 from . import graph, hub, st_pipeline, tasks
 from .quantize import QuantizeConfig, quantize_model
@@ -268,6 +269,8 @@ def _export_checked(
         build = _staging_dir(out)
         try:
             torch_model, _ = _build(build, resolved, rcp, tokenizer, max_seq, embedding, trust_remote_code, say)
+            if resolved.task == "text-classification":
+                _record_cross_encoder_activation(build, st_root or resolved.model, say)
             report = None
             if validate:
                 from .checks import validate as run_checks
@@ -461,6 +464,36 @@ def _checkpoint_files(model: str, sparse_only: bool) -> str | None:
         return str(snapshot_download(model))
     except Exception as exc:
         raise ExportError(f"cannot fetch {model} to read its modules.json: {exc}") from exc
+
+
+def _record_cross_encoder_activation(out: Path, model: str, say: Progress) -> None:
+    """Write the checkpoint's sentence-transformers CrossEncoder ``activation_fn`` (from its
+    ``config_sentence_transformers.json``, where sentence-transformers 5 saves it) into the
+    export's, so that a served score is ``CrossEncoder.predict``'s: a checkpoint saved with
+    Identity scores by its logit, not by its sigmoid (:mod:`ortbatch.heads`). ``config.json``,
+    which holds the older places, is in the export already."""
+    if os.path.isdir(model):
+        source: Path | None = Path(model) / ST_CONFIG
+    else:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            source = Path(hf_hub_download(model, ST_CONFIG))
+        except EntryNotFoundError:
+            source = None
+        except Exception as exc:
+            raise ExportError(f"cannot fetch {model}'s {ST_CONFIG} to read its activation_fn: {exc}") from exc
+    if source is None or not source.is_file():
+        return
+    try:
+        doc = json.loads(source.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ExportError(f"{source} is not JSON: {exc}") from exc
+    activation = doc.get("activation_fn") if isinstance(doc, dict) else None
+    if isinstance(activation, str):
+        (out / ST_CONFIG).write_text(json.dumps({"activation_fn": activation}, indent=2) + "\n", encoding="utf-8")
+        say(f"cross-encoder activation_fn: {activation} ({source.name})")
 
 
 # -- the target directory ------------------------------------------------------------
