@@ -194,13 +194,15 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 # -- the endpoints ---------------------------------------------------------------------------
-async def rerank_scores(model: ServedModel, query: str, documents: list[str], truncate: bool) -> tuple[np.ndarray, int]:
+async def rerank_scores(
+    model: ServedModel, query: str, documents: list[str], truncate: bool, field: str = "documents"
+) -> tuple[np.ndarray, int]:
     """The cross-encoder's logit for each ``(query, document)`` pair (each its own row)
-    and the tokens used."""
+    and the tokens used; ``field`` names the documents in an error (TEI's are ``texts``)."""
     _require(model, "rerank")
     name, _ = _logits_output(model)
     assert name is not None
-    encodings = await model.encode_async([(query, d) for d in documents], truncate, "documents")
+    encodings = await model.encode_async([(query, d) for d in documents], truncate, field)
     feeds = _feeds(model, encodings)
     results = await model._gather(feeds, [name])
     logits = np.array([float(r[0].reshape(-1)[0]) for r in results], dtype=np.float64)
@@ -332,7 +334,7 @@ async def _reranked(
     heads = _heads(model, 1)
     if not raw and heads.score is None:
         raise InvalidInputError(heads.score_refused, input_name="raw_scores")
-    logits, tokens = await rerank_scores(model, query, texts, truncate)
+    logits, tokens = await rerank_scores(model, query, texts, truncate, texts_key)
     scores = logits if raw or heads.score is None else activate(heads.score, logits)
     return texts, scores, _ranked(scores, top_n), return_texts, tokens
 
