@@ -10,6 +10,9 @@
   transformers' ``pipeline("text-classification")``'s default ``function_to_apply``:
   ``problem_type`` ``regression`` -> the logits; ``multi_label_classification`` or one
   label -> sigmoid; else softmax.
+* A cross-encoder's default prompt (``default_prompt_name`` naming one of ``prompts`` in
+  ``config_sentence_transformers.json``) is put before each query, as ``CrossEncoder.predict``
+  and ``rank`` put it before the first text of each pair.
 
 An activation ortbatch cannot reproduce (a custom module, a torch one outside
 :data:`ACTIVATIONS`) is a reason to refuse, never a silently different score.
@@ -47,6 +50,8 @@ class Heads:
     score_refused: str
     #: the label scores' function: ``softmax``, ``sigmoid`` or ``identity``
     labels: str
+    #: the cross-encoder's default prompt, put before the query of each pair ("" for none)
+    query_prompt: str = ""
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -57,9 +62,16 @@ def _json(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _st_activation(directory: Path, config: dict[str, Any]) -> str | None:
+def _default_prompt(st_config: dict[str, Any]) -> str:
+    prompts, name = st_config.get("prompts"), st_config.get("default_prompt_name")
+    if isinstance(prompts, dict) and isinstance(name, str) and isinstance(prompts.get(name), str):
+        return str(prompts[name])
+    return ""
+
+
+def _st_activation(st_config: dict[str, Any], config: dict[str, Any]) -> str | None:
     """The activation path sentence-transformers' CrossEncoder loads, in its order."""
-    value = _json(directory / ST_CONFIG).get("activation_fn")
+    value = st_config.get("activation_fn")
     if isinstance(value, str):
         return value
     st = config.get("sentence_transformers")
@@ -73,7 +85,8 @@ def read_heads(directory: str | Path | None, width: int) -> Heads:
     """The heads of the export in ``directory`` whose logits are ``width`` wide."""
     root = Path(directory) if directory is not None else None
     config = _json(root / "config.json") if root is not None else {}
-    path = _st_activation(root, config) if root is not None else None
+    st_config = _json(root / ST_CONFIG) if root is not None else {}
+    path = _st_activation(st_config, config)
     score: str | None = "sigmoid" if width == 1 else "identity"
     refused = ""
     if path is not None:
@@ -90,7 +103,7 @@ def read_heads(directory: str | Path | None, width: int) -> Heads:
         labels = "sigmoid"
     else:
         labels = "softmax"
-    return Heads(score, refused, labels)
+    return Heads(score, refused, labels, _default_prompt(st_config))
 
 
 def activate(kind: str, logits: np.ndarray) -> np.ndarray:

@@ -419,6 +419,8 @@ class Head(abc.ABC):
     output: str
     #: put before each text (an embedding pipeline's default prompt)
     prompt: str | None = None
+    #: put before the first text of each pair (a cross-encoder's default prompt)
+    query_prompt: str = ""
 
     @property
     @abc.abstractmethod
@@ -579,6 +581,7 @@ class ScoreHead(Head):
         if heads.score is None:
             raise UnsupportedModelError(f"{encoder.directory}: {heads.score_refused}")
         self.function = heads.score
+        self.query_prompt = heads.query_prompt  # as CrossEncoder.predict puts it
 
     @property
     def fields(self) -> list[Field]:
@@ -682,7 +685,8 @@ class EncoderTask(Task):
             elif r.text is None:
                 items.append(RowFailure("invalid_input", "the row has no text"))
             else:
-                items.append((r.text, r.pair) if r.pair is not None else r.text)
+                pair = r.pair is not None
+                items.append((self.head.query_prompt + r.text, r.pair) if pair else r.text)
         texts = [x for x in items if not isinstance(x, RowFailure)]
         encoded = iter(self.encoder.encode(texts, self.options.truncate, self.head.prompt))
         enc: list[_Encoded | RowFailure] = [x if isinstance(x, RowFailure) else next(encoded) for x in items]

@@ -467,10 +467,11 @@ def _checkpoint_files(model: str, sparse_only: bool) -> str | None:
 
 
 def _record_cross_encoder_activation(out: Path, model: str, say: Progress) -> None:
-    """Write the checkpoint's sentence-transformers CrossEncoder ``activation_fn`` (from its
-    ``config_sentence_transformers.json``, where sentence-transformers 5 saves it) into the
-    export's, so that a served score is ``CrossEncoder.predict``'s: a checkpoint saved with
-    Identity scores by its logit, not by its sigmoid (:mod:`ortbatch.heads`). ``config.json``,
+    """Write the checkpoint's sentence-transformers CrossEncoder ``activation_fn``, ``prompts``
+    and ``default_prompt_name`` (from its ``config_sentence_transformers.json``, where
+    sentence-transformers 5 saves them) into the export's, so that a served score is
+    ``CrossEncoder.predict``'s: a checkpoint saved with Identity scores by its logit, not by its
+    sigmoid, and a default prompt goes before each query (:mod:`ortbatch.heads`). ``config.json``,
     which holds the older places, is in the export already."""
     if os.path.isdir(model):
         source: Path | None = Path(model) / ST_CONFIG
@@ -490,10 +491,12 @@ def _record_cross_encoder_activation(out: Path, model: str, say: Progress) -> No
         doc = json.loads(source.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ExportError(f"{source} is not JSON: {exc}") from exc
-    activation = doc.get("activation_fn") if isinstance(doc, dict) else None
-    if isinstance(activation, str):
-        (out / ST_CONFIG).write_text(json.dumps({"activation_fn": activation}, indent=2) + "\n", encoding="utf-8")
-        say(f"cross-encoder activation_fn: {activation} ({source.name})")
+    if not isinstance(doc, dict):
+        return
+    kept = {k: doc[k] for k in ("activation_fn", "prompts", "default_prompt_name") if doc.get(k) is not None}
+    if kept:
+        (out / ST_CONFIG).write_text(json.dumps(kept, indent=2) + "\n", encoding="utf-8")
+        say(f"cross-encoder settings from {source.name}: {kept}")
 
 
 # -- the target directory ------------------------------------------------------------

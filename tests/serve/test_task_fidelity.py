@@ -1,7 +1,8 @@
 """The rerank and classification answers of real (tiny, random) exports equal what the user's
 own library answers for the same checkpoint: sentence-transformers' ``CrossEncoder.predict`` /
 ``rank`` for ``/v1/rerank``, ``/rerank`` and ``ortbatch run``'s ``score`` (its ``activation_fn``:
-Sigmoid by default, Identity when the checkpoint says so), transformers'
+Sigmoid by default, Identity when the checkpoint says so; its default prompt before the
+query), transformers'
 ``pipeline("text-classification")`` for ``/v1/classify`` and ``ortbatch run``'s ``scores``
 (softmax; sigmoid for multi-label and for one label; the logits for regression)."""
 
@@ -48,6 +49,8 @@ WORDS = [
     "china",
     "giant",
     "many",
+    "query",
+    ":",
 ]
 QUERY = "what is a panda"
 DOCS = ["hello world", "the giant panda is a bear species", "the quick brown fox jumps over the lazy dog", "panda"]
@@ -56,6 +59,7 @@ TEXTS = ["the quick brown fox", "hello world panda bear", "a giant species"]
 CHECKPOINTS: dict[str, tuple[int, dict[str, Any], Any]] = {
     "ce-sigmoid": (1, {}, "default"),
     "ce-identity": (1, {}, "identity"),
+    "ce-prompted": (1, {}, "prompted"),
     "multi-label": (3, {"problem_type": "multi_label_classification"}, None),
     "single-label": (3, {}, None),
     "regression": (1, {"problem_type": "regression"}, None),
@@ -77,6 +81,7 @@ def _checkpoint(root: Path, name: str) -> Path:
         num_attention_heads=2,
         intermediate_size=32,
         max_position_embeddings=64,
+        initializer_range=0.5,  # scores far apart: a wrong prompt or function shows
         num_labels=n,
         id2label=labels,
         label2id={v: k for k, v in labels.items()},
@@ -90,8 +95,9 @@ def _checkpoint(root: Path, name: str) -> Path:
     if activation is None:
         return plain
     fn = torch.nn.Identity() if activation == "identity" else None
+    prompts = {"prompts": {"query": "query: "}, "default_prompt_name": "query"} if activation == "prompted" else {}
     st = root / name
-    st_mod.CrossEncoder(str(plain), activation_fn=fn, device="cpu").save_pretrained(str(st))
+    st_mod.CrossEncoder(str(plain), activation_fn=fn, device="cpu", **prompts).save_pretrained(str(st))
     return st
 
 
@@ -123,7 +129,7 @@ def _post(srv: BackgroundServer, path: str, body: object) -> httpx.Response:
     return httpx.post(srv.url + path, json=body, timeout=30)
 
 
-@pytest.mark.parametrize("name", ["ce-sigmoid", "ce-identity"])
+@pytest.mark.parametrize("name", ["ce-sigmoid", "ce-identity", "ce-prompted"])
 def test_rerank_equals_cross_encoder_predict_and_rank(checkpoints, servers, name):
     ce = st_mod.CrossEncoder(str(checkpoints[name][0]), device="cpu")
     want = ce.predict([(QUERY, d) for d in DOCS])
@@ -155,10 +161,11 @@ def test_classify_equals_the_text_classification_pipeline(checkpoints, servers, 
 def test_ortbatch_run_scores_and_labels_equal_the_libraries(checkpoints, tmp_path):
     src = tmp_path / "rows.jsonl"
     src.write_text("".join(json.dumps({"q": QUERY, "d": d}) + "\n" for d in DOCS))
-    ckpt, export = checkpoints["ce-identity"]
-    ortbatch.run(export, src, tmp_path / "rr", text_column="q", pair_column="d", window=2, progress=False)
-    want = st_mod.CrossEncoder(str(ckpt), device="cpu").predict([(QUERY, d) for d in DOCS])
-    np.testing.assert_allclose(pq.read_table(tmp_path / "rr").column("score").to_pylist(), want, atol=1e-5)
+    for name in ("ce-identity", "ce-prompted"):
+        ckpt, export = checkpoints[name]
+        ortbatch.run(export, src, tmp_path / name, text_column="q", pair_column="d", window=2, progress=False)
+        want = st_mod.CrossEncoder(str(ckpt), device="cpu").predict([(QUERY, d) for d in DOCS])
+        np.testing.assert_allclose(pq.read_table(tmp_path / name).column("score").to_pylist(), want, atol=1e-5)
 
     ckpt, export = checkpoints["multi-label"]
     pipe = transformers.pipeline("text-classification", model=str(ckpt), tokenizer=str(ckpt), device="cpu")

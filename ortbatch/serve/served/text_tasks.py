@@ -334,7 +334,8 @@ async def _reranked(
     heads = _heads(model, 1)
     if not raw and heads.score is None:
         raise InvalidInputError(heads.score_refused, input_name="raw_scores")
-    logits, tokens = await rerank_scores(model, query, texts, truncate, texts_key)
+    # CrossEncoder.predict puts the checkpoint's default prompt before the first text of a pair
+    logits, tokens = await rerank_scores(model, heads.query_prompt + query, texts, truncate, texts_key)
     scores = logits if raw or heads.score is None else activate(heads.score, logits)
     return texts, scores, _ranked(scores, top_n), return_texts, tokens
 
