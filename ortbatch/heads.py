@@ -44,9 +44,10 @@ ACTIVATIONS = {
 class Heads:
     """How an export's logits are turned into answers."""
 
-    #: the cross-encoder score's function (``sigmoid``/``identity``/``tanh``), or ``None`` ...
+    #: the cross-encoder score's function (``sigmoid``/``identity``/``tanh``); ``None`` when the
+    #: checkpoint names an activation ortbatch cannot compute
     score: str | None
-    #: ... and then why: the activation it names that ortbatch cannot compute
+    #: why ``score`` is ``None`` (the 400's text); ``""`` otherwise
     score_refused: str
     #: the label scores' function: ``softmax``, ``sigmoid`` or ``identity``
     labels: str
