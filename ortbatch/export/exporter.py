@@ -306,6 +306,8 @@ def _build(
     fam = tasks.family(resolved.task)
     say(f"exporting {resolved.model_type} for {resolved.task} with optimum-onnx")
     torch_model = _export(resolved, out, rcp, tokenizer, trust_remote_code)
+    if resolved.task in ("text-classification", "token-classification"):
+        _refuse_random_head(resolved, torch_model)
     onnx_files = list(_SEQ2SEQ_FILES) if fam == "seq2seq" else ["model.onnx"]
     missing = [f for f in onnx_files if not (out / f).is_file()]
     if missing:
@@ -464,6 +466,53 @@ def _checkpoint_files(model: str, sparse_only: bool) -> str | None:
         return str(snapshot_download(model))
     except Exception as exc:
         raise ExportError(f"cannot fetch {model} to read its modules.json: {exc}") from exc
+
+
+def _checkpoint_tensor_names(model: str) -> set[str] | None:
+    """The tensor names in ``model``'s safetensors weights (a local folder, or a hub id's
+    files already in the cache); ``None`` when they cannot be read without loading them."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def find(name: str) -> Path | None:
+        if os.path.isdir(model):
+            path = Path(model) / name
+            return path if path.is_file() else None
+        try:
+            cached = try_to_load_from_cache(model, name)
+        except Exception:
+            return None
+        return Path(cached) if isinstance(cached, str) else None
+
+    index = find("model.safetensors.index.json")
+    if index is not None:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        return set(weight_map) if isinstance(weight_map, dict) else None
+    single = find("model.safetensors")
+    if single is None:
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="np") as f:
+        return set(f.keys())
+
+
+def _refuse_random_head(resolved: tasks.ResolvedModel, torch_model: Any) -> None:
+    """A classification export of a checkpoint without the head's weights (a bare encoder,
+    or a sentence-transformers model whose scores come from other modules) gets a head that
+    transformers initializes at random: the export would pass its checks against that same
+    random model and answer noise. Refused, naming the missing weights."""
+    prefix = getattr(torch_model, "base_model_prefix", "")
+    names = _checkpoint_tensor_names(resolved.model)
+    if not prefix or names is None:
+        return
+    head = [k for k in torch_model.state_dict() if not k.startswith(prefix + ".")]
+    missing = [k for k in head if k not in names]
+    if missing:
+        raise ExportError(
+            f"{resolved.model} has no weights for the {resolved.task} head ({', '.join(missing[:4])}): "
+            "transformers would initialize it at random, so the export would answer noise; export a checkpoint "
+            f"trained for {resolved.task}"
+        )
 
 
 def _record_cross_encoder_activation(out: Path, model: str, say: Progress) -> None:

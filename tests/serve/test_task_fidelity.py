@@ -197,3 +197,20 @@ def test_an_activation_ortbatch_cannot_compute_is_a_400_naming_it(checkpoints, t
     src.write_text(json.dumps({"q": QUERY, "d": DOCS[0]}) + "\n")
     with pytest.raises(ortbatch.errors.UnsupportedModelError, match="ReLU"):
         ortbatch.run(export, src, tmp_path / "out", text_column="q", pair_column="d", progress=False)
+
+
+def test_a_checkpoint_without_the_head_weights_is_refused_at_export(tmp_path):
+    """A bare encoder exported for text-classification would get a head transformers
+    initializes at random (and pass its checks against that same random model)."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]))
+    tok = BertTokenizerFast(vocab_file=str(vocab), model_max_length=64)
+    config = BertConfig(
+        vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    BertModel(config).save_pretrained(tmp_path / "bare")
+    tok.save_pretrained(tmp_path / "bare")
+    with pytest.raises(ortbatch.errors.ExportError, match=r"no weights for the text-classification head.*classifier"):
+        ortbatch.export_model(str(tmp_path / "bare"), tmp_path / "out", task="text-classification", validate=False)
