@@ -21,8 +21,10 @@ Heads turn a row's model outputs into its fields, by the export's task:
 * ``feature-extraction`` (and sentence-similarity): ``embedding``, the export's
   sentence-transformers pipeline output (default prompt applied), as ``ortbatch serve``'s
   ``/v1/embeddings`` and :class:`~ortbatch.embed.Embedder` give it (:class:`EmbeddingHead`);
-* ``text-classification`` with one logit (a cross-encoder): ``score`` = sigmoid(logit);
-  with several: ``label`` and ``scores`` (softmax), as ``/v1/classify``;
+* ``text-classification`` with one logit (a cross-encoder): ``score``, sentence-transformers'
+  ``CrossEncoder.predict`` (its activation, Sigmoid by default), as ``/v1/rerank``; with
+  several: ``label`` and ``scores`` (transformers' text-classification pipeline's function:
+  softmax, or sigmoid for multi-label, the logits for regression), as ``/v1/classify``;
 * ``token-classification``: ``entities`` (spans with character offsets);
 * ``text-generation``: :class:`GenerationTask`, through a
   :class:`~ortbatch.BatchedGenerator` (continuous batching).
@@ -34,7 +36,6 @@ import abc
 import dataclasses
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ import numpy as np
 from .._extras import require
 from .._ort.session import cpu_session_options
 from ..errors import InferenceError, InvalidInputError, OrtBatchError, UnsupportedModelError
+from ..heads import activate, read_heads
 from ..manifest import MANIFEST_NAME, Manifest
 from .sources import Row
 
@@ -417,6 +419,8 @@ class Head(abc.ABC):
     output: str
     #: put before each text (an embedding pipeline's default prompt)
     prompt: str | None = None
+    #: put before the first text of each pair (a cross-encoder's default prompt)
+    query_prompt: str = ""
 
     @property
     @abc.abstractmethod
@@ -567,35 +571,42 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 class ScoreHead(Head):
-    """A cross-encoder's relevance: ``score`` = sigmoid(logit), as ``/v1/rerank`` answers
-    (and sentence-transformers' ``CrossEncoder.predict`` with one label)."""
+    """A cross-encoder's relevance: ``score`` = its activation of the logit, as
+    sentence-transformers' ``CrossEncoder.predict`` applies it (:mod:`ortbatch.heads`) and
+    ``/v1/rerank`` answers."""
 
     def __init__(self, encoder: Encoder) -> None:
         self.output, _ = _logits(encoder)
+        heads = read_heads(encoder.directory, 1)
+        if heads.score is None:
+            raise UnsupportedModelError(f"{encoder.directory}: {heads.score_refused}")
+        self.function = heads.score
+        self.query_prompt = heads.query_prompt  # as CrossEncoder.predict puts it
 
     @property
     def fields(self) -> list[Field]:
         return [Field("score", "float64")]
 
     def value(self, out: np.ndarray, item: _Encoded, row: Row) -> dict[str, Any]:
-        logit = float(out.reshape(-1)[0])
-        return {"score": 1.0 / (1.0 + math.exp(-logit)) if logit > -700 else 0.0}
+        return {"score": float(activate(self.function, out.reshape(-1)[:1])[0])}
 
 
 class LabelHead(Head):
-    """Sequence classification: the best ``label`` and every label's probability (softmax),
-    as ``/v1/classify`` answers."""
+    """Sequence classification: the best ``label`` and every label's score, as transformers'
+    text-classification pipeline computes them (softmax; sigmoid for multi-label; the
+    logits for regression: :mod:`ortbatch.heads`) and ``/v1/classify`` answers."""
 
     def __init__(self, encoder: Encoder) -> None:
         self.output, self.width = _logits(encoder)
         self.labels = _labels(encoder.directory, self.width)
+        self.function = read_heads(encoder.directory, self.width).labels
 
     @property
     def fields(self) -> list[Field]:
         return [Field("label", "string"), Field("scores", "vector", self.width, "float64")]
 
     def value(self, out: np.ndarray, item: _Encoded, row: Row) -> dict[str, Any]:
-        probs = _softmax(out.reshape(-1)[None, :])[0]
+        probs = activate(self.function, out.reshape(-1))
         return {"label": self.labels[int(probs.argmax())], "scores": probs}
 
 
@@ -674,7 +685,8 @@ class EncoderTask(Task):
             elif r.text is None:
                 items.append(RowFailure("invalid_input", "the row has no text"))
             else:
-                items.append((r.text, r.pair) if r.pair is not None else r.text)
+                pair = r.pair is not None
+                items.append((self.head.query_prompt + r.text, r.pair) if pair else r.text)
         texts = [x for x in items if not isinstance(x, RowFailure)]
         encoded = iter(self.encoder.encode(texts, self.options.truncate, self.head.prompt))
         enc: list[_Encoded | RowFailure] = [x if isinstance(x, RowFailure) else next(encoded) for x in items]

@@ -47,6 +47,7 @@ from .._quiet import third_parties_quiet
 from ..embed.ops import calibration_ranges
 from ..embed.pipeline import EMBEDDING_KEY, EmbeddingPipeline
 from ..errors import ExportError, OrtBatchError, UnsupportedModelError, ValidationError
+from ..heads import ST_CONFIG
 from ..manifest import Manifest, model_hash
 from . import graph, hub, st_pipeline, tasks
 from .quantize import QuantizeConfig, quantize_model
@@ -268,6 +269,8 @@ def _export_checked(
         build = _staging_dir(out)
         try:
             torch_model, _ = _build(build, resolved, rcp, tokenizer, max_seq, embedding, trust_remote_code, say)
+            if resolved.task == "text-classification":
+                _record_cross_encoder_activation(build, st_root or resolved.model, say)
             report = None
             if validate:
                 from .checks import validate as run_checks
@@ -303,6 +306,8 @@ def _build(
     fam = tasks.family(resolved.task)
     say(f"exporting {resolved.model_type} for {resolved.task} with optimum-onnx")
     torch_model = _export(resolved, out, rcp, tokenizer, trust_remote_code)
+    if resolved.task in ("text-classification", "token-classification"):
+        _refuse_random_head(resolved, torch_model)
     onnx_files = list(_SEQ2SEQ_FILES) if fam == "seq2seq" else ["model.onnx"]
     missing = [f for f in onnx_files if not (out / f).is_file()]
     if missing:
@@ -461,6 +466,86 @@ def _checkpoint_files(model: str, sparse_only: bool) -> str | None:
         return str(snapshot_download(model))
     except Exception as exc:
         raise ExportError(f"cannot fetch {model} to read its modules.json: {exc}") from exc
+
+
+def _checkpoint_tensor_names(model: str) -> set[str] | None:
+    """The tensor names in ``model``'s safetensors weights (a local folder, or a hub id's
+    files already in the cache); ``None`` when they cannot be read without loading them."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def find(name: str) -> Path | None:
+        if os.path.isdir(model):
+            path = Path(model) / name
+            return path if path.is_file() else None
+        try:
+            cached = try_to_load_from_cache(model, name)
+        except Exception:
+            return None
+        return Path(cached) if isinstance(cached, str) else None
+
+    index = find("model.safetensors.index.json")
+    if index is not None:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        return set(weight_map) if isinstance(weight_map, dict) else None
+    single = find("model.safetensors")
+    if single is None:
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="np") as f:
+        return set(f.keys())
+
+
+def _refuse_random_head(resolved: tasks.ResolvedModel, torch_model: Any) -> None:
+    """A classification export of a checkpoint without the head's weights (a bare encoder,
+    or a sentence-transformers model whose scores come from other modules) gets a head that
+    transformers initializes at random: the export would pass its checks against that same
+    random model and answer noise. Refused, naming the missing weights."""
+    prefix = getattr(torch_model, "base_model_prefix", "")
+    names = _checkpoint_tensor_names(resolved.model)
+    if not prefix or names is None:
+        return
+    head = [k for k in torch_model.state_dict() if not k.startswith(prefix + ".")]
+    missing = [k for k in head if k not in names]
+    if missing:
+        raise ExportError(
+            f"{resolved.model} has no weights for the {resolved.task} head ({', '.join(missing[:4])}): "
+            "transformers would initialize it at random, so the export would answer noise; export a checkpoint "
+            f"trained for {resolved.task}"
+        )
+
+
+def _record_cross_encoder_activation(out: Path, model: str, say: Progress) -> None:
+    """Write the checkpoint's sentence-transformers CrossEncoder ``activation_fn``, ``prompts``
+    and ``default_prompt_name`` (from its ``config_sentence_transformers.json``, where
+    sentence-transformers 5 saves them) into the export's, so that a served score is
+    ``CrossEncoder.predict``'s: a checkpoint saved with Identity scores by its logit, not by its
+    sigmoid, and a default prompt goes before each query (:mod:`ortbatch.heads`). ``config.json``,
+    which holds the older places, is in the export already."""
+    if os.path.isdir(model):
+        source: Path | None = Path(model) / ST_CONFIG
+    else:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            source = Path(hf_hub_download(model, ST_CONFIG))
+        except EntryNotFoundError:
+            source = None
+        except Exception as exc:
+            raise ExportError(f"cannot fetch {model}'s {ST_CONFIG} to read its activation_fn: {exc}") from exc
+    if source is None or not source.is_file():
+        return
+    try:
+        doc = json.loads(source.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ExportError(f"{source} is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        return
+    kept = {k: doc[k] for k in ("activation_fn", "prompts", "default_prompt_name") if doc.get(k) is not None}
+    if kept:
+        (out / ST_CONFIG).write_text(json.dumps(kept, indent=2) + "\n", encoding="utf-8")
+        say(f"cross-encoder settings from {source.name}: {kept}")
 
 
 # -- the target directory ------------------------------------------------------------

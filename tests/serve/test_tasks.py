@@ -178,6 +178,9 @@ def test_over_long_inputs_are_refused_unless_truncate(servers, task_dirs):
         assert "longer than the model's limit of 16 tokens" in message and '"truncate": true' in message
         r = _post(servers[name], path, {**body, "truncate": True})
         assert r.status_code == 200, (path, r.text)
+    # TEI's shape names its own field (texts, not documents)
+    r = _post(servers["reranker"], "/rerank", {"query": QUERY, "texts": ["dog", long]})
+    assert r.status_code == 400 and "'texts'[1] is longer" in r.text, r.text
     # truncated embeddings equal the text cut to 16 tokens
     tok = Tokenizer.from_file(str(task_dirs["embedder"] / "tokenizer.json"))
     tok.enable_truncation(16)

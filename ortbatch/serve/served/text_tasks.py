@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidInputError
+from ...heads import Heads, activate, read_heads
 from .model import ServedModel
 from .task_fields import check_task_fields, truncate_field, truncation_direction
 
@@ -95,6 +96,12 @@ def _id2label(model: ServedModel, width: int) -> list[str]:
             if 0 <= i < len(labels) and isinstance(value, str):
                 labels[i] = value
     return labels
+
+
+def _heads(model: ServedModel, width: int) -> Heads:
+    """What the export's logits become (:mod:`ortbatch.heads`): sentence-transformers'
+    CrossEncoder activation for rerank, transformers' pipeline function for classify."""
+    return read_heads(getattr(model.manifest, "directory", None), width)
 
 
 def served_endpoints(model: ServedModel) -> dict[str, str]:
@@ -186,18 +193,16 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
-
-
 # -- the endpoints ---------------------------------------------------------------------------
-async def rerank_scores(model: ServedModel, query: str, documents: list[str], truncate: bool) -> tuple[np.ndarray, int]:
+async def rerank_scores(
+    model: ServedModel, query: str, documents: list[str], truncate: bool, field: str = "documents"
+) -> tuple[np.ndarray, int]:
     """The cross-encoder's logit for each ``(query, document)`` pair (each its own row)
-    and the tokens used."""
+    and the tokens used; ``field`` names the documents in an error (TEI's are ``texts``)."""
     _require(model, "rerank")
     name, _ = _logits_output(model)
     assert name is not None
-    encodings = await model.encode_async([(query, d) for d in documents], truncate, "documents")
+    encodings = await model.encode_async([(query, d) for d in documents], truncate, field)
     feeds = _feeds(model, encodings)
     results = await model._gather(feeds, [name])
     logits = np.array([float(r[0].reshape(-1)[0]) for r in results], dtype=np.float64)
@@ -239,8 +244,9 @@ async def classify(model: ServedModel, texts: list[str], truncate: bool) -> tupl
             probs = _softmax(logits.reshape(-1, width)[: len(enc.ids)])
             data.append({"index": i, "entities": _entities(text, enc, probs, labels)})
         return data, tokens
+    function = _heads(model, width).labels
     for i, (logits,) in enumerate(results):
-        probs = _softmax(logits.reshape(-1)[None, :])[0]
+        probs = activate(function, logits.reshape(-1))
         best = int(probs.argmax())
         data.append({"index": i, "label": labels[best], "probs": probs.tolist(), "num_classes": width})
     return data, tokens
@@ -315,7 +321,8 @@ def _usage(tokens: int) -> dict[str, int]:
 async def _reranked(
     model: ServedModel, doc: dict[str, Any], texts_key: str, return_key: str, return_default: bool
 ) -> tuple[list[str], np.ndarray, list[int], bool, int]:
-    """The texts of a rerank request, their scores (sigmoid unless ``raw_scores``), the
+    """The texts of a rerank request, their scores (the cross-encoder's activation, as
+    sentence-transformers' ``CrossEncoder.predict`` applies it, unless ``raw_scores``), the
     order to answer them in, whether to return the texts, and the tokens it took."""
     query, texts, top_n = _parse_rerank(doc, texts_key)
     check_task_fields(doc, "/rerank" if texts_key == "texts" else "/v1/rerank", model.policy)
@@ -324,8 +331,12 @@ async def _reranked(
         truncation_direction(doc, truncate)
     return_texts = _flag(doc, return_key, return_default)
     raw = _flag(doc, "raw_scores", False)
-    logits, tokens = await rerank_scores(model, query, texts, truncate)
-    scores = logits if raw else _sigmoid(logits)
+    heads = _heads(model, 1)
+    if not raw and heads.score is None:
+        raise InvalidInputError(heads.score_refused, input_name="raw_scores")
+    # CrossEncoder.predict puts the checkpoint's default prompt before the first text of a pair
+    logits, tokens = await rerank_scores(model, heads.query_prompt + query, texts, truncate, texts_key)
+    scores = logits if raw or heads.score is None else activate(heads.score, logits)
     return texts, scores, _ranked(scores, top_n), return_texts, tokens
 
 
