@@ -214,3 +214,21 @@ def test_a_checkpoint_without_the_head_weights_is_refused_at_export(tmp_path):
     tok.save_pretrained(tmp_path / "bare")
     with pytest.raises(ortbatch.errors.ExportError, match=r"no weights for the text-classification head.*classifier"):
         ortbatch.export_model(str(tmp_path / "bare"), tmp_path / "out", task="text-classification", validate=False)
+
+
+def test_the_heads_and_label_names_are_read_once_per_loaded_model(checkpoints, tmp_path):
+    """What the export's files say is read when the model is first asked, not on every request:
+    files changed under a running server do not change its answers (a reload would)."""
+    export = tmp_path / "single"
+    shutil.copytree(checkpoints["single-label"][1], export)
+    model = ServedModel.load(export, name="single", session_kwargs={"max_batch_size": 4})
+    srv = BackgroundServer(model, ServeConfig(port=0, access_log=False, log_level="warning")).start()
+    try:
+        first = _post(srv, "/v1/classify", {"input": TEXTS}).json()["data"]
+        config = json.loads((export / "config.json").read_text())
+        config["id2label"] = {k: "changed" for k in config["id2label"]}
+        config["problem_type"] = "regression"
+        (export / "config.json").write_text(json.dumps(config))
+        assert _post(srv, "/v1/classify", {"input": TEXTS}).json()["data"] == first
+    finally:
+        srv.stop()

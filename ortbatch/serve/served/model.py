@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -94,6 +94,9 @@ def check_finite_outputs(outputs: Sequence[tuple[str, np.ndarray]]) -> None:
                 f"the model produced non-finite values (NaN or Inf) in output {name!r}; the export may be "
                 "damaged (check it with `ortbatch validate`)"
             )
+
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,7 @@ class ServedModel:
         #: the sentence-transformers pipeline the export records (``None``: an older export)
         self.pipeline = EmbeddingPipeline.from_manifest(self.manifest) if self.manifest is not None else None
         self._prompt_lengths: dict[str, int] = {}
+        self._read_once: dict[Hashable, Any] = {}
         self.tokenizer: Any = None
         self.text_input: str | None = None
         self.text_disabled_reason = "the export has no tokenizer.json"
@@ -601,6 +605,16 @@ class ServedModel:
             assert self.tokenizer is not None
             n = self._prompt_lengths[prompt] = ops.prompt_length(self.tokenizer, prompt)
         return n
+
+    def read_once(self, key: Hashable, read: Callable[[], _T]) -> _T:
+        """``read()`` on the first call for ``key``, then its value again: what the export's
+        files say (label names, a head's activation) is read once per loaded model, not per
+        request (a reload loads a new model)."""
+        try:
+            return self._read_once[key]
+        except KeyError:
+            value = self._read_once[key] = read()
+            return value
 
     def resolve_prompt(self, options: EmbedOptions, texts: bool) -> str | None:
         """The prompt to put before each text: the request's ``prompt``, or the

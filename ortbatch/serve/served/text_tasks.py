@@ -77,7 +77,12 @@ def _logits_output(model: ServedModel) -> tuple[str | None, int]:
 
 
 def _id2label(model: ServedModel, width: int) -> list[str]:
-    """Label names from the export's ``config.json`` (``LABEL_i`` where it has none)."""
+    """Label names from the export's ``config.json`` (``LABEL_i`` where it has none), read
+    once per loaded model."""
+    return list(model.read_once(("id2label", width), lambda: _read_id2label(model, width)))
+
+
+def _read_id2label(model: ServedModel, width: int) -> list[str]:
     labels = [f"LABEL_{i}" for i in range(max(width, 0))]
     directory = getattr(model.manifest, "directory", None)
     if directory is None:
@@ -101,7 +106,7 @@ def _id2label(model: ServedModel, width: int) -> list[str]:
 def _heads(model: ServedModel, width: int) -> Heads:
     """What the export's logits become (:mod:`ortbatch.heads`): sentence-transformers'
     CrossEncoder activation for rerank, transformers' pipeline function for classify."""
-    return read_heads(getattr(model.manifest, "directory", None), width)
+    return model.read_once(("heads", width), lambda: read_heads(getattr(model.manifest, "directory", None), width))
 
 
 def served_endpoints(model: ServedModel) -> dict[str, str]:
