@@ -299,11 +299,15 @@ async def receive_body(
         message = f"the request body did not arrive within {timeout_s:g} s"
         raise HTTPError(408, message, {"Connection": "close"}) from None
     data = parts[0] if len(parts) == 1 else b"".join(parts)
-    encoding = (header(scope, b"content-encoding") or "identity").strip().lower()
-    if encoding in ("", "identity"):
+    # every Content-Encoding field counts, as one list (RFC 9110 5.3: "identity" then
+    # "gzip" in two fields is "identity, gzip": a gzip body, not a plain one)
+    listed = b",".join(bytes(v) for k, v in scope["headers"] if k == b"content-encoding").decode("latin-1")
+    codings = [c for c in (c.strip().lower() for c in listed.split(",")) if c not in ("", "identity")]
+    if not codings:
         return bytes(data)
-    if encoding not in ("gzip", "deflate"):
-        raise HTTPError(415, f"unsupported Content-Encoding {encoding[:40]!r}; use gzip, deflate or none")
+    encoding = codings[0]
+    if len(codings) > 1 or encoding not in ("gzip", "deflate"):
+        raise HTTPError(415, f"unsupported Content-Encoding {listed[:40]!r}; use one of gzip, deflate or none")
     # bounded decompression: a small compressed body must not inflate past the limit
     d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
