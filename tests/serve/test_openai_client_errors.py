@@ -52,3 +52,26 @@ def test_models_retrieve(client):
         client.models.retrieve("nope")
     assert info.value.body["message"] == "unknown model 'nope'; this server serves 'tiny'"
     assert info.value.type == "not_found_error"
+
+
+@pytest.mark.asyncio
+async def test_a_fault_outside_the_handlers_is_still_an_openai_error_under_v1():
+    from starlette.routing import Route
+
+    from ortbatch.serve.http.plumbing import AsgiEndpoint, assemble_app
+    from ortbatch.serve.metrics import ServerMetrics
+
+    async def broken(scope, receive, send):  # a bare ASGI route: no handled_route to catch it
+        raise RuntimeError("secret detail")
+
+    served = type("Served", (), {"name": "m", "ready": True, "close": lambda self, drain=True: None})()
+    routes = [Route(p, AsgiEndpoint(broken), methods=["POST"]) for p in ("/v1/boom", "/v2/boom")]
+    app = assemble_app(routes, served, ServerMetrics(), close_on_shutdown=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as http:
+        client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
+        with pytest.raises(openai.InternalServerError) as info:
+            await client.post("/boom", cast_to=object)
+        assert info.value.body["message"].startswith("internal server error (logged as incident ")
+        assert info.value.type == "server_error" and "secret" not in info.value.response.text
+        r = await http.post("/v2/boom")
+        assert r.status_code == 500 and r.json()["error"].startswith("internal server error")

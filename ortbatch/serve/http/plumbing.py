@@ -616,8 +616,10 @@ class RequestObserver:
             incident = secrets.token_hex(4)
             log.exception("unhandled error, incident %s", incident)
             if not response_started:
-                body = {"error": f"internal server error (logged as incident {incident})"}
-                await send_json(observed_send, 500, body)
+                message = f"internal server error (logged as incident {incident})"
+                # the shape of the route's other errors: OpenAI's under /v1/
+                openai = str(scope.get("path", "")).startswith("/v1/")
+                await send_json(observed_send, 500, openai_error(500, message) if openai else {"error": message})
         finally:
             self.metrics.in_flight.dec()
             endpoint = scope.get("ortbatch.endpoint", "unmatched")
