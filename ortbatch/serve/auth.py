@@ -31,6 +31,13 @@ class ApiKey:
     def __init__(self, key: str) -> None:
         if not key or key != key.strip() or any(c.isspace() for c in key):
             raise OrtBatchError("the API key must be a non-empty string without whitespace")
+        # HTTP clients (httpx, so the openai package) send header values as ASCII and gRPC
+        # metadata must be printable ASCII: a key of other characters could never be sent
+        if not all("!" <= c <= "~" for c in key):
+            raise OrtBatchError(
+                "the API key must be printable ASCII (letters, digits, punctuation): clients cannot send other "
+                "characters in the Authorization header or gRPC metadata"
+            )
         self._expected = f"Bearer {key}".encode()
 
     def allows(self, authorization: str | bytes | None) -> bool:

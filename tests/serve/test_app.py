@@ -147,6 +147,31 @@ def test_gzip_request_body(adder_server):
     assert r.json()["outputs"][0]["data"] == [3.0, 3.0, 3.0]
 
 
+@pytest.mark.parametrize(
+    ("fields", "layers", "status"),
+    [
+        ([("Content-Encoding", "identity"), ("Content-Encoding", "gzip")], 1, 200),  # one list: a gzip body
+        ([("Content-Encoding", "gzip, identity")], 1, 200),
+        ([("Content-Encoding", "gzip"), ("Content-Encoding", "gzip")], 2, 415),  # stacked: named, not misread
+        ([("Content-Encoding", "gzip, deflate")], 1, 415),
+    ],
+)
+def test_content_encoding_fields_are_one_list(adder_server, fields, layers, status):
+    body = {
+        "inputs": [tensor("x", np.ones((1, 3), np.float32), "FP32"), tensor("k", np.ones((1, 1), np.int32), "INT32")]
+    }
+    data = json.dumps(body).encode()
+    for _ in range(layers):
+        data = gzip.compress(data)
+    headers = [*fields, ("Content-Type", "application/json")]
+    r = httpx.post(adder_server.url + "/v2/models/adder/infer", content=data, headers=headers)
+    assert r.status_code == status, r.text
+    if status == 415:
+        assert "unsupported Content-Encoding" in r.json()["error"]
+    else:
+        assert r.json()["outputs"][0]["data"] == [3.0, 3.0, 3.0]
+
+
 def test_text_input_is_tokenized_and_each_text_matches_its_own_run(encoder_server, encoder_dir, encoder_ort):
     from tokenizers import Tokenizer
 

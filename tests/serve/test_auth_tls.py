@@ -134,6 +134,20 @@ def test_key_check_and_sources(tmp_path, monkeypatch):
         resolve_api_key("a", f)
 
 
+@pytest.mark.parametrize("key", ["k\u00e9y", "\u043a\u043b\u044e\u0447", "key\x00", "key\x7f"])
+def test_a_key_no_client_could_send_is_refused_at_start(key):
+    # the openai client (httpx) cannot even encode it: the server would start locked for good
+    if not key.isascii():
+        url = "http://127.0.0.1:9/v1"
+        with pytest.raises(UnicodeEncodeError), openai.OpenAI(base_url=url, api_key=key, max_retries=0) as c:
+            c.models.list()
+    with pytest.raises(OrtBatchError, match="printable ASCII"):
+        resolve_api_key(key)
+    with pytest.raises(OrtBatchError, match="printable ASCII"):
+        ApiKey(key)
+    assert ApiKey("sk-A1_b2.c3~d4+e5/f6=").allows("Bearer sk-A1_b2.c3~d4+e5/f6=")  # RFC 6750's token chars
+
+
 def _self_signed(tmp_path):
     x509 = pytest.importorskip("cryptography.x509")
     from cryptography.hazmat.primitives import hashes, serialization

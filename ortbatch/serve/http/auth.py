@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..auth import OPEN_PATHS, ApiKey
-from .plumbing import send_json
+from .plumbing import openai_error, send_json
 
 __all__ = ["ApiKeyMiddleware"]
 
@@ -39,7 +39,7 @@ class ApiKeyMiddleware:
         message = "missing API key" if value is None else "invalid API key"
         message += ": send the header 'Authorization: Bearer <key>'"
         if path.startswith("/v1/"):
-            doc: Any = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 401}}
+            doc: Any = openai_error(401, message)
         else:
             doc = {"error": message}
         await send_json(send, 401, doc, [(b"www-authenticate", b"Bearer")])

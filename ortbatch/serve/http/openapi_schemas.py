@@ -25,6 +25,12 @@ HEALTH_TAG = "Health and metrics"
 
 _STR = {"type": "string"}
 _INT = {"type": "integer"}
+#: an OpenAI model object (`GET /v1/models`, `GET /v1/models/{name}`)
+_OPENAI_MODEL = {
+    "type": "object",
+    "properties": {"id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR},
+    "required": ["id", "object"],
+}
 _NUM = {"type": "number"}
 _BOOL = {"type": "boolean"}
 _IDS = {"type": "array", "items": _INT}
@@ -209,18 +215,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {"name": _STR, "version": _STR, "extensions": {"type": "array", "items": _STR}},
         "required": ["name", "version", "extensions"],
     },
+    "Model": _OPENAI_MODEL,
     "ModelList": {
         "type": "object",
         "properties": {
             "object": {"const": "list"},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {"id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR},
-                    "required": ["id", "object"],
-                },
-            },
+            "data": {"type": "array", "items": _OPENAI_MODEL},
         },
         "required": ["object", "data"],
     },
@@ -672,6 +672,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/metrics"): Operation("Prometheus metrics", HEALTH_TAG, media="text/plain"),
     ("GET", "/v2"): Operation("Server metadata", _V2, response="ServerMetadata"),
     ("GET", "/v1/models"): Operation("The models served", _OPENAI, response="ModelList"),
+    ("GET", "/v1/models/{name}"): Operation("One model served (404 when not)", _OPENAI, response="Model"),
     **_v2_model_routes(_MODEL, ""),
     **_v2_model_routes(_VERSION, " (a version)"),
     ("POST", "/v1/embeddings"): Operation(

@@ -60,6 +60,7 @@ __all__ = [
     "header",
     "json_response",
     "offload",
+    "openai_error",
     "read_request_body",
     "receive_body",
     "run_or_abandon",
@@ -211,12 +212,15 @@ def error_response(exc: BaseException, openai: bool = False) -> tuple[int, dict[
         log.error("internal error %s", incident, exc_info=exc)
         message = f"internal server error (logged as incident {incident})"
     if openai:
-        kind = _OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-        param = getattr(exc, "input_name", None)
-        body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    else:
-        body = {"error": message}
-    return status, body, headers
+        return status, openai_error(status, message, getattr(exc, "input_name", None)), headers
+    return status, {"error": message}, headers
+
+
+def openai_error(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error body (``{"error": {"message", "type", "param", "code"}}``), which
+    the ``openai`` package reads into its exceptions' ``message``, ``type`` and ``param``."""
+    kind = _OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Any:
@@ -295,11 +299,15 @@ async def receive_body(
         message = f"the request body did not arrive within {timeout_s:g} s"
         raise HTTPError(408, message, {"Connection": "close"}) from None
     data = parts[0] if len(parts) == 1 else b"".join(parts)
-    encoding = (header(scope, b"content-encoding") or "identity").strip().lower()
-    if encoding in ("", "identity"):
+    # every Content-Encoding field counts, as one list (RFC 9110 5.3: "identity" then
+    # "gzip" in two fields is "identity, gzip": a gzip body, not a plain one)
+    listed = b",".join(bytes(v) for k, v in scope["headers"] if k == b"content-encoding").decode("latin-1")
+    codings = [c for c in (c.strip().lower() for c in listed.split(",")) if c not in ("", "identity")]
+    if not codings:
         return bytes(data)
-    if encoding not in ("gzip", "deflate"):
-        raise HTTPError(415, f"unsupported Content-Encoding {encoding[:40]!r}; use gzip, deflate or none")
+    encoding = codings[0]
+    if len(codings) > 1 or encoding not in ("gzip", "deflate"):
+        raise HTTPError(415, f"unsupported Content-Encoding {listed[:40]!r}; use one of gzip, deflate or none")
     # bounded decompression: a small compressed body must not inflate past the limit
     d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
@@ -477,10 +485,24 @@ def assemble_app(
             return json_response({"ready": True})
         return json_response({"error": "the server is shutting down"}, 503)
 
+    def model_ids() -> list[str]:
+        # a repository (a ``loaded()`` method) serves the models loaded now, else the one export
+        loaded = getattr(served, "loaded", None)
+        return [name for name, _ in loaded()] if callable(loaded) else [served.name]
+
+    def model_object(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "ortbatch"}
+
     async def list_models(request: Any) -> Any:
-        return json_response(
-            {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "ortbatch"}]}
-        )
+        return json_response({"object": "list", "data": [model_object(served.name)]})
+
+    async def retrieve_model(request: Any) -> Any:
+        # OpenAI's GET /v1/models/{model} (the openai client's models.retrieve)
+        name = request.path_params["name"]
+        ids = model_ids()
+        if name not in ids:
+            raise ModelNotFoundError(f"unknown model {name[:80]!r}; this server serves {', '.join(map(repr, ids))}")
+        return json_response(model_object(name))
 
     async def prometheus(request: Any) -> Any:
         # off the event loop: a collector may wait (over --frontends, for the engine's stats)
@@ -492,6 +514,7 @@ def assemble_app(
         handled_route("/v2/health/live", live, "GET"),
         handled_route("/v2/health/ready", ready, "GET"),
         handled_route("/v1/models", list_models, "GET"),
+        handled_route("/v1/models/{name}", retrieve_model, "GET"),
         handled_route("/metrics", prometheus, "GET"),
     ]
     if docs is not None:
@@ -502,7 +525,9 @@ def assemble_app(
         message = {404: f"no route {request.url.path!r}", 405: f"method {request.method} not allowed"}.get(
             exc.status_code, str(exc.detail)
         )
-        return json_response({"error": message}, exc.status_code, dict(exc.headers or {}))
+        # under /v1/ OpenAI's shape, as the routes' own errors there (an OpenAI client shows the message)
+        doc = openai_error(exc.status_code, message) if request.url.path.startswith("/v1/") else {"error": message}
+        return json_response(doc, exc.status_code, dict(exc.headers or {}))
 
     @asynccontextmanager
     async def lifespan(app: Any) -> Any:
@@ -591,8 +616,10 @@ class RequestObserver:
             incident = secrets.token_hex(4)
             log.exception("unhandled error, incident %s", incident)
             if not response_started:
-                body = {"error": f"internal server error (logged as incident {incident})"}
-                await send_json(observed_send, 500, body)
+                message = f"internal server error (logged as incident {incident})"
+                # the shape of the route's other errors: OpenAI's under /v1/
+                openai = str(scope.get("path", "")).startswith("/v1/")
+                await send_json(observed_send, 500, openai_error(500, message) if openai else {"error": message})
         finally:
             self.metrics.in_flight.dec()
             endpoint = scope.get("ortbatch.endpoint", "unmatched")
