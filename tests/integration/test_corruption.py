@@ -143,3 +143,22 @@ def test_an_edited_manifest_contract_is_refused_naming_the_field(
     assert main(["validate", str(d), "--no-reference", "--no-save"]) != 0
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err
+
+
+def test_an_export_whose_tokenizer_files_are_gone_is_a_clear_error(
+    good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """validate tokenizes its samples with the export's own tokenizer: without its files
+    it says so, naming the directory, not a TypeError from deep inside transformers."""
+    from ortbatch import ModelIntegrityError, validate
+    from ortbatch.cli import main
+
+    d = Path(shutil.copytree(good, tmp_path / "bert"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (d / name).unlink(missing_ok=True)
+    with pytest.raises(ModelIntegrityError, match="the export's tokenizer does not load") as info:
+        validate(d, use_reference=False, save=False)
+    assert str(d) in str(info.value)
+    assert main(["validate", str(d), "--no-reference", "--no-save"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "tokenizer does not load" in err and err.count("\n") == 0 and "Traceback" not in err
