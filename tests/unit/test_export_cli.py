@@ -80,3 +80,23 @@ def test_an_opset_above_what_torch_exports_is_refused_before_the_export(tmp_path
     assert err.count("\n") == 0, err
     assert "opset 99 is above the highest" in err and "use --opset" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--requests", "0"], "argument --requests: must be a positive integer, got 0"),
+        (["--concurrency", "-1"], "argument --concurrency: must be a positive integer, got -1"),
+        (["--min-cosine", "2.0"], "argument --min-cosine: must be in (0, 1], got 2.0"),
+        (["--min-argmax", "nan"], "argument --min-argmax: must be in (0, 1], got nan"),
+        (["--min-greedy", "0"], "argument --min-greedy: must be in (0, 1], got 0"),
+    ],
+)
+def test_tune_flag_values_it_cannot_use_are_usage_errors(tmp_path: Path, capsys, flags: list[str], words: str) -> None:
+    from ortbatch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["tune", str(tmp_path / "no-model"), "-o", str(tmp_path / "out"), *flags])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
