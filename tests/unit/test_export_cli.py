@@ -100,3 +100,12 @@ def test_tune_flag_values_it_cannot_use_are_usage_errors(tmp_path: Path, capsys,
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
+
+
+def test_validate_refuses_an_empty_sample_text(tmp_path: Path, capsys) -> None:
+    from ortbatch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["validate", str(tmp_path), "--samples", "Hello", ""])
+    assert info.value.code == 2
+    assert "argument --samples: a sample must be a non-empty text" in capsys.readouterr().err
