@@ -183,6 +183,7 @@ class Manifest:
         if skip is None:
             skip = os.environ.get(SKIP_VERIFY_ENV, "").strip().lower() not in ("", "0", "false", "no")
         if not skip:
+            self._verify_contract()
             for name, path, expected in self._recorded_hashes():
                 _verify_file(name, path, expected)
         if warn and self.validation.get("passed") is False:
@@ -196,6 +197,56 @@ class Manifest:
                 stacklevel=2,
             )
         return self
+
+    def _verify_contract(self) -> None:
+        """The top-level ``model``, ``inputs`` and ``outputs`` are what the runtime pads,
+        casts and trims by; the exporter read them from the graph and recorded them again
+        next to the graph's sha256 (``components.<name>``). An edit of one (a dtype, an
+        axis, an output removed, ``model`` pointed at another file) would batch the model
+        by a contract it does not have: refused, naming the field."""
+        components = self.extra.get("components")
+        if not isinstance(components, dict) or not components:
+            return  # an export written before components were recorded: nothing to compare
+        where = self.directory / MANIFEST_NAME if self.directory is not None else Path(MANIFEST_NAME)
+        main = [
+            (str(name), comp)
+            for name, comp in components.items()
+            if isinstance(comp, dict) and comp.get("model") == self.model
+        ]
+        if not main:
+            raise ModelIntegrityError(
+                f"{where}: 'model' is {self.model!r}, which is not one of the files the export recorded "
+                f"(components: {sorted(str(c.get('model')) for c in components.values() if isinstance(c, dict))}); "
+                "the manifest was edited after the export. Re-export it",
+                path=where,
+            )
+        name, comp = main[0]
+        for section, current in (("inputs", self.inputs), ("outputs", self.outputs)):
+            recorded = comp.get(section)
+            if not isinstance(recorded, dict):
+                continue
+            now = {k: v.to_dict() for k, v in current.items()}
+            for key in sorted(set(recorded) | set(now)):
+                if key not in now:
+                    problem = f"{section}.{key} is missing"
+                elif key not in recorded:
+                    problem = f"{section}.{key} is not an {section[:-1]} of {self.model}"
+                elif now[key] != recorded[key]:
+                    fields_ = sorted(
+                        f for f in set(now[key]) | set(recorded[key]) if now[key].get(f) != recorded[key].get(f)
+                    )
+                    problem = "; ".join(
+                        f"{section}.{key}.{f} is {now[key].get(f)!r} but the export recorded "
+                        f"{recorded[key].get(f)!r} (components.{name}.{section}.{key}.{f})"
+                        for f in fields_
+                    )
+                else:
+                    continue
+                raise ModelIntegrityError(
+                    f"{where}: {problem}; the manifest was edited after the export and no longer describes "
+                    f"{self.model}. Re-export it, or set {SKIP_VERIFY_ENV}=1 to load it anyway",
+                    path=where,
+                )
 
     def _recorded_hashes(self) -> list[tuple[str, Path, str]]:
         base = self.directory if self.directory is not None else Path(".")

@@ -10,7 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from .._ort import parse_provider_names
-from ._flags import PROVIDERS_HELP, providers_arg
+from ._flags import PROVIDERS_HELP, positive_int, providers_arg
+
+# optimum-onnx and torch's exporter write nothing usable below this (as recipes.Recipe says)
+_MIN_OPSET = 11
+
+
+def opset_arg(text: str) -> int:
+    """argparse ``type=``: an ONNX opset ortbatch can export (the upper bound depends on
+    the installed torch and onnx, checked by export_model)."""
+    value = int(text)
+    if value < _MIN_OPSET:
+        raise argparse.ArgumentTypeError(f"must be an ONNX opset of at least {_MIN_OPSET}, got {value}")
+    return value
+
 
 HELP = "export a Hugging Face model to ONNX (+ manifest, checks) for batched serving"
 
@@ -31,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--opset",
-        type=int,
+        type=opset_arg,
         default=None,
         help="ONNX opset (default 18, optimum-onnx's; the same for the Python API and the recipes)",
     )
@@ -49,9 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="write TensorRT provider options (profile shapes, engine/timing caches)",
     )
-    parser.add_argument("--max-batch-size", type=int, default=None, help="rows per batch (default 64)")
+    parser.add_argument("--max-batch-size", type=positive_int, default=None, help="rows per batch (default 64)")
     parser.add_argument(
-        "--max-sequence-length", type=int, default=None, help="longest input (default: the model's position limit)"
+        "--max-sequence-length",
+        type=positive_int,
+        default=None,
+        help="longest input (default: the model's position limit)",
     )
     parser.add_argument("--recipe", default=None, help="TOML recipe (see export/*.toml); flags override it")
     parser.add_argument(

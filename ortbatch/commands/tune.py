@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from ._flags import positive_int
+
 HELP = "build variants (fp32, ORT fusions, int8, GPU fp16), check each, benchmark those that pass, keep the fastest"
 
 
@@ -19,6 +21,17 @@ def _positive(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    """A floor for a share of agreement (cosine, argmax, greedy): in (0, 1], as tune checks."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:  # False for nan too
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="hub id, local model directory, pkg:<module>, or an ortbatch export directory")
     parser.add_argument("-o", "--output", required=True, help="where the chosen export goes")
@@ -28,9 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--texts", default=None, help="file of real texts (one per line) to benchmark on (default: built-in corpus)"
     )
-    parser.add_argument("--min-cosine", type=float, default=None, help="floor for embedding cosine (e.g. 0.99)")
-    parser.add_argument("--min-argmax", type=float, default=None, help="floor for logits argmax agreement")
-    parser.add_argument("--min-greedy", type=float, default=None, help="floor for greedy-token agreement")
+    parser.add_argument("--min-cosine", type=_fraction, default=None, help="floor for embedding cosine (e.g. 0.99)")
+    parser.add_argument("--min-argmax", type=_fraction, default=None, help="floor for logits argmax agreement")
+    parser.add_argument("--min-greedy", type=_fraction, default=None, help="floor for greedy-token agreement")
     parser.add_argument("--budget-s", type=_positive, default=600.0, help="wall-clock bound (default 600)")
     parser.add_argument(
         "--variants", default=None, help="comma-separated subset, e.g. fp32,O2,int8 (default: all that fit)"
@@ -39,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--holdout", default=None, help="text file checked after the choice, never used to choose (reported)"
     )
     parser.add_argument("--recipe", default=None, help="TOML recipe for the export's other settings")
-    parser.add_argument("--requests", type=int, default=512, help="distinct benchmark requests (default 512)")
-    parser.add_argument("--concurrency", type=int, default=64, help="concurrent clients (default 64)")
+    parser.add_argument("--requests", type=positive_int, default=512, help="distinct benchmark requests (default 512)")
+    parser.add_argument("--concurrency", type=positive_int, default=64, help="concurrent clients (default 64)")
     parser.add_argument("--keep", action="store_true", help="keep the other variants in OUT.variants/")
     parser.add_argument("-v", "--verbose", action="store_true", help="third-party logs")
 

@@ -6,6 +6,15 @@ import argparse
 
 from ._flags import PROVIDERS_HELP, providers_arg
 
+
+def _sample(text: str) -> str:
+    """argparse ``type=``: a sample text to check on; an empty one checks nothing (a recipe
+    refuses it too)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a sample must be a non-empty text")
+    return text
+
+
 HELP = "run the accuracy checks (reference parity, shapes, batching, providers) on an export"
 
 
@@ -18,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"providers to check, {PROVIDERS_HELP} (default: the manifest's)",
     )
     parser.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference (ONNX-only checks)")
-    parser.add_argument("--samples", nargs="+", default=None, help="texts to check on (default: the manifest's)")
+    parser.add_argument(
+        "--samples", nargs="+", type=_sample, default=None, help="texts to check on (default: the manifest's)"
+    )
     parser.add_argument("--no-save", action="store_true", help="do not rewrite validation.json / ortbatch.json")
     parser.add_argument("-v", "--verbose", action="store_true", help="every case, third-party logs")
 

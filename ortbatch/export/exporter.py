@@ -223,7 +223,28 @@ def _recipe(
             raise ExportError(str(exc)) from None
     for mod in ("torch", "transformers", "optimum.exporters.onnx", "onnx", "onnxruntime"):
         require(mod, "export")
+    _check_opset(rcp.opset)
     return rcp
+
+
+def _check_opset(opset: int) -> None:
+    """Refuse an opset above what this torch can write (the tracer fails deep inside
+    optimum after printing the whole graph) or this onnx knows, before any work."""
+    import onnx
+    import torch
+
+    limits = {f"onnx {onnx.__version__}": int(onnx.defs.onnx_opset_version())}
+    try:
+        from torch.onnx._constants import ONNX_MAX_OPSET
+
+        limits[f"torch {torch.__version__}"] = int(ONNX_MAX_OPSET)
+    except (ImportError, AttributeError):  # pragma: no cover - a torch without the constant
+        pass
+    who, highest = min(limits.items(), key=lambda kv: kv[1])
+    if opset > highest:
+        raise ExportError(
+            f"opset {opset} is above the highest {who} exports ({highest}); use --opset {highest} or lower"
+        )
 
 
 def _export_checked(

@@ -117,6 +117,31 @@ INT8_TOLERANCES: dict[str, dict[str, float]] = {
 }
 _INT8_DEFAULT = INT8_TOLERANCES["feature-extraction"]
 _TOLERANCE_KEYS = frozenset(DEFAULT_TOLERANCES["fp32"]) | frozenset(_INT8_DEFAULT)
+# Fractions (a cosine similarity, a share of agreeing rows or tokens): a bound above 1 can
+# never pass and one at or below 0 always does, so either makes the check meaningless.
+_FRACTION_KEYS = _TOLERANCE_KEYS - {"atol", "rtol"}
+
+
+def _tolerance(dtype: str, key: str, value: Any) -> float:
+    import math
+
+    if key not in _TOLERANCE_KEYS:
+        raise ExportError(f"unknown tolerance {key!r}; expected one of {sorted(_TOLERANCE_KEYS)}")
+    what = f"tolerances.{dtype}.{key}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ExportError(f"{what} must be a finite number, got {value!r}")
+    if key in _FRACTION_KEYS and not 0 < value <= 1:
+        raise ExportError(f"{what} must be in (0, 1] (a fraction the check must reach), got {value!r}")
+    if key not in _FRACTION_KEYS and value < 0:
+        raise ExportError(f"{what} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def _overrides(overrides: Mapping[str, Mapping[str, float]] | None, dtype: str) -> Mapping[str, Any]:
+    value = (overrides or {}).get(dtype) or {}
+    if not isinstance(value, Mapping):
+        raise ExportError(f"[tolerances.{dtype}] must be a table of tolerance = number, got {value!r}")
+    return value
 
 
 def tolerances_for(
@@ -130,20 +155,16 @@ def tolerances_for(
     (a quantized export) takes :data:`INT8_TOLERANCES` for ``task``."""
     if dtype == "int8":
         tol = dict(INT8_TOLERANCES.get(task or "", _INT8_DEFAULT))
-        for key, value in ((overrides or {}).get(dtype) or {}).items():
-            if key not in _TOLERANCE_KEYS:
-                raise ExportError(f"unknown tolerance {key!r}; expected one of {sorted(_TOLERANCE_KEYS)}")
-            tol[key] = float(value)
+        for key, value in _overrides(overrides, dtype).items():
+            tol[key] = _tolerance(dtype, key, value)
         return tol
     if dtype not in DEFAULT_TOLERANCES:
         raise ExportError(f"unknown dtype {dtype!r}; expected one of {list(DTYPES)} or int8")
     tol = dict(DEFAULT_TOLERANCES[dtype])
     if optimize in ("O3", "O4") and dtype == "fp32":
         tol.update(atol=5e-3, rtol=1e-2, cosine=0.999)
-    for key, value in ((overrides or {}).get(dtype) or {}).items():
-        if key not in _TOLERANCE_KEYS:
-            raise ExportError(f"unknown tolerance {key!r}; expected one of {sorted(_TOLERANCE_KEYS)}")
-        tol[key] = float(value)
+    for key, value in _overrides(overrides, dtype).items():
+        tol[key] = _tolerance(dtype, key, value)
     return tol
 
 
@@ -277,7 +298,18 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
         bad = sorted(set(value) - keys)
         if bad:
             raise ExportError(f"recipe {p}: unknown key(s) {bad} in [{section}]; expected {sorted(keys)}")
+    tolerances = data.get("tolerances", {})
+    if not isinstance(tolerances, dict) or not all(isinstance(v, dict) for v in tolerances.values()):
+        raise ExportError(f"recipe {p}: [tolerances] must hold one table per dtype ([tolerances.fp32] atol = ...)")
     limits, val, trt = data.get("limits", {}), data.get("validation", {}), data.get("tensorrt", {})
+    for key, value in (("model", data.get("model")), ("task", data.get("task")), ("optimize", data.get("optimize"))):
+        if value is not None and not isinstance(value, str):
+            raise ExportError(f"recipe {p}: {key} must be a string, got {value!r}")
+    for key in ("enabled", "fp16"):
+        if key in trt and not isinstance(trt[key], bool):
+            raise ExportError(f"recipe {p}: tensorrt.{key} must be true or false, got {trt[key]!r}")
+    if "samples" in val and not isinstance(val["samples"], list):
+        raise ExportError(f"recipe {p}: validation.samples must be a list of strings, got {val['samples']!r}")
     optimize = data.get("optimize")
     kwargs: dict[str, Any] = {
         "model": data.get("model"),
@@ -292,7 +324,7 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
         "trt_opt_sequence_length": trt.get("opt_sequence_length"),
         "max_batch_size": limits.get("max_batch_size", 64),
         "max_sequence_length": limits.get("max_sequence_length"),
-        "tolerances": {k: dict(v) for k, v in data.get("tolerances", {}).items()},
+        "tolerances": {k: dict(v) for k, v in tolerances.items()},
         "path": os.fspath(p),
     }
     if "samples" in val:

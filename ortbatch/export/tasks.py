@@ -164,6 +164,7 @@ def _infer_task(config: Any, library: str) -> str:
         return "feature-extraction"
     import transformers
 
+    heads = []
     for arch in config.architectures or []:
         # BART-like heads are registered for fill-mask too; generation is what they are for.
         if getattr(config, "is_encoder_decoder", False) and arch.endswith("ForConditionalGeneration"):
@@ -174,6 +175,16 @@ def _infer_task(config: Any, library: str) -> str:
         try:
             return str(TasksManager.infer_task_from_model(cls))
         except (ValueError, KeyError):
+            if "For" in arch:  # a head (BertForPreTraining), not a bare encoder (T5EncoderModel)
+                heads.append(arch)
             continue
+    if heads:
+        # feature-extraction would export the encoder alone and silently drop the head the
+        # checkpoint was saved with: its outputs would not be the model's
+        raise UnsupportedModelError(
+            f"cannot tell which task to export the checkpoint's {', '.join(heads)} for: no task ortbatch "
+            f"supports has that head. Pass --task (e.g. --task feature-extraction exports the encoder "
+            f"without the head); supported tasks: {', '.join(SUPPORTED_TASKS)}"
+        )
     # A checkpoint without a head (e.g. BertModel saved from a base config).
     return "feature-extraction"

@@ -103,6 +103,7 @@ def test_pooling_that_ignores_the_mask_fails_batching_invariance(bert_copy: Path
 
     manifest = json.loads((bert_copy / "ortbatch.json").read_text())
     manifest["outputs"]["mean_pooled"] = {"axes": ["batch", None]}
+    manifest["components"]["model"]["outputs"]["mean_pooled"] = {"axes": ["batch", None]}
     manifest["components"]["model"]["sha256"] = model_hash(bert_copy / "model.onnx")  # a deliberate edit
     (bert_copy / "ortbatch.json").write_text(json.dumps(manifest))
 

@@ -96,3 +96,69 @@ def test_the_weights_check_names_the_tensor_and_rows(
     assert set(failed) == {"finite_weights"}, report.format_table(verbose=True)  # the samples never see it
     (reason,) = failed["finite_weights"]
     assert emb.name in reason and "2 of 30522 rows (1021, 29999)" in reason and "NaN" in reason
+
+
+def _edit_manifest(src: Path, dst: Path, edit) -> Path:
+    import json
+
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "ortbatch.json").read_text())
+    edit(data)
+    (dst / "ortbatch.json").write_text(json.dumps(data))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda m: m["inputs"]["input_ids"].update(dtype="int32"), "inputs.input_ids.dtype is 'int32'"),
+        (lambda m: m["inputs"]["input_ids"].update(axes=["batch", None]), "inputs.input_ids.axes"),
+        (lambda m: m["inputs"]["attention_mask"].update(pad=1), "inputs.attention_mask.pad is 1"),
+        (lambda m: m["inputs"].pop("attention_mask"), "inputs.attention_mask is missing"),
+        (lambda m: m["outputs"].pop("last_hidden_state"), "outputs.last_hidden_state is missing"),
+        (lambda m: m["outputs"].update(extra={"axes": ["batch"]}), "outputs.extra is not an output"),
+        (lambda m: m.update(model="../other/model.onnx"), "'model' is '../other/model.onnx'"),
+    ],
+    ids=["dtype", "axes", "pad", "input-removed", "output-removed", "output-added", "model-redirected"],
+)
+def test_an_edited_manifest_contract_is_refused_naming_the_field(
+    good: Path, tmp_path: Path, edit, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """model.onnx is intact (its sha256 matches) but ortbatch.json no longer describes it:
+    every loader refuses it, naming ortbatch.json and the field, instead of batching the
+    model by a contract it does not have (an int64 graph fed int32, an output dropped)."""
+    from ortbatch import BatchedSession, ModelIntegrityError, validate
+    from ortbatch.cli import main
+    from ortbatch.serve import ServedModel
+
+    d = _edit_manifest(good, tmp_path / "bert", edit)
+    for load in (
+        lambda: BatchedSession(d, providers="cpu"),
+        lambda: ServedModel.load(d),
+        lambda: validate(d, use_reference=False),
+    ):
+        with pytest.raises(ModelIntegrityError) as info:
+            load()
+        assert str(d / "ortbatch.json") in str(info.value) and named in str(info.value)
+    assert main(["validate", str(d), "--no-reference", "--no-save"]) != 0
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+
+
+def test_an_export_whose_tokenizer_files_are_gone_is_a_clear_error(
+    good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """validate tokenizes its samples with the export's own tokenizer: without its files
+    it says so, naming the directory, not a TypeError from deep inside transformers."""
+    from ortbatch import ModelIntegrityError, validate
+    from ortbatch.cli import main
+
+    d = Path(shutil.copytree(good, tmp_path / "bert"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (d / name).unlink(missing_ok=True)
+    with pytest.raises(ModelIntegrityError, match="the export's tokenizer does not load") as info:
+        validate(d, use_reference=False, save=False)
+    assert str(d) in str(info.value)
+    assert main(["validate", str(d), "--no-reference", "--no-save"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "tokenizer does not load" in err and err.count("\n") == 0 and "Traceback" not in err

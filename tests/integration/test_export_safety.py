@@ -192,3 +192,34 @@ def test_api_and_cli_agree_on_the_opset_and_the_api_hides_third_party_warnings(
     assert res.manifest.source["opset"] == DEFAULT_OPSET
     # torch's tracer and transformers warn during every export; none of it reaches the caller
     assert [str(w.message) for w in recwarn] == []
+
+
+@pytest.mark.parametrize(
+    ("architectures", "task"),
+    [
+        (["BertForPreTraining"], None),
+        (["BertForNextSentencePrediction"], None),
+        (["BertModel"], "feature-extraction"),
+        (["BertForMaskedLM"], "fill-mask"),
+        (None, "feature-extraction"),
+    ],
+)
+def test_task_auto_never_drops_a_head_it_cannot_name(tmp_path: Path, architectures, task) -> None:
+    """--task auto on a checkpoint saved with a head no supported task has (NSP, pre-training)
+    is refused, naming the head; it used to export the bare encoder as feature-extraction,
+    answers the checkpoint's model never gives. A checkpoint without a head still embeds."""
+    pytest.importorskip("optimum.exporters.onnx")
+    from transformers import BertConfig
+
+    from ortbatch.errors import UnsupportedModelError
+    from ortbatch.export.tasks import resolve_model
+
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, architectures=architectures).save_pretrained(
+        tmp_path
+    )
+    if task is None:
+        with pytest.raises(UnsupportedModelError, match=f"{architectures[0]}.*Pass --task"):
+            resolve_model(str(tmp_path), "auto")
+        assert resolve_model(str(tmp_path), "feature-extraction").task == "feature-extraction"
+    else:
+        assert resolve_model(str(tmp_path), "auto").task == task

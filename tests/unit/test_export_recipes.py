@@ -55,6 +55,44 @@ def test_bad_recipes_name_the_file_and_the_problem(tmp_path: Path, text: str, ma
     assert "bad.toml" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        # a check that can never pass, or always does, or a crash instead of the file's name
+        ("[tolerances.fp32]\natol = -1.0", r"tolerances\.fp32\.atol must be >= 0, got -1\.0"),
+        ("[tolerances.fp32]\ncosine = 2.0", r"tolerances\.fp32\.cosine must be in \(0, 1\]"),
+        ("[tolerances.fp16]\nargmax = -0.5", r"tolerances\.fp16\.argmax must be in \(0, 1\]"),
+        ("[tolerances.int8]\ncosine = 0", r"tolerances\.int8\.cosine must be in \(0, 1\]"),
+        ("[tolerances.fp32]\natol = nan", r"tolerances\.fp32\.atol must be a finite number, got nan"),
+        ("[tolerances.fp32]\nrtol = inf", r"tolerances\.fp32\.rtol must be a finite number"),
+        ("[tolerances.fp32]\natol = true", r"tolerances\.fp32\.atol must be a finite number, got True"),
+        ('[tolerances.fp32]\natol = "big"', r"tolerances\.fp32\.atol must be a finite number, got 'big'"),
+        ("tolerances = 3", r"\[tolerances\] must hold one table per dtype"),
+        ("[tolerances]\nfp32 = 3", r"\[tolerances\] must hold one table per dtype"),
+        # a string is not a list of samples (it would be checked on its single characters)
+        ('[validation]\nsamples = "hello"', r"validation\.samples must be a list of strings, got 'hello'"),
+        # bool("false") is True: a quoted boolean would silently enable TensorRT
+        ('[tensorrt]\nenabled = "false"', r"tensorrt\.enabled must be true or false, got 'false'"),
+        ('[tensorrt]\nfp16 = "no"', r"tensorrt\.fp16 must be true or false"),
+        ("model = 3", r"model must be a string, got 3"),
+        ("task = 3", r"task must be a string, got 3"),
+    ],
+)
+def test_recipe_values_of_the_wrong_type_or_range_are_refused_naming_the_key(
+    tmp_path: Path, text: str, match: str
+) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text(text + "\n")
+    with pytest.raises(ExportError, match=match) as info:
+        load_recipe(p)
+    assert "bad.toml" in str(info.value)
+
+
+def test_tolerance_bounds_at_the_edges_are_accepted() -> None:
+    tol = tolerances_for("fp32", None, {"fp32": {"atol": 0, "rtol": 0.0, "cosine": 1, "argmax": 1.0}})
+    assert (tol["atol"], tol["cosine"]) == (0.0, 1.0) and isinstance(tol["cosine"], float)
+
+
 def test_missing_recipe(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="does not exist"):
         load_recipe(tmp_path / "nope.toml")

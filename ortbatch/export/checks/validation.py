@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._ort import CPU, arithmetic, parity_tolerances, parse_provider_names
-from ...errors import ManifestError
+from ...errors import ManifestError, ModelIntegrityError
 from ...manifest import Manifest
 from ..recipes import DEFAULT_SAMPLES, tolerances_for
 from ..reference import Reference, load_reference
@@ -133,7 +133,19 @@ def _plan(
     provider_list = _normalise_providers(providers, manifest)  # before anything slow: a typo fails fast
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(os.fspath(manifest.directory))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(os.fspath(manifest.directory))
+    except Exception as exc:  # transformers raises anything from OSError to TypeError here
+        present = sorted(p.name for p in manifest.directory.glob("*token*")) + sorted(
+            p.name for p in manifest.directory.glob("vocab*")
+        )
+        raise ModelIntegrityError(
+            f"{manifest.directory}: the export's tokenizer does not load (tokenizer files present: "
+            f"{present or 'none'}; {type(exc).__name__}: {exc}); the checks tokenize their samples with it, as "
+            f"serve does. Re-export it, or copy the checkpoint's tokenizer files (tokenizer.json, "
+            f"tokenizer_config.json) back into {manifest.directory}",
+            path=manifest.directory,
+        ) from exc
     dtype = str(manifest.source.get("dtype", "fp32"))
     quantization = manifest.source.get("quantization")
     variant = str(quantization.get("mode", "int8")) if isinstance(quantization, dict) else None
