@@ -281,3 +281,46 @@ def test_fuzzed_requests_never_fail_the_server(server: BackgroundServer, body: d
     # json.dumps writes NaN/Infinity as Python's json.loads (the server's) reads them
     r = httpx.post(server.url + "/v1/completions", content=json.dumps(body), timeout=30)
     assert_openai_answer(r, "text_completion")
+
+
+@pytest.mark.timeout(120)
+def test_many_clients_leaving_at_once_leave_the_other_streams_whole(tiny_gpt2: TinyModel, expected: dict) -> None:
+    """Six clients close their streams after the first chunk (an 80-token stream, each step
+    slowed, so the close lands mid-generation) while six others stream to the end: each
+    leaver's request is cancelled (its row freed), and every stream that stayed carries
+    exactly the text the generator gives its prompt alone."""
+
+    def slow(*args: object, **kwargs: object) -> _SlowDecodes:
+        return _SlowDecodes(build_session(*args, **kwargs), delay_s=0.05)
+
+    served = ServedGenerator(BatchedGenerator(tiny_gpt2.export, max_batch_size=4, session_factory=slow), NAME)
+    stayers = list(expected)[:6]
+    with BackgroundServer(served) as srv:
+        api = client(srv)
+
+        def leave(i: int) -> None:
+            body = {"prompt": [5, 6, i], "max_tokens": 80, "temperature": 0, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as r:
+                assert next(line for line in r.iter_lines() if line.startswith("data: "))
+
+        def stay(prompt: tuple[int, ...]) -> tuple[str, str | None]:
+            chunks = api.completions.create(
+                model=NAME, prompt=list(prompt), max_tokens=expected[prompt][3], temperature=0, stream=True
+            )
+            text, reason = "", None
+            for chunk in chunks:
+                text += chunk.choices[0].text
+                reason = chunk.choices[0].finish_reason or reason
+            return text, reason
+
+        with ThreadPoolExecutor(12) as pool:
+            leavers = [pool.submit(leave, i) for i in range(6)]
+            answers = list(pool.map(stay, stayers))
+            for f in leavers:
+                f.result()
+        for prompt, (text, reason) in zip(stayers, answers, strict=True):
+            assert (text, reason) == (expected[prompt][0], expected[prompt][2]), prompt
+        deadline = time.monotonic() + 30  # a bound on a hang, not a threshold: normally at once
+        while (s := served.generator.stats()).cancelled < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert s.cancelled == 6 and s.completed == 6 and s.failed == 0
