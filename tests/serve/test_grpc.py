@@ -380,6 +380,35 @@ def test_an_answer_over_the_message_limit_is_refused_and_a_stream_goes_on(encode
     model.close()
 
 
+@pytest.mark.timeout(120)
+def test_an_idle_stream_ends_unavailable_when_the_server_stops_instead_of_holding_it(adder_path):
+    """A client keeping its ModelStreamInfer stream open after its answers held the server's
+    stop for the whole grace period (with grace None: forever). Now what the stream asked is
+    answered, then it ends with UNAVAILABLE and the stop completes."""
+    import queue
+
+    model = ServedModel.load(adder_path, session_kwargs={"max_batch_size": 8})
+    srv = GrpcServer(model, port=0).start()
+    client = grpcclient.InferenceServerClient(srv.address)
+    answers: queue.Queue = queue.Queue()
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        x, k = np.ones((1, 3), np.float32), np.full((1, 1), 2, np.int32)
+        client.async_stream_infer("adder", _inputs(x, k), request_id="one")
+        result, error = answers.get(timeout=30)
+        assert error is None and result.get_response().id == "one"
+        srv.stop_soon(grace=None).result()  # None: wait for every RPC; the open stream ends
+        result, error = answers.get(timeout=30)
+        assert result is None and error.status() == "StatusCode.UNAVAILABLE"
+        assert "shutting down" in error.message()
+        assert srv.counts.accepted == srv.counts.answered == 1
+    finally:
+        client.stop_stream()
+        client.close()
+        srv.stop(grace=0)
+        model.close()
+
+
 def test_stream_infer_answers_each_request_and_survives_a_bad_one(both, adder_ort):
     results: list = []
     finished = threading.Event()  # the sync client calls back on its own thread

@@ -154,6 +154,9 @@ class InferenceServicer:
         self.metrics = metrics
         self.counts = GrpcCounts()
         self.max_message_bytes = max_message_bytes
+        #: set (on the server's loop) when the server stops: an open ModelStreamInfer stream
+        #: then takes no more requests, so an idle one does not hold the stop for its grace
+        self.stopping: asyncio.Event | None = None
 
     def _fits(self, response: Any, outputs: Sequence[tuple[str, np.ndarray]], request_id: str | None) -> Any:
         """``response`` (carrying ``outputs`` and the request's id), or ResponseTooLargeError
@@ -311,8 +314,17 @@ class InferenceServicer:
             if error is not None:
                 await write(error)
 
+        iterator = requests.__aiter__()
+        stop = asyncio.ensure_future(self.stopping.wait()) if self.stopping is not None else None
         try:
-            async for request in requests:
+            while (request := await _next_request(iterator, stop)) is not _END:
+                if request is _STOPPING:
+                    # the server is stopping: what this stream asked is answered, then it ends
+                    # with UNAVAILABLE (a request its client sends from now on is not read),
+                    # where an idle stream used to hold the stop for the whole grace period
+                    if tasks:
+                        await asyncio.gather(*tasks)
+                    raise SessionClosedError("the server is shutting down: this stream takes no more requests")
                 self.counts.accepted += 1
                 task = asyncio.ensure_future(one(request))
                 tasks.add(task)
@@ -334,10 +346,41 @@ class InferenceServicer:
         finally:
             for task in tasks:
                 task.cancel()
+            if stop is not None:
+                stop.cancel()
 
 
 class _StreamGone(Exception):
     """Writing to the stream failed: its client is gone."""
+
+
+#: the grace that stands for "no limit" (grpcio's own None aborts every RPC at once)
+_WAIT_FOR_ALL_S = 10.0 * 365 * 24 * 3600
+
+#: what :func:`_next_request` answers at the end of a stream, and once the server stops
+_END, _STOPPING = object(), object()
+
+
+async def _next_request(iterator: AsyncIterator[Any], stop: asyncio.Future[Any] | None) -> Any:
+    """The stream's next request; :data:`_END` when its client has closed it;
+    :data:`_STOPPING` once ``stop`` is done (the server stopping) before one arrives."""
+    if stop is None:
+        try:
+            return await iterator.__anext__()
+        except StopAsyncIteration:
+            return _END
+    if stop.done():
+        return _STOPPING
+    read = asyncio.ensure_future(iterator.__anext__())
+    await asyncio.wait((read, stop), return_when=asyncio.FIRST_COMPLETED)
+    if not read.done():
+        read.cancel()
+        await asyncio.gather(read, return_exceptions=True)
+        return _STOPPING
+    try:
+        return read.result()  # arrived as the stop came: it is answered
+    except StopAsyncIteration:
+        return _END
 
 
 def _model_name(request: Any) -> str:
@@ -611,12 +654,15 @@ class GrpcServer:
         self.port = port
         stopping = asyncio.Event()
         self._stopping = stopping
+        self.servicer.stopping = stopping
         for server in servers:
             await server.start()
         self._server = servers[0]
         self._started.set()
         await stopping.wait()
-        await asyncio.gather(*(server.stop(self._grace) for server in servers))
+        # grpcio's stop(None) aborts every RPC at once; ours (as uvicorn's) waits for them all
+        grace = self._grace if self._grace is not None else _WAIT_FOR_ALL_S
+        await asyncio.gather(*(server.stop(grace) for server in servers))
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
