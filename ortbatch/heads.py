@@ -53,6 +53,8 @@ class Heads:
     labels: str
     #: the cross-encoder's default prompt, put before the query of each pair ("" for none)
     query_prompt: str = ""
+    #: each logit's label name: ``config.json``'s ``id2label`` (``LABEL_i`` where it has none)
+    label_names: tuple[str, ...] = ()
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -68,6 +70,20 @@ def _default_prompt(st_config: dict[str, Any]) -> str:
     if isinstance(prompts, dict) and isinstance(name, str) and isinstance(prompts.get(name), str):
         return str(prompts[name])
     return ""
+
+
+def _label_names(config: dict[str, Any], width: int) -> tuple[str, ...]:
+    names = [f"LABEL_{i}" for i in range(max(width, 0))]
+    mapping = config.get("id2label")
+    if isinstance(mapping, dict):
+        for key, value in mapping.items():
+            try:
+                i = int(key)
+            except ValueError:
+                continue
+            if 0 <= i < len(names) and isinstance(value, str):
+                names[i] = value
+    return tuple(names)
 
 
 def _st_activation(st_config: dict[str, Any], config: dict[str, Any]) -> str | None:
@@ -104,7 +120,7 @@ def read_heads(directory: str | Path | None, width: int) -> Heads:
         labels = "sigmoid"
     else:
         labels = "softmax"
-    return Heads(score, refused, labels, _default_prompt(st_config))
+    return Heads(score, refused, labels, _default_prompt(st_config), _label_names(config, width))
 
 
 def activate(kind: str, logits: np.ndarray) -> np.ndarray:

@@ -550,20 +550,6 @@ def _logits(encoder: Encoder) -> tuple[str, int]:
     return node.name, width
 
 
-def _labels(directory: Path, width: int) -> list[str]:
-    labels = [f"LABEL_{i}" for i in range(width)]
-    try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return labels
-    mapping = config.get("id2label") if isinstance(config, dict) else None
-    if isinstance(mapping, dict):
-        for key, value in mapping.items():
-            if str(key).isdigit() and int(key) < width and isinstance(value, str):
-                labels[int(key)] = value
-    return labels
-
-
 def _softmax(x: np.ndarray) -> np.ndarray:
     z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
     e = np.exp(z)
@@ -598,8 +584,9 @@ class LabelHead(Head):
 
     def __init__(self, encoder: Encoder) -> None:
         self.output, self.width = _logits(encoder)
-        self.labels = _labels(encoder.directory, self.width)
-        self.function = read_heads(encoder.directory, self.width).labels
+        heads = read_heads(encoder.directory, self.width)
+        self.labels = list(heads.label_names)
+        self.function = heads.labels
 
     @property
     def fields(self) -> list[Field]:
@@ -618,7 +605,7 @@ class SpanHead(Head):
 
     def __init__(self, encoder: Encoder) -> None:
         self.output, self.width = _logits(encoder)
-        self.labels = _labels(encoder.directory, self.width)
+        self.labels = list(read_heads(encoder.directory, self.width).label_names)
 
     @property
     def fields(self) -> list[Field]:

@@ -29,11 +29,9 @@ the tokenizer cuts them (the longest of a pair first).
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,30 +75,8 @@ def _logits_output(model: ServedModel) -> tuple[str | None, int]:
 
 
 def _id2label(model: ServedModel, width: int) -> list[str]:
-    """Label names from the export's ``config.json`` (``LABEL_i`` where it has none), read
-    once per loaded model."""
-    return list(model.read_once(("id2label", width), lambda: _read_id2label(model, width)))
-
-
-def _read_id2label(model: ServedModel, width: int) -> list[str]:
-    labels = [f"LABEL_{i}" for i in range(max(width, 0))]
-    directory = getattr(model.manifest, "directory", None)
-    if directory is None:
-        return labels
-    try:
-        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return labels
-    mapping = config.get("id2label") if isinstance(config, dict) else None
-    if isinstance(mapping, dict):
-        for key, value in mapping.items():
-            try:
-                i = int(key)
-            except ValueError:
-                continue
-            if 0 <= i < len(labels) and isinstance(value, str):
-                labels[i] = value
-    return labels
+    """Label names from the export's ``config.json`` (``LABEL_i`` where it has none)."""
+    return list(_heads(model, width).label_names)
 
 
 def _heads(model: ServedModel, width: int) -> Heads:
