@@ -25,6 +25,7 @@ Importing this package is light; starlette/uvicorn are imported when an app is b
 from __future__ import annotations
 
 from ..errors import NonFiniteOutputError, RequestTooLargeError
+from . import kinds  # noqa: F401 - registers the encoder and decoder model kinds (ortbatch.serve.kinds)
 from .config import ServeConfig
 from .http.app import build_app, create_app, create_completions_app
 from .http.plumbing import DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts, assemble_app, error_response
