@@ -135,9 +135,11 @@ class EchoKind(ModelKind):
         return {"/v1/echo": frozenset({"input"})}
 
     def http_routes(self, served: EchoServed, body: Any) -> list[Any]:
+        fields = self.request_fields(served)["/v1/echo"]
+
         async def echo(request: Any) -> Any:
             doc = await read_openai_body(request, body, served.name)
-            unknown = set(doc) - {"model", "input"}
+            unknown = set(doc) - {"model", *fields}
             if unknown:
                 raise InvalidInputError(f"Unrecognized request argument supplied: {sorted(unknown)[0]}")
             text = doc.get("input")
