@@ -109,7 +109,8 @@ def test_a_reload_is_answered_after_every_front_end_applied_it_and_the_old_model
     models, made = engine
     one, two = _Link(), _Link()
     (record,) = models.attach(one)
-    assert record[:5] == ("m", record[1], READY, "", 1) and record[5].inputs[0].name == "x"
+    assert record[:5] == ("m", record[1], READY, "", 1) and record[5].kind == "fake"
+    assert record[5].info.inputs[0].name == "x"  # the session info its kind sends
     assert [r[4] for r in models.attach(two)] == [1]  # the same model: the same key
     assert models.sessions == {1: made[0].session}
 
