@@ -8,7 +8,9 @@ The rooms (arrows point down; docs/architecture.md draws them): the runners
 :mod:`~ortbatch.serve.assembly` and :mod:`~ortbatch.serve.listen`; the transports
 :mod:`~ortbatch.serve.http` and :mod:`~ortbatch.serve.grpc`, which never import each other;
 the transport-neutral core :mod:`~ortbatch.serve.served` (what is served, the repository,
-the v2 wire format, the completion and task logic, the one model lookup); and serve's floor,
+the v2 wire format, the completion and task logic, the one model lookup, the model-kind
+registry :mod:`~ortbatch.serve.served.kinds`, whose encoder and decoder kinds
+:mod:`~ortbatch.serve.kinds` declares and this package registers on import); and serve's floor,
 :mod:`~ortbatch.serve.config`, :mod:`~ortbatch.serve.auth`, :mod:`~ortbatch.serve.metrics`.
 
 Needs the ``serve`` extra (starlette, uvicorn, prometheus-client, tokenizers)::

@@ -48,6 +48,7 @@ __all__ = [
     "kind_for_export",
     "kind_named",
     "kind_of",
+    "owner_of",
     "register",
     "registered",
     "unregister",
