@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,7 @@ def detect(model_ref: str, task: str = "auto", *, trust_remote_code: bool = Fals
             )
         return None
     has_head = any(str(a).endswith("ForImageClassification") for a in (config.architectures or []))
+    tasks: tuple[str, ...]
     if model_type in TWO_TOWER_TYPES:
         tasks = ("zero-shot-image-classification",)
     else:
@@ -253,7 +255,9 @@ def _torch_export(
     import torch
 
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), warnings.catch_warnings():
+            # chosen on purpose (as optimum-onnx does): the dynamo exporter needs onnxscript
+            warnings.filterwarnings("ignore", "You are using the legacy TorchScript", DeprecationWarning)
             torch.onnx.export(
                 module,
                 args,

@@ -11,6 +11,7 @@ text tower, into the same space; its zero-shot classification is the checkpoint'
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -86,7 +87,7 @@ class _ImageFace:
         for i, image in enumerate(items):
             result: Future[Any] = Future()
             prepared = self._pool.submit(self._prepare, image, i)
-            prepared.add_done_callback(lambda f, result=result: self._submit(f, result, output))
+            prepared.add_done_callback(functools.partial(self._submit, result=result, output=output))
             done.append(result)
         rows = []
         error: BaseException | None = None
@@ -99,7 +100,7 @@ class _ImageFace:
             raise error
         return np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
 
-    def _submit(self, prepared: Future[Any], result: Future[Any], output: str) -> None:
+    def _submit(self, prepared: Future[Any], *, result: Future[Any], output: str) -> None:
         try:
             pixels = prepared.result()
             inner = self.session.submit({"pixel_values": pixels}, [output])
@@ -146,7 +147,7 @@ class ImageEmbedder(_ImageFace):
         super().__init__(export_dir, **kwargs)
         towers = self.vision.get("towers")
         self.two_towers = isinstance(towers, dict)
-        if self.two_towers:
+        if isinstance(towers, dict):
             self.output = str(towers["image"]["output"])
         elif self.vision.get("embedding_output"):
             self.output = str(self.vision["embedding_output"])

@@ -24,7 +24,7 @@ def _clip_tokenizer(directory: Path) -> None:
     vocab = chars + [c + "</w>" for c in chars]
     merges = []
     for word in ("photo", "of", "a", "the", "red", "blue", "square", "circle", "drawing", "text", "images"):
-        pieces = list(word[:-1]) + [word[-1] + "</w>"]
+        pieces = [*word[:-1], word[-1] + "</w>"]
         while len(pieces) > 1:
             merges.append(f"{pieces[0]} {pieces[1]}")
             pieces = [pieces[0] + pieces[1], *pieces[2:]]
@@ -83,7 +83,11 @@ def build_st_clip(directory: Path, seed: int = 1) -> Path:
     """The sentence-transformers CLIP layout (clip-ViT-B-32 style): modules.json with one
     CLIPModel module around a tiny CLIPModel saved in its folder."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import CLIPModel as STCLIPModel
+
+    try:  # sentence-transformers 5.4+ (its old path warns)
+        from sentence_transformers.sentence_transformer.modules import CLIPModel as STCLIPModel
+    except ImportError:
+        from sentence_transformers.models import CLIPModel as STCLIPModel
 
     base = build_clip(directory.parent / (directory.name + "-base"), seed=seed)
     SentenceTransformer(modules=[STCLIPModel(str(base))]).save(str(directory))

@@ -357,7 +357,7 @@ def _tokenizer(manifest: Manifest) -> Any:
     from ...errors import ModelIntegrityError
 
     try:
-        return AutoTokenizer.from_pretrained(os.fspath(manifest.directory))
+        return AutoTokenizer.from_pretrained(os.fspath(manifest.directory or "."))
     except Exception as exc:
         raise ModelIntegrityError(
             f"{manifest.directory}: the export's tokenizer does not load ({type(exc).__name__}: {exc}); the text "
