@@ -386,6 +386,11 @@ def build_vision(
             tokenizer = AutoTokenizer.from_pretrained(ckpt.model, trust_remote_code=trust_remote_code)
         except Exception as exc:
             raise ExportError(f"could not load {ckpt.model}'s tokenizer for the text tower: {exc}") from exc
+        if not getattr(tokenizer, "is_fast", False):
+            say(
+                f"the tokenizer ({type(tokenizer).__name__}) has no fast version: the text tower is exported and "
+                "checked, but ortbatch serves texts only with a tokenizer.json"
+            )
         text = _text_settings(ckpt, tokenizer)
         say(f"exporting {ckpt.model_type}'s text tower (input_ids -> text_embeds)")
         if text["mask"]:

@@ -24,6 +24,7 @@ from ..errors import InvalidInputError, ManifestError, UnsupportedError
 from ..manifest import Manifest
 from .images import ImageLimits, load_image
 from .processor import ImageProcessor
+from .text import TextTower
 
 __all__ = ["ImageClassifier", "ImageEmbedder", "normalize"]
 
@@ -154,7 +155,7 @@ class ImageEmbedder(_ImageFace):
         else:
             raise ManifestError(f"{self.directory} is an image classifier: use ImageClassifier")
         self.text_session: Any = None
-        self._tokenizer: Any = None
+        self._tower: Any = None
 
     @property
     def normalized(self) -> bool:
@@ -166,51 +167,32 @@ class ImageEmbedder(_ImageFace):
         return normalize(vectors) if self.normalized else vectors.astype(np.float32, copy=False)
 
     # -- texts (two towers) --------------------------------------------------------------
-    def _text(self) -> tuple[Any, Any]:
+    def _text(self) -> tuple[TextTower, Any]:
         if not self.two_towers:
             raise UnsupportedError(
                 f"{self.directory} has no text tower (it is a {self.vision.get('model_type')} model)"
             )
         if self.text_session is None:
-            from tokenizers import Tokenizer
-
             from ..runtime.session import BatchedSession
 
-            t = self.vision["towers"]["text"]
-            tok_file = self.directory / "tokenizer.json"
-            if not tok_file.is_file():
-                raise ManifestError(f"{self.directory} has no tokenizer.json to tokenize texts for the text tower")
-            tok = Tokenizer.from_file(str(tok_file))
-            tok.no_padding()
-            tok.enable_truncation(int(t["max_length"]))
+            tower = TextTower(self.directory, self.vision["towers"]["text"])
+            tower.tokenizer  # noqa: B018 - a missing tokenizer.json fails here, before a session opens
             session = BatchedSession(
-                self.directory / str(t["model"]),
-                pad_values={"input_ids": int(t["pad_id"]), **({"attention_mask": 0} if t["mask"] else {})},
+                self.directory / tower.model,
+                pad_values={"input_ids": tower.pad_id, **({"attention_mask": 0} if tower.mask else {})},
                 padding_side="right",
                 max_batch_size=self.manifest.max_batch_size or 64,
             )
             self._sessions.append(session)
-            self._tokenizer, self.text_session = tok, session
-        return self._tokenizer, self.text_session
-
-    def text_feed(self, text: str) -> dict[str, np.ndarray]:
-        tok, _ = self._text()
-        t = self.vision["towers"]["text"]
-        ids = tok.encode(text).ids
-        if t["pad_to"]:
-            ids = ids + [int(t["pad_id"])] * (int(t["pad_to"]) - len(ids))
-        arr = np.array([ids], dtype=np.int64)
-        return {"input_ids": arr, "attention_mask": np.ones_like(arr)} if t["mask"] else {"input_ids": arr}
+            self._tower, self.text_session = tower, session
+        return self._tower, self.text_session
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        """``(n, dim)``: the text tower's vectors, in the images' space."""
+        """``(n, dim)``: the text tower's vectors, in the images' space; each text its own request."""
         if isinstance(texts, str):
             texts = [texts]
-        if any(not isinstance(t, str) for t in texts):
-            raise InvalidInputError("texts must be strings")
-        _, session = self._text()
-        out = self.vision["towers"]["text"]["output"]
-        futures = [session.submit(self.text_feed(t), [out]) for t in texts]
+        tower, session = self._text()
+        futures = [session.submit(tower.feed([row]), [tower.output]) for row in tower.ids(texts)]
         rows = [f.result()[0] for f in futures]
         vectors = np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, self.dimension), np.float32)
         return normalize(vectors) if self.normalized else vectors

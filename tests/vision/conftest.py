@@ -8,7 +8,19 @@ from typing import Any
 
 import pytest
 
-KINDS = ("clip", "siglip", "st-clip", "dinov2-backbone", "vit", "deit", "beit", "convnext", "swin", "dinov2")
+KINDS = (
+    "clip",
+    "clip-legacy",
+    "siglip",
+    "st-clip",
+    "dinov2-backbone",
+    "vit",
+    "deit",
+    "beit",
+    "convnext",
+    "swin",
+    "dinov2",
+)
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +37,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
             target = root / kind
             if kind == "clip":
                 built[kind] = models.build_clip(target)
+            elif kind == "clip-legacy":
+                built[kind] = models.build_clip(target, legacy_eos=True)
             elif kind == "siglip":
                 built[kind] = models.build_siglip(target)
             elif kind == "st-clip":

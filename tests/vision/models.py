@@ -43,7 +43,9 @@ def _clip_tokenizer(directory: Path) -> None:
     tmp.rmdir()
 
 
-def build_clip(directory: Path, seed: int = 0) -> Path:
+def build_clip(directory: Path, seed: int = 0, legacy_eos: bool = False) -> Path:
+    """``legacy_eos``: text_config.eos_token_id 2, as OpenAI's CLIP checkpoints were saved:
+    transformers then pools the text at the highest token id (argmax), not at the first EOS."""
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizerFast
 
@@ -61,7 +63,7 @@ def build_clip(directory: Path, seed: int = 0) -> Path:
             "num_attention_heads": 4,
             "max_position_embeddings": 77,
             "bos_token_id": tok.bos_token_id,
-            "eos_token_id": tok.eos_token_id,
+            "eos_token_id": 2 if legacy_eos else tok.eos_token_id,
             "pad_token_id": tok.pad_token_id,
         },
         vision_config={

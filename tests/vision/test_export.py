@@ -76,7 +76,7 @@ def _hf_text_features(checkpoint, texts, siglip: bool) -> np.ndarray:
         return model.get_text_features(**enc).numpy()
 
 
-@pytest.mark.parametrize("kind", ["clip", "siglip"])
+@pytest.mark.parametrize("kind", ["clip", "clip-legacy", "siglip"])
 def test_two_towers_equal_transformers(kind, exported, checkpoint, pics):
     from ortbatch.vision import ImageEmbedder
 

@@ -166,6 +166,10 @@ class _Ours:
         self.tokenizer = tokenizer
         self.two_towers = "towers" in self.vision
         self.image_comp = "image" if self.two_towers else "model"
+        if self.two_towers:
+            from ...vision.text import TextTower
+
+            self.tower = TextTower(manifest.directory or ".", self.vision["towers"]["text"])
 
     def run(self, comp: str, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         sess = self.sessions[comp]
@@ -189,19 +193,15 @@ class _Ours:
         return out
 
     def text_rows(self, texts: Sequence[str]) -> list[list[int]]:
-        t = self.vision["towers"]["text"]
-        enc = self.tokenizer(list(texts), truncation=True, max_length=t["max_length"])
+        """The samples tokenized as the export serves them: its tokenizer.json (the
+        checkpoint's own tokenizer when it has no fast version, which ortbatch cannot serve)."""
+        if (self.tower.directory / "tokenizer.json").is_file():
+            return self.tower.ids(texts)
+        enc = self.tokenizer(list(texts), truncation=True, max_length=self.tower.max_length)
         return [list(r) for r in enc["input_ids"]]
 
     def text_feed(self, rows: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
-        t = self.vision["towers"]["text"]
-        width = int(t["pad_to"] or max(len(r) for r in rows))
-        ids = np.full((len(rows), width), int(t["pad_id"]), dtype=np.int64)
-        mask = np.zeros_like(ids)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = r
-            mask[i, : len(r)] = 1
-        return {"input_ids": ids, "attention_mask": mask} if t["mask"] else {"input_ids": ids}
+        return self.tower.feed(rows)
 
     def texts(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
         return self._finish(self.run("text", self.text_feed(rows)))["text_embeds"]
