@@ -61,6 +61,7 @@ class _ImageFace:
         self.processor = ImageProcessor.from_dict(vision["processor"])
         self.limits = limits or ImageLimits()
         self._sessions: list[Any] = []
+        self._session_kwargs = dict(session_kwargs)  # the text tower's session gets them too
         if session is None:
             from ..runtime.session import BatchedSession
 
@@ -82,10 +83,16 @@ class _ImageFace:
 
     def _run_images(self, images: Sequence[Any], output: str) -> np.ndarray:
         """Each image decoded on the pool, then its own request to the session: the order of
-        the answer is the order of ``images``."""
+        the answer is the order of ``images``. A long list goes a window at a time, so one
+        call never holds more than a window of decoded images nor fills the session's queue."""
         items = _listed(images)
+        window = _window(self.session)
+        parts = [self._run_window(items[s : s + window], s, output) for s in range(0, len(items), window)]
+        return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+
+    def _run_window(self, items: Sequence[Any], first: int, output: str) -> np.ndarray:
         done: list[Future[Any]] = []
-        for i, image in enumerate(items):
+        for i, image in enumerate(items, start=first):
             result: Future[Any] = Future()
             prepared = self._pool.submit(self._prepare, image, i)
             prepared.add_done_callback(functools.partial(self._submit, result=result, output=output))
@@ -127,6 +134,14 @@ class _ImageFace:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _window(session: Any) -> int:
+    """How many requests one call keeps queued at once: a few batches' worth, within the
+    session's queue (other callers' requests may still fill it: then QueueFullError, the
+    overload answer)."""
+    batch = int(getattr(session, "max_batch_size", 16) or 16)
+    return max(1, min(4 * batch, int(getattr(session, "max_queue", 1024) or 1024)))
 
 
 def _listed(images: Any) -> list[Any]:
@@ -177,11 +192,12 @@ class ImageEmbedder(_ImageFace):
 
             tower = TextTower(self.directory, self.vision["towers"]["text"])
             tower.tokenizer  # noqa: B018 - a missing tokenizer.json fails here, before a session opens
+            kwargs = {"max_batch_size": self.manifest.max_batch_size or 64, **self._session_kwargs}
             session = BatchedSession(
                 self.directory / tower.model,
                 pad_values={"input_ids": tower.pad_id, **({"attention_mask": 0} if tower.mask else {})},
                 padding_side="right",
-                max_batch_size=self.manifest.max_batch_size or 64,
+                **kwargs,
             )
             self._sessions.append(session)
             self._tower, self.text_session = tower, session
@@ -192,8 +208,12 @@ class ImageEmbedder(_ImageFace):
         if isinstance(texts, str):
             texts = [texts]
         tower, session = self._text()
-        futures = [session.submit(tower.feed([row]), [tower.output]) for row in tower.ids(texts)]
-        rows = [f.result()[0] for f in futures]
+        ids = tower.ids(texts)
+        rows: list[np.ndarray] = []
+        step = _window(session)
+        for s in range(0, len(ids), step):
+            futures = [session.submit(tower.feed([row]), [tower.output]) for row in ids[s : s + step]]
+            rows += [f.result()[0] for f in futures]
         vectors = np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, self.dimension), np.float32)
         return normalize(vectors) if self.normalized else vectors
 

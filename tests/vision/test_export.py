@@ -236,6 +236,20 @@ def test_concurrent_callers_get_their_own_rows(exported, pics):
     assert stats is not None
 
 
+def test_long_calls_go_a_window_at_a_time(exported, pics):
+    """A call with more images than the session's queue holds is answered whole, in order."""
+    from ortbatch.vision import ImageEmbedder
+
+    many = (pics * 4)[:40]
+    with ImageEmbedder(exported("clip").directory) as ref:
+        want = ref.embed_images(many)
+    with ImageEmbedder(exported("clip").directory, max_queue=4, max_batch_size=2) as emb:
+        got = emb.embed_images(many)
+        texts = emb.embed_texts(list(TEXTS) * 3)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert texts.shape == (len(TEXTS) * 3, 16)
+
+
 def test_bad_image_fails_alone_and_the_embedder_keeps_serving(exported, pics):
     from ortbatch.vision import ImageEmbedder
 
