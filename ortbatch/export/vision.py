@@ -116,7 +116,15 @@ def detect(model_ref: str, task: str = "auto", *, trust_remote_code: bool = Fals
     root = Path(model_ref)
     st_root = None
     normalize = False
-    if root.is_dir() and (root / "modules.json").is_file():
+    if not root.is_dir():
+        config = _config(model_ref, trust_remote_code)
+        if config is None or str(getattr(config, "model_type", "")).replace("_", "-") not in VISION_MODEL_TYPES:
+            if task in VISION_TASKS:
+                _refuse_text_model(model_ref, task, config)
+            return None
+        # a hub id of an image checkpoint: its files (preprocessor_config.json, modules.json) are read locally
+        return detect(_snapshot(model_ref), task, trust_remote_code=trust_remote_code)
+    if (root / "modules.json").is_file():
         found = _st_clip(root)
         if found is None:
             return None
@@ -154,6 +162,23 @@ def detect(model_ref: str, task: str = "auto", *, trust_remote_code: bool = Fals
             + ("" if has_head or chosen != "image-classification" else " (the checkpoint has no classification head)")
         )
     return VisionCheckpoint(model_ref, model_type, chosen, config, st_root, normalize)
+
+
+def _refuse_text_model(model_ref: str, task: str, config: Any) -> None:
+    """A vision task asked of a checkpoint that is not an image one: refused by name."""
+    kind = str(getattr(config, "model_type", "unknown")) if config is not None else "unreadable"
+    raise UnsupportedModelError(
+        f"task {task!r} is for image checkpoints ({', '.join(VISION_MODEL_TYPES)}); {model_ref} is a {kind!r} model"
+    )
+
+
+def _snapshot(model_ref: str) -> str:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(model_ref))
+    except Exception as exc:
+        raise ExportError(f"cannot fetch {model_ref}'s files: {type(exc).__name__}: {exc}") from exc
 
 
 def _config(model_ref: str, trust_remote_code: bool) -> Any:

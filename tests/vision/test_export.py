@@ -274,6 +274,19 @@ def test_refusals(checkpoint, tmp_path):
         export_model(str(checkpoint("vit")), tmp_path / "d", quantize="int8-static")
 
 
+def test_text_checkpoints_are_left_to_the_text_exporter(tmp_path):
+    from transformers import BertConfig
+
+    from ortbatch.export.vision import detect
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37)
+    config.save_pretrained(tmp_path)
+    assert detect(str(tmp_path)) is None
+    assert detect(str(tmp_path), "feature-extraction") is None
+    with pytest.raises(UnsupportedModelError, match="is for image checkpoints"):
+        detect(str(tmp_path), "image-classification")
+
+
 def test_cli_export_and_validate(checkpoint, tmp_path):
     out = tmp_path / "deit-onnx"
     cli = [sys.executable, "-m", "ortbatch.cli"]
