@@ -45,6 +45,7 @@ class _ImageFace:
         export_dir: str | os.PathLike[str],
         *,
         limits: ImageLimits | None = None,
+        exif_transpose: bool | None = None,
         preprocess_threads: int | None = None,
         session: Any = None,
         **session_kwargs: Any,
@@ -60,6 +61,8 @@ class _ImageFace:
         self.vision = vision
         self.processor = ImageProcessor.from_dict(vision["processor"])
         self.limits = limits or ImageLimits()
+        # None: bytes, files and data URIs transposed (transformers' load_image), PIL images as given
+        self.exif_transpose = exif_transpose
         self._sessions: list[Any] = []
         self._session_kwargs = dict(session_kwargs)  # the text tower's session gets them too
         if session is None:
@@ -78,7 +81,7 @@ class _ImageFace:
         return np.concatenate(rows) if rows else np.zeros((0, 3, *self.processor.output_size()), np.float32)
 
     def _prepare(self, image: Any, index: int) -> np.ndarray:
-        decoded = load_image(image, self.limits, where=f"image {index}")
+        decoded = load_image(image, self.limits, exif_transpose=self.exif_transpose, where=f"image {index}")
         return self.processor.preprocess(decoded)[None]
 
     def _run_images(self, images: Sequence[Any], output: str) -> np.ndarray:

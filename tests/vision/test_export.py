@@ -250,6 +250,24 @@ def test_long_calls_go_a_window_at_a_time(exported, pics):
     assert texts.shape == (len(TEXTS) * 3, 16)
 
 
+def test_exif_transpose_of_pil_images_on_request(exported, pics):
+    """A PIL image is taken as given (as the processor takes it) unless exif_transpose=True
+    (what transformers' pipelines do): then it embeds as its file does."""
+    from PIL import Image
+
+    from ortbatch.vision import ImageEmbedder
+
+    rotated = [d for d in pics if Image.open(io.BytesIO(d)).getexif().get(0x0112, 1) in (6, 8)][:2]
+    assert rotated
+    opened = [Image.open(io.BytesIO(d)) for d in rotated]
+    with ImageEmbedder(exported("clip").directory) as as_given:
+        files, plain = as_given.embed_images(rotated), as_given.embed_images(opened)
+    with ImageEmbedder(exported("clip").directory, exif_transpose=True) as transposing:
+        turned = transposing.embed_images(opened)
+    np.testing.assert_allclose(turned, files, atol=1e-6)
+    assert np.abs(plain - files).max() > 1e-3
+
+
 def test_bad_image_fails_alone_and_the_embedder_keeps_serving(exported, pics):
     from ortbatch.vision import ImageEmbedder
 
