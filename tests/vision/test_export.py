@@ -314,3 +314,23 @@ def test_cli_export_and_validate(checkpoint, tmp_path):
     done = subprocess.run([*cli, "validate", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_checks_catch_a_wrong_preprocessing(exported, tmp_path):
+    """The checks can fail: an export whose recorded image processor normalizes with other
+    means is caught by reference parity (pixel values and embeddings), naming the output."""
+    import json
+    import shutil
+
+    from ortbatch.export import validate
+
+    bad = tmp_path / "clip-bad"
+    shutil.copytree(exported("clip").directory, bad)
+    doc = json.loads((bad / "ortbatch.json").read_text())
+    doc["vision"]["processor"]["image_mean"] = [0.5, 0.5, 0.5]
+    (bad / "ortbatch.json").write_text(json.dumps(doc))
+    report = validate(bad, save=False)
+    assert not report.passed
+    parity = next(c for c in report.checks if c.name == "reference_parity")
+    failed = [x.output for case in parity.cases for x in case.comparisons if not x.passed]
+    assert "pixel_values" in failed and "image_embeds" in failed
