@@ -527,6 +527,10 @@ def build_vision(
             "sha256": model_hash(out / name),
         }
     main = "image" if ckpt.two_towers else "model"
+    from ..vision.embedder import section_digest
+
+    # the preprocessing and towers checked with this graph: the faces refuse an edited section
+    components[main]["vision"] = section_digest(vision)
     main_io = graph.manifest_io(graph.read_graph_io(out / files[main]), {})
     from .recipes import tolerances_for
 

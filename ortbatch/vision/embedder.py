@@ -26,7 +26,35 @@ from .images import ImageLimits, load_image
 from .processor import ImageProcessor
 from .text import TextTower
 
-__all__ = ["ImageClassifier", "ImageEmbedder", "normalize"]
+__all__ = ["ImageClassifier", "ImageEmbedder", "normalize", "section_digest"]
+
+
+def section_digest(vision: Any) -> str:
+    """sha256 of a manifest's ``vision`` section (canonical JSON), recorded by the exporter."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(vision, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _verify_section(manifest: Manifest, vision: Any) -> None:
+    """The preprocessing and towers the export was checked with: an edit of the ``vision``
+    section would answer with other pixels, silently. Refused unless verification is skipped
+    (``ORTBATCH_SKIP_VERIFY=1``), as the manifest's own contract."""
+    from ..manifest import SKIP_VERIFY_ENV
+
+    if os.environ.get(SKIP_VERIFY_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+        return
+    comps = manifest.extra.get("components") or {}
+    recorded = next((c.get("vision") for c in comps.values() if isinstance(c, dict) and c.get("vision")), None)
+    if recorded is not None and recorded != section_digest(vision):
+        from ..errors import ModelIntegrityError
+
+        raise ModelIntegrityError(
+            f"{manifest.directory}: the manifest's 'vision' section (preprocessing, towers) was edited after the "
+            f"export and its checks; re-export it, or set {SKIP_VERIFY_ENV}=1 to load it anyway",
+            path=manifest.directory,
+        )
 
 
 def normalize(vectors: np.ndarray) -> np.ndarray:
@@ -58,6 +86,7 @@ class _ImageFace:
                 f"{self.directory} is not an image export (ortbatch.json has no 'vision' section); export an image "
                 "checkpoint with `ortbatch export`"
             )
+        _verify_section(self.manifest, vision)
         self.vision = vision
         self.processor = ImageProcessor.from_dict(vision["processor"])
         self.limits = limits or ImageLimits()

@@ -334,3 +334,21 @@ def test_checks_catch_a_wrong_preprocessing(exported, tmp_path):
     parity = next(c for c in report.checks if c.name == "reference_parity")
     failed = [x.output for case in parity.cases for x in case.comparisons if not x.passed]
     assert "pixel_values" in failed and "image_embeds" in failed
+
+
+def test_an_edited_vision_section_is_refused_by_the_faces(exported, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    from ortbatch.errors import ModelIntegrityError
+    from ortbatch.vision import ImageEmbedder
+
+    bad = tmp_path / "clip-edited"
+    shutil.copytree(exported("clip").directory, bad)
+    doc = json.loads((bad / "ortbatch.json").read_text())
+    doc["vision"]["processor"]["resample"] = 0
+    (bad / "ortbatch.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelIntegrityError, match="'vision' section"):
+        ImageEmbedder(bad)
+    monkeypatch.setenv("ORTBATCH_SKIP_VERIFY", "1")
+    ImageEmbedder(bad).close()
