@@ -4,6 +4,7 @@ streams, grammars that break their schema or leak internals, bad Batch API lines
 
 from __future__ import annotations
 
+import json
 import resource
 import socket
 import threading
@@ -148,3 +149,109 @@ def test_idle_connections_of_one_address_do_not_evict_a_probe_that_has_sent():
         thread.join(30)
         for s in [*idle, listener] + ([blocker] if blocker else []):
             s.close()
+
+
+# -- item 2: /tokenize and /detokenize are bounded and off the event loop -----------------------
+class GatedTokenizer:
+    """Wraps a tokenizers.Tokenizer: its encode and decode calls wait for the test's gate."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def _held(self, name):
+        def call(*args, **kw):
+            self.entered.set()
+            assert self.gate.wait(60)
+            return getattr(self.inner, name)(*args, **kw)
+
+        return call
+
+    def __getattr__(self, name):
+        if name in ("encode", "encode_batch", "decode", "decode_batch"):
+            return self._held(name)
+        return getattr(self.inner, name)
+
+
+@pytest.fixture(scope="module")
+def gated_server(encoder_dir):
+    model = ServedModel.load(encoder_dir, name="minilm", session_kwargs={"max_batch_size": 8})
+    tok = GatedTokenizer(model.tokenizer)
+    model.tokenizer = tok
+    with BackgroundServer(model, quiet()) as srv:
+        yield srv, tok
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/detokenize", {"ids": [[1, 2]] * 1000}),  # the tiny vocabulary has 31 ids
+        ("/tokenize", {"inputs": ["hello world " * 80] * 1000}),
+        ("/tokenize", {"prompt": "hello world " * 8000}),
+        ("/detokenize", {"tokens": [1, 2] * 1000}),
+    ],
+    ids=["detokenize-lists", "tokenize-texts", "tokenize-prompt", "detokenize-tokens"],
+)
+def test_tokenize_and_detokenize_answer_health_while_in_flight(gated_server, path, body):
+    srv, tok = gated_server
+    tok.gate.clear()
+    tok.entered.clear()
+    answer: dict[str, httpx.Response] = {}
+
+    def big() -> None:
+        answer["r"] = httpx.post(srv.url + path, json=body, timeout=120)
+
+    t = threading.Thread(target=big)
+    t.start()
+    try:
+        assert tok.entered.wait(60)  # the tokenizer is running (and held) now
+        ready = httpx.get(srv.url + "/v2/health/ready", timeout=30)  # would wait if it held the loop
+    finally:
+        tok.gate.set()
+        t.join(120)
+    assert ready.status_code == 200
+    assert answer["r"].status_code == 200, answer["r"].text
+
+
+@pytest.fixture(scope="module")
+def tokenize_server(encoder_dir):
+    model = ServedModel.load(encoder_dir, name="minilm", session_kwargs={"max_batch_size": 8})
+    with BackgroundServer(model, quiet()) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "says"),
+    [
+        ("/detokenize", {"ids": [[101, 102]] * 10_000}, 413, "at most 1024"),
+        ("/detokenize", {"ids": [[101] * 600_000, [102] * 600_000]}, 413, "at most 1048576"),
+        ("/detokenize", {"tokens": [101] * 1_100_000}, 413, "at most 1048576"),
+        ("/tokenize", {"inputs": ["x"] * 2000}, 413, "at most 1024"),
+        ("/tokenize", {"inputs": ["hello " * 16_000] * 12}, 413, "at most 1048576"),
+        ("/tokenize", {"inputs": "x" * 20_000_000}, 413, "at most 100000 per text"),
+        ("/tokenize", {"prompt": "x" * 20_000_000}, 413, "at most 100000 per text"),
+        ("/tokenize", {"inputs": ["ok", "\ud800"]}, 400, "lone surrogate"),
+        ("/tokenize", {"prompt": "a\udfffb"}, 400, "lone surrogate"),
+        ("/detokenize", {"ids": [[101, 10**30]]}, 400, "outside the vocabulary"),
+    ],
+    ids=[
+        "10k-lists",
+        "ids-in-all",
+        "tokens-in-all",
+        "2k-texts",
+        "chars-in-all",
+        "20mb-text",
+        "20mb-prompt",
+        "surrogate",
+        "surrogate-prompt",
+        "huge-id",
+    ],
+)
+def test_tokenize_and_detokenize_refuse_unbounded_input_naming_the_limit(tokenize_server, path, body, status, says):
+    content = json.dumps(body)  # ASCII: lone surrogates as \\ud800 escapes, as a client may send them
+    r = httpx.post(
+        tokenize_server.url + path, content=content, headers={"content-type": "application/json"}, timeout=120
+    )
+    assert r.status_code == status, r.text[:300]
+    assert says in r.text
