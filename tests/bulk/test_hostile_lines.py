@@ -56,3 +56,52 @@ def test_a_lone_surrogate_is_that_lines_error_with_serves_message(encoder: Path,
     # a rerun resumes the finished job: nothing left to fail on
     again = ortbatch.run(encoder, src, tmp_path / "out", progress=False)
     assert again.exit_code == summary.exit_code
+
+
+# -- item 8: never someone else's files; one run per output -------------------------------------
+def _texts(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "in.jsonl", [{"text": f"row {i}"} for i in range(5)])
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["resume", "restart"])
+def test_loose_part_files_without_a_job_record_are_refused_and_kept(
+    encoder: Path, tmp_path: Path, restart: bool
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    theirs = {"part-000000.jsonl": b'{"mine": 1}\n', "part-000007.jsonl": b'{"mine": 2}\n'}
+    for name, data in theirs.items():
+        (out / name).write_bytes(data)
+    with pytest.raises(ortbatch.bulk.OutputError, match=r"part-000000\.jsonl, part-000007\.jsonl but no _job\.json"):
+        ortbatch.run(encoder, _texts(tmp_path), out, output_format="jsonl", restart=restart, progress=False)
+    assert {p.name: p.read_bytes() for p in out.glob("part-*")} == theirs  # nothing deleted
+
+
+def test_a_second_run_on_one_output_is_refused_in_one_line(encoder: Path, tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    src = _texts(tmp_path)
+    out.mkdir()
+    # the lock another run on this output holds while it works
+    with open(out / "_lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("pid 4242\n")
+        held.flush()
+        with pytest.raises(ortbatch.bulk.OutputError, match=r"in use by another `ortbatch run` \(pid 4242\)"):
+            ortbatch.run(encoder, src, out, output_format="jsonl", progress=False)
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+        cli = [sys.executable, "-m", "ortbatch.cli", "run", str(encoder), str(src), "-o", str(out), "--format", "jsonl"]
+        proc = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert "in use by another `ortbatch run`" in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not list(out.glob("part-*"))  # it did no work
+    # released: the next run works, and its own lock is let go when it ends
+    summary = ortbatch.run(encoder, src, out, output_format="jsonl", progress=False)
+    assert summary.exit_code == 0 and summary.succeeded == 5
+    again = ortbatch.run(encoder, src, out, output_format="jsonl", progress=False)
+    assert again.exit_code == 0
