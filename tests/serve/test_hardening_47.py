@@ -255,3 +255,86 @@ def test_tokenize_and_detokenize_refuse_unbounded_input_naming_the_limit(tokeniz
     )
     assert r.status_code == status, r.text[:300]
     assert says in r.text
+
+
+# -- item 3: a stream whose reader stops reading is bounded, then cut ---------------------------
+class EndlessGenerator:
+    """FakeGenerator's tokens, emitted as fast as the thread runs until the request is cancelled
+    (``cancelled`` set) or ``max_tokens`` are out."""
+
+    def __new__(cls):
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from fakegen import FakeGenerator
+
+        class Endless(FakeGenerator):
+            def __init__(self) -> None:
+                super().__init__(context=10**7)
+                self.cancelled_event = threading.Event()
+                self.emitted = 0
+
+            def _run(self, fut, n_prompt, n, on_token):
+                from types import SimpleNamespace
+
+                for i in range(n):
+                    if fut.cancelled():
+                        self.cancelled_event.set()
+                        return
+                    self.emitted += 1
+                    on_token(SimpleNamespace(text="ab"[i % 2], token_id=i, index=i, logprob=None, prompt_logprobs=None))
+                fut.set_running_or_notify_cancel()
+                fut.set_result(None)  # never reached in the test: the stream is cut first
+
+        return Endless()
+
+
+def _stalled_stream(port: int, path: str, body: dict) -> socket.socket:
+    """A client that sends a streamed request and never reads (a small receive buffer)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    s.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return s
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": [1, 2], "max_tokens": 300_000, "stream": True, "n": 2}),
+        ("/v2/models/fake/generate_stream", {"text_input": "ab", "parameters": {"max_tokens": 300_000}}),
+    ],
+    ids=["openai", "v2-generate-stream"],
+)
+def test_a_stream_nobody_reads_is_bounded_cancelled_and_does_not_hold_shutdown(monkeypatch, path, body):
+    import time
+
+    from ortbatch.serve import ServedGenerator
+    from ortbatch.serve.http import plumbing
+    from ortbatch.serve.served import streaming
+
+    monkeypatch.setattr(plumbing, "STREAM_WRITE_TIMEOUT_S", 0.5, raising=False)
+    gen = EndlessGenerator()
+    srv = BackgroundServer(ServedGenerator(gen, "fake"), quiet(graceful_timeout_s=120)).start()
+    client = None
+    try:
+        client = _stalled_stream(_port(srv), path, body)
+        # the reader never reads: the stream's buffer fills, then its requests are cancelled
+        assert gen.cancelled_event.wait(60)
+        assert streaming.pending_pieces() <= streaming.MAX_PENDING * 2  # bounded, and released below
+        # a health probe is answered meanwhile
+        assert httpx.get(srv.url + "/v2/health/ready", timeout=30).status_code == 200
+    finally:
+        started = time.monotonic()
+        srv.stop()
+        stop_s = time.monotonic() - started
+        if client is not None:
+            client.close()
+    assert streaming.pending_pieces() == 0
+    assert stop_s < 60, stop_s  # the grace is 120 s: the stalled stream did not hold it
