@@ -338,3 +338,41 @@ def test_a_stream_nobody_reads_is_bounded_cancelled_and_does_not_hold_shutdown(m
             client.close()
     assert streaming.pending_pieces() == 0
     assert stop_s < 60, stop_s  # the grace is 120 s: the stalled stream did not hold it
+
+
+# -- item 8: the exit report counts a killed front end's requests --------------------------------
+def _front_end_pids(pid: int) -> list[int]:
+    from pathlib import Path
+
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return [k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/task"), reason="finds the front ends in /proc")
+def test_the_exit_report_counts_a_killed_front_ends_requests(serve_process, encoder_dir):
+    import os
+    import re
+    import signal
+    import time
+
+    srv = serve_process(str(encoder_dir), "--frontends", "2", "--no-access-log")
+    sent = 40
+    for i in range(sent):  # a connection each: the engine deals them to the front ends in turn
+        r = httpx.post(srv.url + "/v1/embeddings", json={"input": f"text {i}"}, headers={"Connection": "close"})
+        assert r.status_code == 200, r.text
+    pids = _front_end_pids(srv.proc.pid)
+    assert len(pids) == 2, pids
+    # the front ends tell the engine their counts every 0.5 s; nothing else can say when it has
+    time.sleep(2.0)
+    os.kill(pids[0], signal.SIGKILL)
+    deadline = time.monotonic() + 60  # a hang guard: the engine restarts the killed one
+    while "restarted" not in srv.text():
+        assert time.monotonic() < deadline, srv.text()
+        time.sleep(0.05)
+    srv.terminate()
+    assert srv.wait(60) == 0, srv.text()
+    m = re.search(r"stopped; requests accepted=(\d+) answered=(\d+)", srv.text())
+    assert m, srv.text()
+    assert int(m.group(1)) >= sent and int(m.group(2)) >= sent, srv.text()
