@@ -8,7 +8,12 @@ with the same message everywhere, never a 5xx, a traceback or the engine's inter
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +114,7 @@ def local(tool_exports: dict[str, Path]) -> Iterator[Any]:
     gen = BatchedGenerator(tool_exports["hermes"], max_batch_size=8, max_queue=64)
     config = ServeConfig(port=0, grpc_port=0, access_log=False, log_level="warning")
     with BackgroundServer(ServedGenerator(gen, NAME), config) as srv:
+        assert srv.grpc is not None
         yield srv
 
 
@@ -120,3 +126,115 @@ def test_hostile_bodies_are_400s_over_http(local: Any, case: str, path: str, fie
         messages.add(_check(case, status, error, named, says))
     assert len(messages) == 1, messages
     assert httpx.get(f"{local.url}/v2/health/ready", timeout=10).status_code == 200
+
+
+#: the corpus cases a gRPC ModelStreamInfer (a prompt and its sampling parameters) can carry
+GRPC_CASES = [c for c in CORPUS if c[1] == "completions" and "prompt" not in c[2]]
+
+
+def _grpc_error(address: str, fields: dict[str, Any]) -> str:
+    import threading
+
+    import numpy as np
+
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    got: list[Any] = []
+    done = threading.Event()
+
+    def on_response(result: Any, error: Any) -> None:
+        got.append(error if error is not None else result)
+        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    grpc = grpcclient.InferenceServerClient(address)
+    grpc.start_stream(on_response)
+    try:
+        inputs = []
+        sampling = {"max_tokens": 4, **fields}
+        for name, value, datatype in (
+            ("text_input", b"Once upon a time", "BYTES"),
+            ("stream", True, "BOOL"),
+            ("sampling_parameters", json.dumps(sampling).encode(), "BYTES"),
+        ):
+            t = grpcclient.InferInput(name, [1], datatype)
+            t.set_data_from_numpy(np.array([value], dtype=object if datatype == "BYTES" else bool))
+            inputs.append(t)
+        grpc.async_stream_infer(NAME, inputs)
+        assert done.wait(120)
+    finally:
+        grpc.stop_stream()
+        grpc.close()
+    error = got[-1]
+    assert isinstance(error, Exception), got  # a stream's error comes as its response's error message
+    return str(error.message())
+
+
+@pytest.mark.parametrize(("case", "path", "fields", "named", "says"), GRPC_CASES, ids=[c[0] for c in GRPC_CASES])
+def test_hostile_bodies_are_invalid_argument_over_grpc_with_https_message(
+    local: Any, case: str, path: str, fields: dict, named: str, says: str
+) -> None:
+    _, error = _post(local.url, path, fields, stream=False)
+    message = _grpc_error(local.grpc.address, fields)
+    assert not INTERNALS.search(message) and len(message) < 1000, message
+    assert error["message"] in message, (message, error["message"])
+
+
+@pytest.fixture(scope="module")
+def frontends(tool_exports: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``ortbatch serve tiny=DIR --frontends 2`` in a subprocess."""
+    log = tmp_path_factory.mktemp("hostile-fe") / "serve.log"
+    cmd = [sys.executable, "-m", "ortbatch.cli", "serve", f"{NAME}={tool_exports['hermes']}", "--frontends", "2"]
+    cmd += ["--port", "0", "--log-level", "warning", "--no-access-log"]
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"listening on (http://\S+)", log.read_text(errors="replace"))):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.05)
+        yield m.group(1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait(10)
+    text = log.read_text(errors="replace")
+    assert code == 0 and "Traceback" not in text, text
+
+
+@pytest.mark.slow
+def test_hostile_bodies_through_the_front_ends_answer_as_one_process(local: Any, frontends: str) -> None:
+    for case, path, fields, named, says in CORPUS:
+        _, alone = _post(local.url, path, fields, stream=False)
+        for stream in (False, True):
+            status, error = _post(frontends, path, fields, stream)
+            assert _check(case, status, error, named, says) == alone["message"]
+    assert httpx.get(f"{frontends}/v2/health/ready", timeout=10).status_code == 200
+
+
+def test_hostile_batch_api_lines_are_their_error_lines_with_serves_message(
+    local: Any, tool_exports: dict[str, Path], tmp_path: Path
+) -> None:
+    import ortbatch
+
+    lines = []
+    for case, path, fields, _named, _says in CORPUS:
+        body = {k: v for k, v in _body(path, fields, stream=False).items() if k != "stream"}
+        url = "/v1/completions" if path == "completions" else "/v1/chat/completions"
+        lines.append({"custom_id": case, "method": "POST", "url": url, "body": body})
+    src = tmp_path / "batch.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))  # ASCII: surrogates as escapes
+    summary = ortbatch.run(tool_exports["hermes"], src, tmp_path / "out", progress=False)
+    assert summary.failed == len(CORPUS) and summary.succeeded == 0
+    errors = {
+        e["custom_id"]: e["response"]
+        for e in map(json.loads, (tmp_path / "out" / "_errors.jsonl").read_text().splitlines())
+    }
+    for case, path, fields, named, _says in CORPUS:
+        status, served = _post(local.url, path, fields, stream=False)
+        got = errors[case]
+        assert got["status_code"] == status == 400, (case, got)
+        assert got["body"]["error"]["message"] == served["message"], (case, got, served)
+        assert got["body"]["error"]["param"] == named, (case, got)
