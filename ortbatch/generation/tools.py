@@ -104,6 +104,8 @@ def _parse_tool(i: int, tool: Any) -> Tool:
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise _bad(f"{where}.function.strict", "must be a bool")
+    if json_depth(parameters) > MAX_JSON_DEPTH:
+        raise _bad(f"{where}.function.parameters", f"is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
     try:
         json.dumps(parameters, allow_nan=False)
     except (TypeError, ValueError) as exc:

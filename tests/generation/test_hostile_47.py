@@ -37,6 +37,16 @@ CALL = {"id": "c", "type": "function", "function": {"name": "now", "arguments": 
 TOOLS = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
 CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
 
+
+def _deep_schema(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+DEEP_TOOLS = [{"type": "function", "function": {"name": "now", "parameters": _deep_schema(300)}}]
+
 #: (id, path, body fields, the field the error names, what its message says)
 CORPUS: list[tuple[str, str, dict[str, Any], str, str]] = [
     (
@@ -75,6 +85,8 @@ CORPUS: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("ref-cycle", "completions", {"guided_json": CYCLE}, "guided_json", "guided_json"),
     ("megabyte-const", "chat", {"guided_json": {"const": "x" * 1_000_000}}, "guided_json", "guided_json"),
     ("100k-choices", "completions", {"guided_choice": [f"c{i}" for i in range(100_000)]}, "guided_choice", "at most"),
+    ("deep-schema", "completions", {"guided_json": _deep_schema(300)}, "guided_json", "nested"),
+    ("deep-tool-parameters", "chat", {"tools": DEEP_TOOLS}, "tools[0].function.parameters", "nested"),
     ("surrogate-prompt", "completions", {"prompt": "a\ud800b"}, "prompt", "lone surrogate"),
 ]
 
