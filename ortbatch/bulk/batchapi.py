@@ -239,7 +239,7 @@ class BatchApiTask(Task):
             truncate = truncate_field(body, self.inner.options.truncate)
             texts = isinstance(inputs[0], str)
             if texts:  # a lone surrogate ("\ud800"): serve's 400, word for word, not the tokenizer's TypeError
-                check_texts(inputs, "input", None, sys.maxsize)
+                check_texts([x for x in inputs if isinstance(x, str)], "input", None, sys.maxsize)
             if not texts and options.asks_prompt is not None:
                 raise InvalidInputError(
                     f"'{options.asks_prompt}' needs text inputs: token ids are sent to the model as they are",

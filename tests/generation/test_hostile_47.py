@@ -250,3 +250,29 @@ def test_hostile_batch_api_lines_are_their_error_lines_with_serves_message(
         assert got["status_code"] == status == 400, (case, got)
         assert got["body"]["error"]["message"] == served["message"], (case, got, served)
         assert got["body"]["error"]["param"] == named, (case, got)
+
+
+def test_a_grammar_failing_while_decoding_is_the_requests_400_without_the_engines_state() -> None:
+    """A grammar that passes the compile-time walk and fails later: the row's error is a
+    GrammarFailedError (an InvalidInputError too), mapped to 400 naming the constraint, and
+    the engine's parser state and grammar are cut from its message."""
+    import numpy as np
+
+    from ortbatch.errors import InferenceError, InvalidInputError
+    from ortbatch.generation.constrained import GrammarFailedError, RowGrammar, mask_rows
+    from ortbatch.serve.http.plumbing import error_response
+
+    class Failing:
+        def is_error(self) -> bool:
+            return True
+
+        def get_error(self) -> str:
+            return 'lexer error: too many expressions\n<state>\nTokens: ⟦a⟧\n</state><grammar>{"x": 1}</grammar>'
+
+    errors = mask_rows(np.zeros((1, 40), np.float32), [RowGrammar(Failing(), 2, "regex")])
+    assert errors == ["lexer error: too many expressions"]
+    exc = GrammarFailedError(f"regex failed while decoding: {errors[0]}", input_name="regex")
+    assert isinstance(exc, InferenceError) and isinstance(exc, InvalidInputError)
+    status, body, _ = error_response(exc, openai=True)
+    assert status == 400 and body["error"]["param"] == "regex"
+    assert "<state>" not in body["error"]["message"] and "grammar>" not in body["error"]["message"]
