@@ -98,6 +98,7 @@ def run(
         shards = prepared.outdir.open(job, config.restart)
         return _run(task, prepared, job, shards, out_stream)
     finally:
+        prepared.outdir.release()  # the folder's lock, taken by open()
         task.close()
 
 
