@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._ort import CPU
 from .signature import ModelSignature
 
 __all__ = ["describe_grid", "warmup_feeds", "warmup_grid"]
@@ -41,7 +42,7 @@ def _opt_lengths(providers: Sequence[Any]) -> set[int]:
 
 
 def _cpu_only(active: Sequence[str] | None) -> bool:
-    return active is not None and all(p == "CPUExecutionProvider" for p in active)
+    return active is not None and all(p == CPU for p in active)
 
 
 def warmup_grid(
