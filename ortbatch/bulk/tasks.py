@@ -59,6 +59,7 @@ __all__ = [
     "RowFailure",
     "Task",
     "TaskOptions",
+    "export_kind",
     "task_for",
 ]
 
@@ -868,12 +869,18 @@ def export_task(export_dir: Path) -> str | None:
     return None
 
 
-def task_for(export_dir: str | Path, options: TaskOptions) -> Task:
-    """The :class:`Task` the export's manifest asks for."""
-    path = Path(export_dir)
+def export_kind(export_dir: Path) -> Any:
+    """The export's model kind (``ortbatch.serve.served.kinds``, the declaration ``serve`` and
+    ``generate`` read too); :class:`~ortbatch.serve.served.kinds.UnservedExportError` (one line,
+    exit 2) for an export no registered kind serves, e.g. an encoder-decoder export."""
+    from ..serve.served.kinds import kind_for_export
+
+    return kind_for_export(export_dir)
+
+
+def _encoder_task(path: Path, options: TaskOptions) -> Task:
+    """An encoder export's task, by its manifest's task: embeddings, scores, labels or spans."""
     task = export_task(path)
-    if task in GENERATION_TASKS:
-        return GenerationTask(path, options)
     encoder = Encoder(path, options)
     try:
         if task in EMBEDDING_TASKS or task is None:
@@ -892,3 +899,21 @@ def task_for(export_dir: str | Path, options: TaskOptions) -> Task:
     except BaseException:
         encoder.close()
         raise
+
+
+#: a model kind's ``bulk_task`` -> the task computing it (a kind may bring its own instead:
+#: ``ModelKind.make_bulk_task``)
+BULK_TASKS: dict[str, Any] = {"encoder": _encoder_task, "generation": lambda p, o: GenerationTask(p, o)}
+
+
+def task_for(export_dir: str | Path, options: TaskOptions) -> Task:
+    """The :class:`Task` the export's model kind asks for (:func:`export_kind`)."""
+    path = Path(export_dir)
+    kind = export_kind(path)
+    own = kind.make_bulk_task(path, options)
+    if own is not None:
+        return own
+    make = BULK_TASKS.get(kind.bulk_task)
+    if make is None:
+        raise UnsupportedModelError(f"`ortbatch run` does not compute {kind.description} ({path}) yet")
+    return make(path, options)

@@ -361,10 +361,11 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from fakegen import FakeGenerator
 from ortbatch.serve import server
-from ortbatch.serve.served import loading
+from ortbatch.serve.kinds import DECODER
+from ortbatch.serve.served.generator import ServedGenerator
 
-loading.is_generation_export = lambda d: True
-loading.ServedGenerator.load = classmethod(lambda cls, d, **kw: cls(FakeGenerator(hold=True), "fake"))
+DECODER.recognises = lambda export: True  # the directory is served as a generation export
+ServedGenerator.load = classmethod(lambda cls, d, **kw: cls(FakeGenerator(hold=True), "fake"))
 cfg = server.ServeConfig(port=0, access_log=False, log_level="warning", graceful_timeout_s=20)
 sys.exit(server.serve(".", cfg))
 """

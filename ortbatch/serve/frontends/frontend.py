@@ -30,9 +30,8 @@ from ..assembly import app_for, grpc_server_for
 from ..config import ServeConfig
 from ..http.connection import uvicorn_config
 from .dealer import adopting_server
-from .generation import GeneratorInfo
-from .models import FrontEndRepository, Record, front_end_view
-from .proxy import ProxySession, SessionInfo
+from .models import FrontEndRepository, KindInfo, Record, front_end_view
+from .proxy import ProxySession
 from .transport import Arena, ArenaHandle
 
 __all__ = ["FrontEndSpec", "run_frontend"]
@@ -52,7 +51,7 @@ class FrontEndSpec:
     directory: str
     name: str
     config: ServeConfig
-    info: SessionInfo | GeneratorInfo | None
+    info: KindInfo | None
     #: where the engine deals this front end its HTTP connections (``dealer``)
     connections: socket.socket
     control: socket.socket
