@@ -140,7 +140,10 @@ def test_the_search_box_finds_tensorrt(served_site: str, browser: Any, tmp_path:
     page.goto(served_site + "index.html")
     box = page.locator("input.md-search__input")
     box.click()  # the header's search box (at this width it is shown; narrower, behind an icon)
-    box.fill("TensorRT")
+    # the index loads in a web worker; a query typed before it is ready is not answered
+    meta = page.locator(".md-search-result__meta")
+    page.wait_for_function("m => !m.textContent.includes('Initializing')", arg=meta.element_handle())
+    box.press_sequentially("TensorRT", delay=50)  # typed, as a user does: the search listens to keys
     results = page.locator(".md-search-result__item")
     results.first.wait_for()
     page.screenshot(path=str(tmp_path / "search.png"))
