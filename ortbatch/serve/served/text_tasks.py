@@ -302,8 +302,8 @@ async def _reranked(
     """The texts of a rerank request, their scores (the cross-encoder's activation, as
     sentence-transformers' ``CrossEncoder.predict`` applies it, unless ``raw_scores``), the
     order to answer them in, whether to return the texts, and the tokens it took."""
-    query, texts, top_n = _parse_rerank(doc, texts_key)
     check_task_fields(doc, "/rerank" if texts_key == "texts" else "/v1/rerank", model.policy)
+    query, texts, top_n = _parse_rerank(doc, texts_key)
     truncate = truncate_field(doc, model.truncate)
     if texts_key == "texts":  # TEI's shape
         truncation_direction(doc, truncate)
@@ -346,9 +346,9 @@ async def rerank_tei_answer(model: ServedModel, doc: dict[str, Any]) -> list[dic
 
 async def classify_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, Any]:
     """``/v1/classify`` (vLLM shape): a label distribution, or entity spans, per input."""
+    check_task_fields(doc, "/v1/classify", model.policy)
     if "input" not in doc:
         raise InvalidInputError("'input' is required: a string or a list of strings", input_name="input")
-    check_task_fields(doc, "/v1/classify", model.policy)
     texts = _text_list(doc.get("input"), "input")
     data, tokens = await classify(model, texts, truncate_field(doc, model.truncate))
     return {
@@ -364,12 +364,12 @@ async def classify_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, 
 def tokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
     """``/tokenize``: vLLM's shape (``prompt`` -> its ids) or TEI's (``inputs`` -> tokens)."""
     _require(model, "tokenize")
+    check_task_fields(doc, "/tokenize", model.policy)
     if "prompt" not in doc and "inputs" not in doc:
         raise InvalidInputError(
             "send 'inputs' (a string or a list of strings, TEI's shape) or 'prompt' (a string, vLLM's)",
             input_name="inputs",
         )
-    check_task_fields(doc, "/tokenize", model.policy)
     special = _flag(doc, "add_special_tokens", True)
     tok = model.tokenizer
     assert tok is not None
