@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._ort.providers import CPU
 from ..errors import ExportError, OrtBatchError, UnsupportedError, UnsupportedModelError
 
 __all__ = [
@@ -566,7 +567,7 @@ def build_vision(
         outputs=main_io[1],
         padding_side="right",
         limits=limits,
-        providers=[["CPUExecutionProvider", {}]],
+        providers=[[CPU, {}]],
         source=source,
         validation={
             "passed": None,
@@ -574,7 +575,7 @@ def build_vision(
             "samples": list(rcp.samples),
             "tolerances": tol,
             "tolerances_fp16": tolerances_for("fp16", None, rcp.tolerances),
-            "providers": list(rcp.providers) or ["CPUExecutionProvider"],
+            "providers": list(rcp.providers) or [CPU],
         },
         extra={"components": components, VISION_KEY: vision},
     )
