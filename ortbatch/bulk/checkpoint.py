@@ -44,7 +44,7 @@ import numpy as np
 from .sources import Row
 from .tasks import Outcome, RowFailure
 
-__all__ = ["JOURNAL_DIR", "WindowJournal", "decode_outcome", "encode_outcome", "rows_digest"]
+__all__ = ["JOURNAL_DIR", "WindowJournal", "decode_outcome", "encode_outcome", "journal_rows", "rows_digest"]
 
 #: the folder of the output holding the open window's journal
 JOURNAL_DIR = "_journal"
@@ -132,6 +132,13 @@ def _read_records(data: bytes) -> tuple[list[Any], int]:
             break
         pos += _HEAD.size + length
     return docs, pos
+
+
+def journal_rows(path: Path) -> int:
+    """How many rows' outcomes the journal at ``path`` holds (up to a torn tail), whatever
+    window it was written for."""
+    docs, _ = _read_records(path.read_bytes())
+    return sum(len(d["rows"]) for d in docs[1:])
 
 
 class WindowJournal:

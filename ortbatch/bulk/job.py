@@ -45,7 +45,8 @@ __all__ = ["EXIT_ROW_ERRORS", "KILL_ENV", "RunConfig", "RunSummary", "run"]
 #: (POINT: ``computed`` before anything is written, ``written`` with the part file written
 #: but not yet renamed, ``renamed`` before the shard's manifest, ``committed`` after it;
 #: ``rows:N`` as soon as the shard's checkpoint holds N rows or more, while its other
-#: batches are still computing); ``SHARD:POINT:INT`` sends SIGINT instead (Ctrl-C)
+#: batches are still computing); ``SHARD:POINT:INT`` sends SIGINT instead (Ctrl-C), and
+#: ``SHARD:POINT:STOP`` SIGSTOP (the process waits there to be killed from outside)
 KILL_ENV = "ORTBATCH_RUN_KILL_AT"
 
 
@@ -56,7 +57,8 @@ def _kill_hook() -> Callable[[int, str], None]:
     shard_s, where, *how = target.split(":")
     if where == "rows":  # ``SHARD:rows:N``: once the shard's checkpoint holds N rows or more
         at_least = int(how.pop(0))
-    sig = signal.SIGINT if how == ["INT"] else signal.SIGKILL
+    # INT: Ctrl-C; STOP: the process stops there, for a test to SIGKILL it from outside
+    sig = {"INT": signal.SIGINT, "STOP": signal.SIGSTOP}.get(how[0] if how else "", signal.SIGKILL)
 
     def hook(shard: int, point: str) -> None:
         if str(shard) != shard_s:
