@@ -332,6 +332,10 @@ class OutputDir:
 
         errors_path = self.path / "_errors.jsonl"
         write_atomic(errors_path, errors)
+        journals = self.path / "_journal"
+        if journals.is_dir():  # every shard is committed: a checkpoint left (by a --ray resume) is stale
+            for p in journals.iterdir():
+                p.unlink()
         doc = {"format": 1, "job": job, "shards": shards, "summary": summary}
         write_atomic(self.path / "_manifest.json", lambda f: f.write(_dumps(doc) + b"\n"))
         return errors_path
