@@ -742,9 +742,14 @@ class EncoderTask(Task):
             return RowFailure("inference", str(exc))
 
     def batching(self) -> dict[str, Any]:
-        # the rows sorted by length are cut into batches by these two limits alone
-        encoder = self.encoder
-        return {"max_batch_size": encoder.session.max_batch_size, "max_batch_tokens": encoder.max_batch_tokens}
+        # the rows sorted by length are cut into batches by these two limits alone; the
+        # providers' kernels (CUDA's, CPU's) round differently, so they are named too
+        session = self.encoder.session
+        return {
+            "max_batch_size": session.max_batch_size,
+            "max_batch_tokens": self.encoder.max_batch_tokens,
+            "providers": session.get_providers(),
+        }
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "truncate": self.options.truncate, "normalize": self.options.normalize}
