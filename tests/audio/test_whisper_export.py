@@ -1,0 +1,202 @@
+"""``ortbatch export`` of a tiny random Whisper checkpoint, checked against transformers on
+espeak-ng speech, and the static greedy transcriber against ``generate``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("optimum.exporters.onnx")
+
+from ortbatch.audio import log_mel_spectrogram
+from ortbatch.audio.transcribe import WhisperGraphs, transcribe
+from ortbatch.audio.whisper import WhisperSpec
+from ortbatch.errors import ExportError, InvalidInputError
+from tests.audio.whisper_tiny import build_whisper
+
+pytestmark = [pytest.mark.export, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_whisper(tmp_path_factory.mktemp("whisper") / "src")
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path):
+    from transformers import WhisperForConditionalGeneration
+
+    return WhisperForConditionalGeneration.from_pretrained(checkpoint).eval()
+
+
+@pytest.fixture(scope="module")
+def exported(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
+    from ortbatch.export import export_model
+
+    return export_model(str(checkpoint), tmp_path_factory.mktemp("whisper-export") / "onnx")
+
+
+@pytest.fixture(scope="module")
+def graphs(exported) -> WhisperGraphs:
+    return WhisperGraphs(exported.directory)
+
+
+@pytest.fixture(scope="module")
+def clips(speech16k: np.ndarray) -> list[np.ndarray]:
+    """espeak-ng speech from 1 s to 30 s, and silence."""
+    return [
+        speech16k[:16000],
+        speech16k[: 16000 * 5],
+        speech16k,
+        np.resize(speech16k, 480000),
+        np.zeros(24000, np.float32),
+    ]
+
+
+def test_export_writes_what_decoding_needs(exported, checkpoint: Path) -> None:
+    from transformers import GenerationConfig
+
+    assert exported.passed, exported.report.summary()
+    directory = exported.directory
+    doc = json.loads((directory / "ortbatch.json").read_text(encoding="utf-8"))
+    assert doc["source"]["task"] == "automatic-speech-recognition-with-past"
+    assert doc["source"]["family"] == "speech-seq2seq"
+    assert set(doc["components"]) == {"encoder", "decoder", "decoder_with_past"}
+    gen = GenerationConfig.from_pretrained(checkpoint)
+    spec = WhisperSpec.from_dict(doc["whisper"])
+    assert spec.decoder_start_token_id == gen.decoder_start_token_id
+    assert spec.no_timestamps_token_id == gen.no_timestamps_token_id
+    assert dict(spec.lang_to_id) == gen.lang_to_id and dict(spec.task_to_id) == gen.task_to_id
+    assert list(spec.suppress_tokens) == gen.suppress_tokens
+    assert list(spec.begin_suppress_tokens) == gen.begin_suppress_tokens
+    assert [list(h) for h in spec.alignment_heads or ()] == gen.alignment_heads
+    assert spec.max_target_positions == 448 and spec.language_names["french"] == "fr"
+    assert doc["features"]["feature_size"] == 80 and doc["features"]["chunk_length"] == 30
+    for name in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx", "tokenizer.json"):
+        assert (directory / name).is_file(), name
+    names = {c["check"] for c in json.loads((directory / "validation.json").read_text(encoding="utf-8"))["checks"]}
+    assert names == {"encoder parity", "decoder parity", "greedy tokens", "batching invariance"}
+
+
+def test_checks_pass_on_espeak_speech(exported, reference, clips: list[np.ndarray]) -> None:
+    from ortbatch.export.whisper import validate_whisper
+
+    report = validate_whisper(exported.directory, reference=reference, clips=clips, save=False)
+    assert report.passed, report.format_table(verbose=True)
+    assert [c.status for c in report.checks] == ["passed"] * 4
+
+
+def test_checks_fail_against_another_model(exported, checkpoint: Path, clips, tmp_path: Path) -> None:
+    """The checks can fail: the same graphs against a checkpoint with other weights."""
+    from transformers import WhisperForConditionalGeneration
+
+    from ortbatch.export.whisper import validate_whisper
+
+    other = WhisperForConditionalGeneration.from_pretrained(build_whisper(tmp_path / "other", seed=1)).eval()
+    report = validate_whisper(exported.directory, reference=other, clips=clips[:2], save=False, greedy_tokens=4)
+    failed = {c.name for c in report.failed()}
+    assert {"encoder parity", "decoder parity", "greedy tokens"} <= failed
+    assert "batching invariance" not in failed
+
+
+def _generated(row: list[int], spec: WhisperSpec, n_initial: int) -> list[int]:
+    """What generate generated in ``row``: after the prompt and initial tokens when it returns
+    them, before the end of text (it pads finished rows with it)."""
+    head = row[: n_initial + 64]
+    if spec.decoder_start_token_id in head:
+        row = row[row.index(spec.decoder_start_token_id) + n_initial :]
+    return row[: row.index(spec.eos_token_id)] if spec.eos_token_id in row else row
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"language": "en", "task": "transcribe"},
+        {"language": "german", "task": "translate", "timestamps": True},
+        {"language": "en", "prompt": "Batching requests"},
+    ],
+    ids=["detected", "en", "german-translate-timestamps", "prompt"],
+)
+def test_transcribe_equals_generate(graphs: WhisperGraphs, reference, clips, checkpoint: Path, options) -> None:
+    import torch
+    from transformers import WhisperProcessor
+
+    from ortbatch.audio.whisper import initial_tokens
+
+    spec = graphs.spec
+    language, task = options.get("language"), options.get("task")
+    prompt, timestamps = options.get("prompt"), options.get("timestamps", False)
+    kwargs = {"language": language, "task": task, "return_timestamps": timestamps, "max_new_tokens": 12}
+    if prompt is not None:
+        kwargs["prompt_ids"] = torch.from_numpy(WhisperProcessor.from_pretrained(checkpoint).get_prompt_ids(prompt))
+    features = np.stack([log_mel_spectrogram(c) for c in clips])
+    with torch.inference_mode():
+        out = reference.generate(torch.from_numpy(features), do_sample=False, num_beams=1, **kwargs)
+    rows = (out["sequences"] if isinstance(out, dict) else out).tolist()
+    n_initial = len(initial_tokens(spec, task=task, language=language, timestamps=timestamps, detected_language_id=0))
+    theirs = [_generated(row, spec, n_initial) for row in rows]
+
+    asked = {"language": language, "task": task, "prompt": prompt, "timestamps": timestamps, "max_new_tokens": 12}
+    batched = transcribe(graphs, clips, **asked)
+    assert isinstance(batched, list)
+    eos = spec.eos_token_id
+    ours = [[t for t in r.tokens if t != eos] for r in batched]
+    assert ours == theirs
+    alone = [transcribe(graphs, c, **asked) for c in clips[:2]]
+    assert [a.tokens for a in alone] == [b.tokens for b in batched[:2]]  # type: ignore[union-attr]
+    if language is None:  # the detected language is the one generate put after <|startoftranscript|>
+        sot = spec.decoder_start_token_id
+        assert [r.language_id for r in batched] == [row[row.index(sot) + 1] for row in rows]
+    if timestamps:
+        for r in batched:
+            starts = [s.start for s in r.segments]
+            assert starts == sorted(starts) and all(0 <= s.start <= s.end <= 30 for s in r.segments)
+    else:
+        assert all(r.segments == () for r in batched)
+    assert all(isinstance(r.text, str) for r in batched)
+
+
+def test_refusals(exported, checkpoint: Path, graphs: WhisperGraphs, speech16k: np.ndarray, tmp_path: Path) -> None:
+    from ortbatch.export import export_model
+
+    with pytest.raises(ExportError, match="fp16 is not supported"):
+        export_model(str(checkpoint), tmp_path / "fp16", dtype="fp16")
+    long = np.resize(speech16k, 16000 * 40)
+    with pytest.raises(InvalidInputError, match="needs timestamps=True"):
+        transcribe(graphs, long)
+    with pytest.raises(InvalidInputError, match="one file at a time"):
+        transcribe(graphs, [long, speech16k[:16000]], timestamps=True)
+    with pytest.raises(InvalidInputError, match="language 'klingon'"):
+        transcribe(graphs, speech16k[:16000], language="klingon")
+    with pytest.raises(InvalidInputError, match="exceed the model's 448 positions"):
+        transcribe(graphs, speech16k[:16000], language="en", max_new_tokens=445)
+
+
+def test_long_form_equals_generate(graphs: WhisperGraphs, reference, speech16k: np.ndarray) -> None:
+    """transformers' sequential long-form algorithm on 75 s of speech: the same tokens."""
+    import torch
+
+    audio = np.resize(speech16k, 16000 * 75)
+    features = log_mel_spectrogram(audio, padding="longest")
+    with torch.inference_mode():
+        out = reference.generate(
+            torch.from_numpy(features[None]),
+            language="en",
+            task="transcribe",
+            return_timestamps=True,
+            return_segments=True,
+            max_new_tokens=24,
+            do_sample=False,
+        )
+    want = [[int(t) for t in seg["tokens"]] for seg in out["segments"][0]]
+    got = transcribe(graphs, audio, language="en", task="transcribe", timestamps=True, max_new_tokens=24)
+    assert [list(s.tokens) for s in got.segments] == want
+    assert [(s.start, s.end) for s in got.segments] == [
+        (float(s["start"]), float(s["end"])) for s in out["segments"][0]
+    ]
+    assert all(0 <= s.start <= s.end <= 75 for s in got.segments)
