@@ -192,11 +192,12 @@ def transcribe(
     as transformers' ``generate`` would (the non-continuous path: see the module docstring).
 
     ``audio``: a file path, the file's bytes, 16-kHz mono float samples, or a list of them
-    (a list gives a list back; its clips, each at most 30 s, are decoded as one batch).
-    A clip longer than 30 s is transcribed with transformers' sequential long-form algorithm
-    and needs ``timestamps=True``. ``language``: a code, name or token (default: detected);
-    ``prompt``: previous text to condition on; ``max_new_tokens``: per window (default: as
-    many as the model's ``max_target_positions`` leave).
+    (a list gives a list back). Every clip runs transformers' sequential algorithm (window
+    after window, each advanced to its last complete segment; a clip of at most 30 s is one
+    padded window), the windows of all clips in one batch per pass. Audio longer than 30 s
+    needs ``timestamps=True``, as transformers requires. ``language``: a code, name or token
+    (default: detected); ``prompt``: previous text to condition on; ``max_new_tokens``: per
+    window (default: as many as the model's ``max_target_positions`` leave).
     """
     graphs = export if isinstance(export, WhisperGraphs) else WhisperGraphs(export)
     many = isinstance(audio, (list, tuple))
@@ -207,33 +208,14 @@ def transcribe(
     settings, spec = graphs.features, graphs.spec
     prefix_prompt = prompt_tokens(spec, graphs.encode_text(" " + prompt.strip())) if prompt else []
     long = [i for i, c in enumerate(clips) if c.shape[0] > settings.n_samples]
-    if long and (many and len(clips) > 1):
+    if long and not timestamps:
         raise InvalidInputError(
-            f"clip {long[0]} is longer than {settings.chunk_length} s: transcribe long audio one file at a time",
-            input_name="file",
+            f"the audio is longer than {settings.chunk_length} s: long-form transcription needs timestamps=True "
+            "(as transformers requires)",
+            input_name="timestamp_granularities",
         )
-    if long:
-        if not timestamps:
-            raise InvalidInputError(
-                f"the audio is longer than {settings.chunk_length} s: long-form transcription needs timestamps=True "
-                "(as transformers requires)",
-                input_name="timestamp_granularities",
-            )
-        result = _long_form(graphs, clips[0], language, task, prefix_prompt, max_new_tokens)
-        return [result] if many else result
-    features = np.stack([log_mel_spectrogram(c, settings) for c in clips])
-    hidden = graphs.encode(features)
-    results = _decode_windows(graphs, hidden, language, task, prefix_prompt, timestamps, max_new_tokens)
-    out: list[Transcription] = []
-    for tokens, lang in results:
-        segments: tuple[Segment, ...] = ()
-        if timestamps:
-            # as transformers splits a window: without its end of text
-            text_tokens = tokens[:-1] if tokens and tokens[-1] == spec.eos_token_id else tokens
-            frames = min(settings.nb_max_frames, clips[len(out)].shape[0] // settings.hop_length)
-            segments = tuple(split_segments(spec, text_tokens, time_offset=0.0, window_frames=frames)[0])
-        out.append(Transcription(text=graphs.text(tokens), tokens=tuple(tokens), language_id=lang, segments=segments))
-    return out if many else out[0]
+    results = _sequential(graphs, clips, language, task, prefix_prompt, timestamps, max_new_tokens)
+    return results if many else results[0]
 
 
 def _budget(spec: WhisperSpec, prefix_len: int, max_new_tokens: int | None) -> int:
@@ -275,45 +257,57 @@ def _decode_windows(
     return list(zip(generated, langs, strict=True))
 
 
-def _long_form(
+def _sequential(
     graphs: WhisperGraphs,
-    samples: np.ndarray,
+    clips: list[np.ndarray],
     language: str | None,
     task: str | None,
     prompt: list[int],
+    timestamps: bool,
     max_new_tokens: int | None,
-) -> Transcription:
-    """transformers' sequential long-form generate for one file, greedy, without
-    ``condition_on_prev_tokens`` (its default): the features of the whole file, then one
-    window at a time from ``seek``, advanced by :func:`split_segments`. The language is
-    detected once, on the first window; a prompt conditions the first window only."""
+) -> list[Transcription]:
+    """transformers' sequential generate, greedy, without ``condition_on_prev_tokens`` (its
+    default), for every clip at once. A clip's features: one padded window for at most 30 s,
+    else the whole file's (``padding="longest"``). Each clip is decoded window after window
+    from its ``seek``, advanced by :func:`split_segments` (with or without timestamps: a model
+    that emits timestamp tokens anyway is decoded again from its last complete segment, as
+    generate does); the windows of every clip still going are encoded and decoded as one
+    batch. The language is detected once per clip, on its first window; the prompt goes
+    before every window (``prompt_condition_type`` matters only with ``condition_on_prev_tokens``)."""
     spec, settings = graphs.spec, graphs.features
-    features = log_mel_spectrogram(samples, settings, padding="longest")
-    total = features.shape[-1]
+    features = [
+        log_mel_spectrogram(c, settings, padding="max_length" if c.shape[0] <= settings.n_samples else "longest")
+        for c in clips
+    ]
     detected = None
     if needs_language(spec, task=task, language=language):
-        first, _ = window(features, 0, settings.nb_max_frames)
-        detected = graphs.detect_languages(graphs.encode(first[None]))
-    seek = 0
-    segments: list[Segment] = []
-    lang_id = None
-    window_prompt = prompt
-    while seek < total:
-        piece, real = window(features, seek, settings.nb_max_frames)
-        hidden = graphs.encode(piece[None])
-        (tokens, lang_id), *_ = _decode_windows(
-            graphs, hidden, language, task, window_prompt, True, max_new_tokens, detected
+        firsts = np.stack([window(f, 0, settings.nb_max_frames)[0] for f in features])
+        detected = graphs.detect_languages(graphs.encode(firsts))
+    seeks = [0] * len(clips)
+    segments: list[list[Segment]] = [[] for _ in clips]
+    langs: list[int | None] = [None] * len(clips)
+    while active := [i for i, f in enumerate(features) if seeks[i] < f.shape[-1]]:
+        pieces = [window(features[i], seeks[i], settings.nb_max_frames) for i in active]
+        hidden = graphs.encode(np.stack([p for p, _ in pieces]))
+        rows_detected = None if detected is None else detected[active]
+        decoded = _decode_windows(graphs, hidden, language, task, prompt, timestamps, max_new_tokens, rows_detected)
+        for i, (_, real), (tokens, lang) in zip(active, pieces, decoded, strict=True):
+            langs[i] = lang
+            if tokens and tokens[-1] == spec.eos_token_id:  # generate drops it before splitting a window
+                tokens = tokens[:-1]
+            offset = seeks[i] * TIME_PRECISION / INPUT_STRIDE
+            found, advance = split_segments(spec, tokens, time_offset=offset, window_frames=real)
+            segments[i].extend(found)
+            seeks[i] += advance
+    out = []
+    for segs, lang in zip(segments, langs, strict=True):
+        tokens = [t for seg in segs for t in seg.tokens]
+        out.append(
+            Transcription(
+                text=graphs.text(tokens),
+                tokens=tuple(tokens),
+                language_id=lang,
+                segments=tuple(segs) if timestamps else (),
+            )
         )
-        window_prompt = []
-        # transformers drops the end of text (and what follows) before splitting a window
-        if tokens and tokens[-1] == spec.eos_token_id:
-            tokens = tokens[:-1]
-        found, advance = split_segments(
-            spec, tokens, time_offset=seek * TIME_PRECISION / INPUT_STRIDE, window_frames=real
-        )
-        segments.extend(found)
-        seek += advance
-    all_tokens = [t for s in segments for t in s.tokens]
-    return Transcription(
-        text=graphs.text(all_tokens), tokens=tuple(all_tokens), language_id=lang_id, segments=tuple(segments)
-    )
+    return out

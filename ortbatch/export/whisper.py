@@ -378,6 +378,10 @@ def _torch_tokens(
             max_new_tokens=n,
             do_sample=False,
             num_beams=1,
+            # with timestamps, generate decodes a clip again from its last segment until the clip is
+            # used up (the long-form loop, which transcribe() reproduces); one pass checks the graphs
+            # and the logit rules, and random weights could need a thousand passes
+            force_unique_generate_call=True,
         )
     sequences = out["sequences"] if isinstance(out, dict) else out
     # generate returns the initial tokens first (one length whichever language): then what it generated
