@@ -8,12 +8,17 @@
 * :mod:`ortbatch.audio.whisper`: Whisper's decoding rules as numpy functions an engine calls
   once per step on a batch of rows (timestamps, language detection, prompts, task and
   language tokens, segments, the long-form window advance).
+* :func:`transcribe` over an export's graphs (:class:`WhisperGraphs`): static batches, greedy,
+  equal to transformers' ``generate`` — the non-continuous path until the encoder-decoder
+  engine serves Whisper.
 
-Only numpy is imported with this package; PyAV is imported when a file is decoded.
+Only numpy is imported with this package; PyAV when a file is decoded, onnxruntime when an
+export is loaded.
 """
 
 from .decode import DEFAULT_MAX_DURATION_S, OPENAI_FORMATS, SAMPLING_RATE, DecodedAudio, decode_audio, load_audio
 from .features import FEATURE_EXTRACTOR_FILE, FeatureSettings, log_mel_spectrogram, mel_filter_bank
+from .transcriber import Transcription, WhisperGraphs, transcribe
 
 __all__ = [
     "DEFAULT_MAX_DURATION_S",
@@ -26,4 +31,7 @@ __all__ = [
     "FeatureSettings",
     "log_mel_spectrogram",
     "mel_filter_bank",
+    "Transcription",
+    "WhisperGraphs",
+    "transcribe",
 ]

@@ -32,7 +32,7 @@ import numpy as np
 
 from .._ort import CPU
 from ..audio.features import FeatureSettings, log_mel_spectrogram
-from ..audio.transcribe import FEATURES_KEY, WHISPER_KEY, WhisperGraphs
+from ..audio.transcriber import FEATURES_KEY, WHISPER_KEY, WhisperGraphs
 from ..audio.whisper import LogitRules, WhisperSpec, initial_tokens, needs_language
 from ..errors import ExportError
 from ..manifest import Manifest, model_hash

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("optimum.exporters.onnx")
 
 from ortbatch.audio import log_mel_spectrogram
-from ortbatch.audio.transcribe import WhisperGraphs, transcribe
+from ortbatch.audio.transcriber import WhisperGraphs, transcribe
 from ortbatch.audio.whisper import WhisperSpec
 from ortbatch.errors import ExportError, InvalidInputError
 from tests.audio.whisper_tiny import build_whisper
