@@ -192,4 +192,28 @@ def test_long_form_equals_generate(graphs: WhisperGraphs, reference, speech16k: 
     assert [(s.start, s.end) for s in got.segments] == [
         (float(s["start"]), float(s["end"])) for s in out["segments"][0]
     ]
-    assert all(0 <= s.start <= s.end <= 75 for s in got.segments)
+    # random weights put timestamps anywhere (past the end of the audio too), as in transformers;
+    # the windows still only move forward
+    starts = [s.start for s in got.segments]
+    assert starts == sorted(starts) and len(got.segments) > 1
+
+
+def test_validate_dispatches_to_the_whisper_checks(exported) -> None:
+    """``ortbatch validate DIR`` on a speech export runs these checks (here ONNX-only)."""
+    from ortbatch.export import validate
+
+    report = validate(exported.directory, use_reference=False, save=False)
+    assert [(c.name, c.status) for c in report.checks] == [
+        ("reference parity", "skipped"),
+        ("batching invariance", "passed"),
+    ]
+    assert report.passed
+
+
+def test_transcribe_a_spoken_file(graphs: WhisperGraphs, spoken_files: list[Path]) -> None:
+    from ortbatch.audio import load_audio
+
+    from_file = transcribe(graphs, spoken_files[1], language="en", max_new_tokens=8)
+    from_samples = transcribe(graphs, load_audio(spoken_files[1]), language="en", max_new_tokens=8)
+    assert isinstance(from_file, type(from_samples)) and from_file == from_samples
+    assert from_file.language_id == graphs.spec.lang_to_id["<|en|>"]
