@@ -10,8 +10,6 @@ import pytest
 
 from tests.audio.media import SENTENCES, espeak, read_wav
 
-pytest.importorskip("av")
-
 
 @pytest.fixture(scope="session")
 def audio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -21,6 +19,7 @@ def audio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def spoken_files(audio_dir: Path) -> list[Path]:
     """WAV files (22050 Hz mono) of espeak-ng speaking :data:`SENTENCES`."""
+    pytest.importorskip("av")  # everything spoken is decoded with PyAV (the audio extra)
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
     return [espeak(text, audio_dir / f"spoken{i}.wav") for i, text in enumerate(SENTENCES)]

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytest.importorskip("av")
+
 from ortbatch.audio import OPENAI_FORMATS, decode_audio, load_audio
 from ortbatch.errors import InvalidInputError, RequestTooLargeError
 from tests.audio.media import FORMATS, tone, write_audio

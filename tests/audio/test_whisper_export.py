@@ -217,3 +217,15 @@ def test_transcribe_a_spoken_file(graphs: WhisperGraphs, spoken_files: list[Path
     from_samples = transcribe(graphs, load_audio(spoken_files[1]), language="en", max_new_tokens=8)
     assert isinstance(from_file, type(from_samples)) and from_file == from_samples
     assert from_file.language_id == graphs.spec.lang_to_id["<|en|>"]
+
+
+def test_a_128_bin_checkpoint(tmp_path: Path, speech16k: np.ndarray) -> None:
+    """large-v3's feature size: 128 mel bins through export, checks and transcription."""
+    from ortbatch.export import export_model
+
+    source = build_whisper(tmp_path / "src128", n_mels=128, layers=1)
+    result = export_model(str(source), tmp_path / "onnx128")
+    assert result.passed, result.report.summary()
+    graphs = WhisperGraphs(result.directory)
+    assert graphs.features.feature_size == 128
+    assert transcribe(graphs, speech16k[:32000], language="en", max_new_tokens=4).tokens
