@@ -328,7 +328,7 @@ def _build(
     """Export, optimize, convert and describe the model in ``out`` (a fresh directory)."""
     fam = tasks.family(resolved.task)
     if fam == "speech-seq2seq":
-        whisper.check_recipe(rcp)
+        whisper.check_recipe(rcp, resolved)
     say(f"exporting {resolved.model_type} for {resolved.task} with optimum-onnx")
     torch_model = _export(resolved, out, rcp, tokenizer, trust_remote_code)
     if fam == "speech-seq2seq":  # Whisper: its own manifest sections and checks (export/whisper.py)

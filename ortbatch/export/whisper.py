@@ -34,7 +34,7 @@ from .._ort import CPU
 from ..audio.features import FeatureSettings, log_mel_spectrogram
 from ..audio.transcriber import FEATURES_KEY, WHISPER_KEY, WhisperGraphs
 from ..audio.whisper import LogitRules, WhisperSpec, initial_tokens, needs_language
-from ..errors import ExportError
+from ..errors import ExportError, UnsupportedModelError
 from ..manifest import Manifest, model_hash
 from . import graph
 from .checks.results import Case, CheckResult, Comparison, ValidationReport
@@ -55,8 +55,20 @@ GREEDY_TOKENS = 12
 Progress = Callable[[str], None]
 
 
-def check_recipe(rcp: Any) -> None:
-    """Refuse, before anything slow, what a speech export cannot do yet."""
+def check_recipe(rcp: Any, resolved: Any) -> None:
+    """Refuse, before anything slow, what a speech export cannot do yet: another speech
+    architecture than Whisper, the task without the decoder-with-past graph, and the
+    variants (fp16, optimized, int8, TensorRT) not checked yet."""
+    if resolved.model_type != "whisper":
+        raise UnsupportedModelError(
+            f"{resolved.model} is {resolved.model_type!r}: ortbatch exports and checks Whisper checkpoints for "
+            "automatic-speech-recognition, no other speech architecture yet"
+        )
+    if not resolved.task.endswith("-with-past"):
+        raise ExportError(
+            "export Whisper with --task automatic-speech-recognition-with-past (or auto): decoding runs the "
+            "decoder-with-past graph, which the task without -with-past does not write"
+        )
     unsupported = [
         ("optimize", rcp.optimize is not None),
         ("dtype fp16", rcp.dtype != "fp32"),

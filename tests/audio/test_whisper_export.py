@@ -161,6 +161,9 @@ def test_refusals(exported, checkpoint: Path, graphs: WhisperGraphs, speech16k: 
 
     with pytest.raises(ExportError, match="fp16 is not supported"):
         export_model(str(checkpoint), tmp_path / "fp16", dtype="fp16")
+    with pytest.raises(ExportError, match="automatic-speech-recognition-with-past"):
+        export_model(str(checkpoint), tmp_path / "nopast", task="automatic-speech-recognition")
+    assert not (tmp_path / "fp16").exists() and not (tmp_path / "nopast").exists()
     long = np.resize(speech16k, 16000 * 40)
     with pytest.raises(InvalidInputError, match="needs timestamps=True"):
         transcribe(graphs, long)
@@ -229,3 +232,15 @@ def test_a_128_bin_checkpoint(tmp_path: Path, speech16k: np.ndarray) -> None:
     graphs = WhisperGraphs(result.directory)
     assert graphs.features.feature_size == 128
     assert transcribe(graphs, speech16k[:32000], language="en", max_new_tokens=4).tokens
+
+
+def test_other_speech_architectures_are_refused_up_front() -> None:
+    from types import SimpleNamespace
+
+    from ortbatch.errors import UnsupportedModelError
+    from ortbatch.export.recipes import Recipe
+    from ortbatch.export.whisper import check_recipe
+
+    s2t = SimpleNamespace(model="facebook/s2t-small", model_type="speech-to-text", task="automatic-speech-recognition")
+    with pytest.raises(UnsupportedModelError, match="'speech-to-text'.*Whisper checkpoints"):
+        check_recipe(Recipe(), s2t)
