@@ -242,5 +242,5 @@ def test_other_speech_architectures_are_refused_up_front() -> None:
     from ortbatch.export.whisper import check_recipe
 
     s2t = SimpleNamespace(model="facebook/s2t-small", model_type="speech-to-text", task="automatic-speech-recognition")
-    with pytest.raises(UnsupportedModelError, match="'speech-to-text'.*Whisper checkpoints"):
+    with pytest.raises(UnsupportedModelError, match=r"'speech-to-text'.*Whisper checkpoints"):
         check_recipe(Recipe(), s2t)
