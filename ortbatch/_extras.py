@@ -20,6 +20,7 @@ _HINTS = {
     "matplotlib": "bench",
     "ray": "ray",
     "av": "audio",
+    "PIL": "vision",
 }
 
 

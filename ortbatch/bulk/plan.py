@@ -24,7 +24,7 @@ from ..errors import InvalidInputError, UnsupportedModelError
 from ..manifest import MANIFEST_NAME
 from .output import OutputDir, OutputError, ShardFiles, ShardInfo, encode_shard
 from .sources import Row, Source, SourceOptions
-from .tasks import GENERATION_TASKS, EncoderTask, RowFailure, Task, TaskOptions, export_task, job_sampling, task_for
+from .tasks import EncoderTask, RowFailure, Task, TaskOptions, export_kind, job_sampling, task_for
 
 __all__ = [
     "EXIT_ROW_ERRORS",
@@ -170,7 +170,7 @@ def build_task(export: Path, options: TaskOptions, batch_api: bool) -> Task:
     from .batch_completions import CompletionLines
     from .batchapi import BatchApiTask
 
-    if export_task(export) in GENERATION_TASKS:
+    if export_kind(export).bulk_task == "generation":
         name = export.resolve().name or "model"
         return BatchApiTask(None, name, "it is a text-generation export", CompletionLines(export, options, name))
     inner = task_for(export, options)
@@ -227,7 +227,7 @@ def prepare(
     export_dir = Path(export)
     if not export_dir.is_dir() or not ((export_dir / MANIFEST_NAME).is_file() or (export_dir / "model.onnx").is_file()):
         raise UnsupportedModelError(f"{export_dir} is not an export directory (no {MANIFEST_NAME} or model.onnx)")
-    generation = export_task(export_dir) in GENERATION_TASKS
+    generation = export_kind(export_dir).bulk_task == "generation"  # refuses an export no kind serves
     text_column = config.text_column or ("prompt" if generation else "text")
     source = Source(
         input,

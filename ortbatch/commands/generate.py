@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from collections.abc import Callable
 
 from ._flags import PROVIDERS_HELP, providers_arg
 
@@ -47,51 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generation import BatchedGenerator, StreamToken
+    """What the export's model kind does for ``generate`` (a text-generation export completes
+    the prompts together on one BatchedGenerator); an export of another kind, or of none, is
+    refused in one line (exit 2)."""
+    from ..serve.served.kinds import kind_for_export
     from ._target import export_target
 
     directory = export_target(args.directory)
-    options = {
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "seed": args.seed,
-        "stop": args.stop,
-    }
-    with BatchedGenerator(
-        directory,
-        max_batch_size=args.max_batch_size,
-        providers=args.providers,
-        max_context_length=args.max_context_length,
-    ) as gen:
-        on_token: Callable[[StreamToken], None] | None = None
-        if args.stream and not args.json:
-
-            def on_token(tok: StreamToken) -> None:
-                sys.stdout.write(tok.text)
-                sys.stdout.flush()
-
-        futures = [
-            gen.submit(p, args.max_new_tokens, on_token=on_token if i == 0 else None, **options)
-            for i, p in enumerate(args.prompts)
-        ]
-        results = [f.result() for f in futures]
-    for i, (prompt, out) in enumerate(zip(args.prompts, results, strict=True)):
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "prompt": prompt,
-                        "text": out.text,
-                        "token_ids": list(out.token_ids),
-                        "finish_reason": out.finish_reason,
-                        "prompt_tokens": out.prompt_tokens,
-                        "completion_tokens": out.completion_tokens,
-                    }
-                )
-            )
-        elif args.stream and i == 0:
-            print(f"\n[{out.finish_reason}, {out.completion_tokens} tokens]")
-        else:
-            print(f"{prompt}{out.text}\n[{out.finish_reason}, {out.completion_tokens} tokens]")
-    return 0
+    return kind_for_export(directory).generate(directory, args)

@@ -347,12 +347,16 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def refuse_failed_checks(target: Path, allow_unvalidated: bool) -> None:
-    """Refuse an export whose recorded accuracy checks failed (unless allowed); warn about
-    one that was never checked."""
+    """Refuse an export no registered model kind serves (one line naming what it is and the
+    kinds there are: :func:`~ortbatch.serve.served.kinds.kind_for_export`) and one whose
+    recorded accuracy checks failed (unless allowed); warn about one that was never checked."""
     import sys
 
     from ..manifest import MANIFEST_NAME, Manifest
+    from ..serve.served.kinds import kind_for_export
     from ..serve.served.loading import refuse_unvalidated
+
+    kind_for_export(target)
 
     if not (target / MANIFEST_NAME).is_file():
         return

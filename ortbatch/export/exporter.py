@@ -49,7 +49,7 @@ from ..embed.pipeline import EMBEDDING_KEY, EmbeddingPipeline
 from ..errors import ExportError, OrtBatchError, UnsupportedModelError, ValidationError
 from ..heads import ST_CONFIG
 from ..manifest import Manifest, model_hash
-from . import graph, hub, st_pipeline, tasks, whisper
+from . import graph, hub, st_pipeline, tasks, vision, whisper
 from .quantize import QuantizeConfig, quantize_model
 from .recipes import Recipe, load_recipe, resolve_model_ref, tolerances_for
 
@@ -268,6 +268,9 @@ def _export_checked(
     with third_parties_quiet() if quiet else contextlib.nullcontext():
         say(f"resolving {rcp.model} (task {rcp.task})")
         model_ref = hub.local_or_reachable(model_ref)
+        image = vision.detect(model_ref, rcp.task, trust_remote_code=trust_remote_code)
+        if image is not None:  # CLIP/SigLIP towers, image classifiers and backbones: export/vision.py
+            return _export_image(image, rcp, out, replaces, validate, keep_failed, trust_remote_code, say, t0)
         st_root, task = None, rcp.task
         sub = _transformer_subfolder(model_ref)
         if sub is not None:
@@ -310,6 +313,43 @@ def _export_checked(
         except BaseException:
             shutil.rmtree(build, ignore_errors=True)
             raise
+    manifest = Manifest.load(dest)
+    say(f"wrote {dest} in {time.perf_counter() - t0:.1f}s")
+    return ExportResult(directory=dest, manifest=manifest, report=report, installed=installed)
+
+
+def _export_image(
+    image: vision.VisionCheckpoint,
+    rcp: Recipe,
+    out: Path,
+    replaces: str | None,
+    validate: bool,
+    keep_failed: bool,
+    trust_remote_code: bool,
+    say: Progress,
+    t0: float,
+) -> ExportResult:
+    """:func:`_export_checked` for an image checkpoint: built by :func:`vision.build_vision`,
+    checked by :func:`ortbatch.validate` (its image checks), installed the same way."""
+    build = _staging_dir(out)
+    try:
+        torch_model = vision.build_vision(build, image, rcp, say, trust_remote_code=trust_remote_code)
+        report = None
+        if validate:
+            from .checks import validate as run_checks
+
+            report = run_checks(build, providers=list(rcp.providers) or None, reference=torch_model, progress=say)
+        installed = report is None or bool(report.passed) or keep_failed
+        dest = out if installed else out.with_name(out.name + ".failed")
+        if report is not None:
+            report.directory = os.fspath(dest)
+            report.save(build / "validation.json")
+        if installed and replaces:
+            say(f"replacing {replaces}")
+        _install(build, dest)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
     manifest = Manifest.load(dest)
     say(f"wrote {dest} in {time.perf_counter() - t0:.1f}s")
     return ExportResult(directory=dest, manifest=manifest, report=report, installed=installed)

@@ -8,7 +8,9 @@ The rooms (arrows point down; docs/architecture.md draws them): the runners
 :mod:`~ortbatch.serve.assembly` and :mod:`~ortbatch.serve.listen`; the transports
 :mod:`~ortbatch.serve.http` and :mod:`~ortbatch.serve.grpc`, which never import each other;
 the transport-neutral core :mod:`~ortbatch.serve.served` (what is served, the repository,
-the v2 wire format, the completion and task logic, the one model lookup); and serve's floor,
+the v2 wire format, the completion and task logic, the one model lookup, the model-kind
+registry :mod:`~ortbatch.serve.served.kinds`, whose encoder and decoder kinds
+:mod:`~ortbatch.serve.kinds` declares and this package registers on import); and serve's floor,
 :mod:`~ortbatch.serve.config`, :mod:`~ortbatch.serve.auth`, :mod:`~ortbatch.serve.metrics`.
 
 Needs the ``serve`` extra (starlette, uvicorn, prometheus-client, tokenizers)::
@@ -25,6 +27,7 @@ Importing this package is light; starlette/uvicorn are imported when an app is b
 from __future__ import annotations
 
 from ..errors import NonFiniteOutputError, RequestTooLargeError
+from . import kinds  # noqa: F401 - registers the encoder and decoder model kinds (ortbatch.serve.kinds)
 from .config import ServeConfig
 from .http.app import build_app, create_app, create_completions_app
 from .http.plumbing import DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts, assemble_app, error_response

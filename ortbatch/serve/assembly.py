@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import tracing
 from .config import ServeConfig
@@ -27,6 +27,7 @@ from .http.plumbing import BodyLimits
 from .http.repository_routes import create_repository_app
 from .http.tracing import TracingMiddleware
 from .served.generator import ServedGenerator
+from .served.kinds import kind_of
 from .served.loading import load_served
 from .served.model import ServedModel
 from .served.repository import ModelRepository
@@ -47,8 +48,15 @@ __all__ = [
     "served_summary",
 ]
 
-#: what a server serves: one model, one generation export, or a repository of them
-Served = ServedModel | ServedGenerator | ModelRepository
+#: what a server serves: one model of a registered kind (:mod:`.served.kinds`: a ServedModel,
+#: a ServedGenerator, ...), or a repository of them
+Served = ServedModel | ServedGenerator | ModelRepository | Any
+
+
+def _repository(served: Any) -> ModelRepository | None:
+    """``served`` when it is a repository (the one question this module asks of its class:
+    anything else is one model, described by its kind)."""
+    return served if isinstance(served, ModelRepository) else None
 
 
 def say(text: str) -> None:
@@ -63,9 +71,10 @@ def app_for(served: Served, config: ServeConfig, close_model_on_shutdown: bool =
     body = BodyLimits(config.max_body_bytes, config.body_timeout_s)
     traces = tracing.configure(config.otlp_endpoint)
     app: Any
-    if isinstance(served, ModelRepository):
-        app = create_repository_app(served, body=body, close_model_on_shutdown=close_model_on_shutdown)
-        for _, loaded in served.loaded():  # those loaded later are observed by load_served
+    repository = _repository(served)
+    if repository is not None:
+        app = create_repository_app(repository, body=body, close_model_on_shutdown=close_model_on_shutdown)
+        for _, loaded in repository.loaded():  # those loaded later are observed by load_served
             tracing.observe(loaded.served, traces)
     else:
         app = build_app(served, body, close_on_shutdown=close_model_on_shutdown, docs=model_docs(served))
@@ -100,15 +109,17 @@ def grpc_server_for(
 
 
 def load_app(directory: str | Path | ModelRepository, config: ServeConfig) -> tuple[Served, Any]:
-    """Load what ``directory`` holds (a generator for a decoder-with-past export, else a
-    model; every model of a repository) and build its app."""
+    """Load what ``directory`` holds (as its model kind loads it: a generator for a
+    decoder-with-past export, a model for an encoder; every model of a repository) and build
+    its app."""
     tracing.configure(config.otlp_endpoint)  # before loading: each model gets its observer
     served: Served
-    if isinstance(directory, ModelRepository):
-        served = directory
-        served.load_all()
+    repository = _repository(directory)
+    if repository is not None:
+        served = repository
+        repository.load_all()
     else:
-        served = load_served(directory, config.name, config)
+        served = load_served(cast("str | Path", directory), config.name, config)
     try:
         return served, app_for(served, config)
     except BaseException:
@@ -117,19 +128,16 @@ def load_app(directory: str | Path | ModelRepository, config: ServeConfig) -> tu
 
 
 def served_summary(served: Served) -> str:
-    """What the startup line says is served (before the gRPC address and the URL)."""
-    if isinstance(served, ModelRepository):
+    """What the startup line says is served (before the gRPC address and the URL): its kind's
+    summary, or the repository's."""
+    if _repository(served) is not None:
         return "a model repository: POST /v2/repository/index"
-    if isinstance(served, ServedModel):
-        text = "text input on" if served.text_input else "no text input"
-        emb = "/v1/embeddings on" if served.embedding_output else "no /v1/embeddings"
-        return f"{text}, {emb}"
-    return "text generation: /v1/completions"
+    return str(kind_of(served).summary(served))
 
 
 def served_label(served: Served) -> str:
     """The startup line's subject: ``model 'name'``, or ``serving`` for a repository."""
-    return "serving" if isinstance(served, ModelRepository) else f"model {served.name!r}"
+    return "serving" if _repository(served) is not None else f"model {served.name!r}"
 
 
 def with_grpc(what: str, address: str | None, tls: bool) -> str:
@@ -142,8 +150,9 @@ def with_grpc(what: str, address: str | None, tls: bool) -> str:
 def announce(served: Served, what: str, url: str, before: Sequence[str] = ()) -> None:
     """The startup lines: each repository model's state, then ``before`` (a runner's own
     lines), then ``{label} ({what}); listening on {url}`` (tests and scripts wait for it)."""
-    if isinstance(served, ModelRepository):
-        for line in served.status_lines():
+    repository = _repository(served)
+    if repository is not None:
+        for line in repository.status_lines():
             say(line)
     for line in before:
         say(line)
@@ -160,6 +169,9 @@ class ExitCounts:
     abandoned: int = 0
     grpc_accepted: int = 0
     grpc_answered: int = 0
+    #: requests a front end held when it was killed (--frontends): neither answered nor cancelled by a timeout
+    lost: int = 0
+    grpc_lost: int = 0
 
 
 def exit_report(counts: ExitCounts, *, started: bool, grace: float | None, grpc: bool, by_front_end: str = "") -> int:
@@ -168,22 +180,25 @@ def exit_report(counts: ExitCounts, *, started: bool, grace: float | None, grpc:
     the gRPC counts; ``by_front_end``: the requests each front end took."""
     rpc = f"; gRPC accepted={counts.grpc_accepted} answered={counts.grpc_answered}" if grpc else ""
     per = f"; by front end: {by_front_end}" if by_front_end else ""
+    lost = f" lost with a killed front end={counts.lost}" if counts.lost else ""
     say(
         f"stopped; requests accepted={counts.accepted} answered={counts.answered} "
-        f"abandoned by their clients={counts.abandoned}{rpc}{per}"
+        f"abandoned by their clients={counts.abandoned}{lost}{rpc}{per}"
     )
     if not started:
         return 1
-    if counts.grpc_answered < counts.grpc_accepted:
+    if counts.grpc_answered + counts.grpc_lost < counts.grpc_accepted:
         say(
-            f"{counts.grpc_accepted - counts.grpc_answered} gRPC request(s) were cancelled unanswered "
+            f"{counts.grpc_accepted - counts.grpc_answered - counts.grpc_lost} gRPC request(s) were cancelled "
+            "unanswered "
             f"(--graceful-timeout-s {grace} exceeded)"
         )
         return 1
-    if counts.answered + counts.abandoned < counts.accepted:
+    if counts.answered + counts.abandoned + counts.lost < counts.accepted:
         # only a graceful-shutdown timeout cancels requests: say so in the exit code
         say(
-            f"{counts.accepted - counts.answered - counts.abandoned} request(s) were cancelled unanswered "
+            f"{counts.accepted - counts.answered - counts.abandoned - counts.lost} request(s) were cancelled "
+            "unanswered "
             f"(--graceful-timeout-s {grace} exceeded)"
         )
         return 1

@@ -161,7 +161,6 @@ import asyncio, sys
 from types import SimpleNamespace
 import numpy as np
 from ortbatch.serve import server
-from ortbatch.serve.served import loading
 from ortbatch.serve.served.model import ServedModel
 
 class Slow:
@@ -181,7 +180,7 @@ class Slow:
     def close(self, drain=True):
         self.closed = True
 
-loading.ServedModel.load = classmethod(lambda cls, d, **kw: ServedModel(Slow(), "slow"))
+ServedModel.load = classmethod(lambda cls, d, **kw: ServedModel(Slow(), "slow"))
 cfg = server.ServeConfig(port=0, access_log=False, log_level="warning", graceful_timeout_s=float(sys.argv[2]))
 sys.exit(server.serve(".", cfg))
 """

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from ortbatch.errors import ModelNotFoundError
 from ortbatch.serve.frontends.models import EngineModels
 from ortbatch.serve.frontends.proxy import NodeSpec
 from ortbatch.serve.frontends.transport import decode_error
+from ortbatch.serve.kinds import EncoderKind
+from ortbatch.serve.served.kinds import register, unregister
 from ortbatch.serve.served.repository import READY, UNAVAILABLE, ModelRepository
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,6 +44,17 @@ class _Served:
 
     def close(self, drain: bool = True) -> None:
         self.closed = True
+
+
+class _FakeKind(EncoderKind):
+    """A :class:`_Served` is served as an encoder (its session crosses to the front ends)."""
+
+    name = "fake"
+    served_type = _Served
+    fallback = False
+
+    def endpoints(self, served: Any) -> dict[str, str]:
+        return {}
 
 
 class _Link:
@@ -72,7 +86,7 @@ def _eventually(check: Any) -> None:
 
 
 @pytest.fixture
-def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[EngineModels, list[_Served]]:
+def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[EngineModels, list[_Served]]]:
     (tmp_path / "m").mkdir()
     made: list[_Served] = []
 
@@ -82,16 +96,21 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[EngineModel
 
     monkeypatch.setattr("ortbatch.serve.http.app.build_app", lambda served, *a, **k: object())
     monkeypatch.setattr("ortbatch.serve.served.repository._warm_up", lambda served: None)
-    repo = ModelRepository([("m", tmp_path / "m")], loader=loader)
-    assert repo.load_all() == []
-    return EngineModels(repo), made
+    register(_FakeKind())
+    try:
+        repo = ModelRepository([("m", tmp_path / "m")], loader=loader)
+        assert repo.load_all() == []
+        yield EngineModels(repo), made
+    finally:
+        unregister("fake")
 
 
 def test_a_reload_is_answered_after_every_front_end_applied_it_and_the_old_model_waits_for_their_release(engine):
     models, made = engine
     one, two = _Link(), _Link()
     (record,) = models.attach(one)
-    assert record[:5] == ("m", record[1], READY, "", 1) and record[5].inputs[0].name == "x"
+    assert record[:5] == ("m", record[1], READY, "", 1) and record[5].kind == "fake"
+    assert record[5].info.inputs[0].name == "x"  # the session info its kind sends
     assert [r[4] for r in models.attach(two)] == [1]  # the same model: the same key
     assert models.sessions == {1: made[0].session}
 

@@ -361,10 +361,11 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from fakegen import FakeGenerator
 from ortbatch.serve import server
-from ortbatch.serve.served import loading
+from ortbatch.serve.kinds import DECODER
+from ortbatch.serve.served.generator import ServedGenerator
 
-loading.is_generation_export = lambda d: True
-loading.ServedGenerator.load = classmethod(lambda cls, d, **kw: cls(FakeGenerator(hold=True), "fake"))
+DECODER.recognises = lambda export: True  # the directory is served as a generation export
+ServedGenerator.load = classmethod(lambda cls, d, **kw: cls(FakeGenerator(hold=True), "fake"))
 cfg = server.ServeConfig(port=0, access_log=False, log_level="warning", graceful_timeout_s=20)
 sys.exit(server.serve(".", cfg))
 """
@@ -486,12 +487,13 @@ def test_a_slow_body_is_408(adder_path):
 
 def test_connections_beyond_the_limit_get_503(adder_path):
     model = ServedModel.load(adder_path)
-    with BackgroundServer(model, quiet(limit_concurrency=2)) as srv:
+    with BackgroundServer(model, quiet(limit_concurrency=2, keep_alive_s=60)) as srv:
         held = [_connect(srv.url) for _ in range(2)]
-        # each has begun a request: a connection that has sent nothing does not count (issue 26)
+        # each has had a request answered and is kept alive: a connection that has sent nothing
+        # (issue 26), or whose request is still arriving (issue 47), does not count
         for s in held:
-            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
-        time.sleep(0)  # the server registers connections as it accepts them
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
         r = httpx.get(srv.url + "/v2/health/live", timeout=30)
         for s in held:
             s.close()

@@ -15,6 +15,7 @@ from reloads import Clients, changing_repository, swap_in
 
 from ortbatch.errors import ModelNotFoundError, ModelUnavailableError, OrtBatchError
 from ortbatch.serve import BackgroundServer, ServeConfig
+from ortbatch.serve.served.kinds import ModelKind, register, unregister
 from ortbatch.serve.served.repository import LOADING, READY, UNAVAILABLE, ModelRepository, discover, parse_model_args
 
 pytestmark = pytest.mark.timeout(180)
@@ -188,6 +189,22 @@ class _FakeServed:
         self.closed = True
 
 
+class _FakeKind(ModelKind):
+    """What a repository's loader returning a :class:`_FakeServed` serves: a kind of its own,
+    with no routes and no endpoints (a loader's model must be of a registered kind)."""
+
+    name = "fake"
+    description = "a fake export"
+    served_type = _FakeServed
+
+
+@pytest.fixture
+def fake_kind() -> Iterator[ModelKind]:
+    yield register(_FakeKind())
+    unregister("fake")
+
+
+@pytest.mark.usefixtures("fake_kind")
 def test_unload_waits_for_in_flight_requests(tmp_path, monkeypatch):
     (tmp_path / "m").mkdir()
     made: list[_FakeServed] = []
@@ -197,7 +214,6 @@ def test_unload_waits_for_in_flight_requests(tmp_path, monkeypatch):
         return made[-1]
 
     monkeypatch.setattr("ortbatch.serve.http.app.build_app", lambda served, *a, **k: object())
-    monkeypatch.setattr("ortbatch.serve.served.text_tasks.served_endpoints", lambda served: {})
     repo = ModelRepository([("m", tmp_path / "m")], loader=loader)
 
     async def scenario() -> None:
@@ -271,9 +287,9 @@ def test_strict_refuses_to_start_naming_the_model(repo_root):
     assert repo.closed
 
 
+@pytest.mark.usefixtures("fake_kind")
 def test_ready_after_the_startup_load_and_while_others_serve(tmp_path, monkeypatch):
     monkeypatch.setattr("ortbatch.serve.http.app.build_app", lambda served, *a, **k: object())
-    monkeypatch.setattr("ortbatch.serve.served.text_tasks.served_endpoints", lambda served: {})
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
     repo = ModelRepository([("a", tmp_path / "a"), ("b", tmp_path / "b")], loader=lambda d, n: _FakeServed())

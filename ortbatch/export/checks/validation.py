@@ -68,6 +68,20 @@ def validate(
         :meth:`ValidationReport.raise_for_failures`). When the PyTorch model cannot be
         loaded, reference parity is reported as skipped and says why.
     """
+    from .vision import is_image_export, validate_vision
+
+    if is_image_export(directory):  # images: the same checks on pictures (checks/vision.py)
+        return validate_vision(
+            directory,
+            providers,
+            samples=samples,
+            reference=reference,
+            use_reference=use_reference,
+            tolerances=tolerances,
+            save=save,
+            seed=seed,
+            progress=progress,
+        )
     say = progress or (lambda msg: None)
     if Manifest.load(directory).source.get("family") == "speech-seq2seq":
         # Whisper: audio in, not texts; its own checks (export/whisper.py), on CPU

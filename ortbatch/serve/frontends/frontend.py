@@ -30,9 +30,8 @@ from ..assembly import app_for, grpc_server_for
 from ..config import ServeConfig
 from ..http.connection import uvicorn_config
 from .dealer import adopting_server
-from .generation import GeneratorInfo
-from .models import FrontEndRepository, Record, front_end_view
-from .proxy import ProxySession, SessionInfo
+from .models import FrontEndRepository, KindInfo, Record, front_end_view
+from .proxy import ProxySession
 from .transport import Arena, ArenaHandle
 
 __all__ = ["FrontEndSpec", "run_frontend"]
@@ -52,7 +51,7 @@ class FrontEndSpec:
     directory: str
     name: str
     config: ServeConfig
-    info: SessionInfo | GeneratorInfo | None
+    info: KindInfo | None
     #: where the engine deals this front end its HTTP connections (``dealer``)
     connections: socket.socket
     control: socket.socket
@@ -157,13 +156,34 @@ def _run(spec: FrontEndSpec) -> int:
         if server.started:
             proxy.notify([("ready", os.getpid())])
 
+    def tally() -> None:
+        # the counts so far, told to the engine as they change: a front end killed before its
+        # "bye" still has its requests in the exit report (up to the last tally)
+        told = None
+        while not stop.event.wait(_TALLY_S):
+            now = _counts(server, app, grpc_server)
+            if now != told:
+                proxy.notify([("tally", now)])
+                told = now
+
     threading.Thread(target=say_ready, name="ortbatch-frontend-ready", daemon=True).start()
+    threading.Thread(target=tally, name="ortbatch-frontend-tally", daemon=True).start()
     server.run(sockets=[])
     if grpc_server is not None:
         grpc_server.stop(spec.config.graceful_timeout_s)
+    proxy.shutdown([("bye", _counts(server, app, grpc_server))])
+    return 0
+
+
+#: seconds between a front end's tallies of its counts to the engine (when they changed)
+_TALLY_S = 0.5
+
+
+def _counts(server: Any, app: Any, grpc_server: Any) -> dict[str, Any]:
+    """What this front end took and settled so far (its exit report's share)."""
     counts = app.state.counts
     rpc = grpc_server.counts if grpc_server is not None else None
-    bye = {
+    return {
         "started": bool(server.started),
         "accepted": counts.accepted,
         "answered": counts.answered,
@@ -171,8 +191,6 @@ def _run(spec: FrontEndSpec) -> int:
         "grpc_accepted": rpc.accepted if rpc else 0,
         "grpc_answered": rpc.answered if rpc else 0,
     }
-    proxy.shutdown([("bye", bye)])
-    return 0
 
 
 def _assemble(spec: FrontEndSpec, proxy: ProxySession, updates: queue.SimpleQueue[Any], stop: _Stop) -> Any:

@@ -40,19 +40,26 @@ from typing import Any, NamedTuple
 
 from ...errors import ModelNotFoundError, ModelUnavailableError, SessionClosedError
 from ..config import ServeConfig
-from ..served.generator import ServedGenerator
-from ..served.model import ServedModel
+from ..served.kinds import kind_named, kind_of
 from ..served.repository import READY, UNAVAILABLE, Loaded, ModelRepository
-from .generation import GeneratorInfo, ProxyGenerator
-from .proxy import SessionInfo
 from .transport import decode_error, encode_error
 
-__all__ = ["EngineModels", "FrontEndRepository", "Record", "engine_side", "front_end_view"]
+__all__ = ["EngineModels", "FrontEndRepository", "KindInfo", "Record", "engine_side", "front_end_view"]
 
 log = logging.getLogger("ortbatch.serve")
 
 #: the longest a load or unload waits for the front ends to apply it before answering
 _SYNC_TIMEOUT_S = 60.0
+
+
+class KindInfo(NamedTuple):
+    """What a front end knows of one engine model: its model kind's name and what the kind's
+    :meth:`~ortbatch.serve.served.kinds.ModelKind.engine_side` said of it (a
+    :class:`~ortbatch.serve.frontends.proxy.SessionInfo`, a
+    :class:`~ortbatch.serve.frontends.generation.GeneratorInfo`)."""
+
+    kind: str
+    info: Any
 
 
 class Record(NamedTuple):
@@ -66,34 +73,24 @@ class Record(NamedTuple):
     #: the engine's key for it, None when it is not loaded
     key: int | None
     #: what the front end knows of its session or generator, None when it is not loaded
-    info: SessionInfo | GeneratorInfo | None
+    info: KindInfo | None
 
 
-def engine_side(served: Any) -> tuple[Any, SessionInfo | GeneratorInfo]:
-    """What front ends reach of a served model in the engine, and what a front end must know of it: a ServedModel's
-    BatchedSession, or a ServedGenerator's BatchedGenerator."""
-    if isinstance(served, ServedGenerator):
-        return served.generator, GeneratorInfo.of(served.generator)
-    return served.session, SessionInfo.of(served.session)
+def engine_side(served: Any) -> tuple[Any, KindInfo]:
+    """What front ends reach of a served model in the engine, and what a front end must know
+    of it, as its kind says (a ServedModel's BatchedSession, a ServedGenerator's
+    BatchedGenerator)."""
+    kind = kind_of(served)
+    backend, info = kind.engine_side(served)
+    return backend, KindInfo(kind.name, info)
 
 
-def front_end_view(
-    link: Any, key: int, info: SessionInfo | GeneratorInfo, directory: Path, name: str, config: ServeConfig
-) -> ServedModel | ServedGenerator:
-    """The front end's served model for the engine's model ``key``: a ServedModel over a
-    :class:`~ortbatch.serve.frontends.proxy.ModelProxy`, or a ServedGenerator over a
-    :class:`~ortbatch.serve.frontends.generation.ProxyGenerator`."""
-    if isinstance(info, GeneratorInfo):
-        return ServedGenerator(ProxyGenerator(link, info, key, directory), name, lenient_params=config.lenient_params)
-    return ServedModel.for_export(
-        link.for_model(key, info),
-        directory,
-        name=name,
-        normalize_embeddings=config.normalize_embeddings,
-        max_text_chars=config.max_text_chars,
-        truncate=config.truncate,
-        lenient_params=config.lenient_params,
-    )
+def front_end_view(link: Any, key: int, info: KindInfo, directory: Path, name: str, config: ServeConfig) -> Any:
+    """The front end's served model for the engine's model ``key``, as its kind stands in for
+    it (a ServedModel over a :class:`~ortbatch.serve.frontends.proxy.ModelProxy`, a
+    ServedGenerator over a :class:`~ortbatch.serve.frontends.generation.ProxyGenerator`)."""
+    kind, inner = KindInfo(*info)
+    return kind_named(kind).front_end_view(link, key, inner, directory, name, config)
 
 
 class EngineModels:
@@ -323,7 +320,7 @@ class FrontEndRepository(ModelRepository):
         self._views[name] = key
         self.install(name, Path(directory), loaded, state, reason)
 
-    def _view(self, name: str, directory: Path, key: int, info: SessionInfo | GeneratorInfo) -> Loaded:
+    def _view(self, name: str, directory: Path, key: int, info: KindInfo) -> Loaded:
         assert self.config is not None  # set by ModelRepository.__post_init__
         loaded = self._wrap(front_end_view(self.link, key, info, directory, name, self.config))
         loaded.on_retired = partial(self._release, key)

@@ -18,22 +18,17 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...errors import ModelNotFoundError, OrtBatchError, UnsupportedError
-from ..served.decoupled import GenerationModel
-from ..served.generator import ServedGenerator
 from ..served.lookup import Entries
-from ..served.model import ServedModel
 from ..served.repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, ModelRepository, check_parameters
 
 __all__ = ["OneModel", "RepositoryModels", "Router", "router_for"]
 
 
 def _answering(entries: Entries, name: str, version: str) -> Any:
-    """What answers the RPCs for entry ``name``: the model, its text-in view
+    """What answers the RPCs for entry ``name``, as its model kind maps it
+    (:meth:`~ortbatch.serve.served.kinds.ModelKind.grpc_model`): the model, its text-in view
     ``{name}_text``, or a generation export as a decoupled model."""
-    found = entries.find(name, version)
-    if isinstance(found, ServedGenerator):
-        return GenerationModel(found)
-    return found
+    return entries.kind.grpc_model(entries.find(name, version))
 
 
 def _no_repository() -> UnsupportedError:
@@ -78,7 +73,7 @@ class Router:
 class OneModel(Router):
     """The one model of ``ortbatch serve DIR`` and its ``{name}_text`` entry."""
 
-    def __init__(self, model: ServedModel | ServedGenerator) -> None:
+    def __init__(self, model: Any) -> None:
         self.model = model
         self.entries = Entries(model)
 
@@ -141,7 +136,7 @@ class RepositoryModels(Router):
         await self.repository.unload(name)
 
 
-def router_for(served: ServedModel | ServedGenerator | ModelRepository) -> Router:
+def router_for(served: Any) -> Router:
     if isinstance(served, ModelRepository):
         return RepositoryModels(served)
     return OneModel(served)

@@ -1,12 +1,12 @@
 """The one app factory: a Starlette app from the routes of what is served.
 
-:func:`routes_for` says which protocols a served thing speaks (a :class:`ServedModel`: the
-Open Inference Protocol and, for an embedding export, ``/v1/embeddings``; a
-:class:`ServedGenerator`: OpenAI completions and chat; a model's task endpoints,
-:mod:`ortbatch.serve.http.task_routes`), :func:`metrics_for` which
-runtime counters it exports, and :func:`build_app` puts them together with
-:func:`~ortbatch.serve.http.plumbing.assemble_app`. A server of several models, or another ingress,
-assembles the same routes its own way.
+:func:`routes_for` says which protocols a served thing speaks: what its model kind declares
+(:meth:`~ortbatch.serve.served.kinds.ModelKind.http_routes`: for an encoder the Open Inference
+Protocol, ``/v1/embeddings`` and the task endpoints; for a text-generation export OpenAI
+completions and chat), and every other kind's body-routed endpoints, refused with why.
+:func:`metrics_for` says which runtime counters it exports (its kind's), and :func:`build_app`
+puts them together with :func:`~ortbatch.serve.http.plumbing.assemble_app`. A server of
+several models, or another ingress, assembles the same routes its own way.
 """
 
 from __future__ import annotations
@@ -17,12 +17,8 @@ from typing import Any
 from ..._extras import require
 from ...errors import InvalidInputError
 from ..metrics import ServerMetrics
-from ..served.generator import ServedGenerator
-from ..served.model import ServedModel
-from .kserve import generation_routes, kserve_routes
-from .openai_api import completion_routes, embedding_routes
+from ..served.kinds import BODY_ROUTES, ModelKind, kind_of, owner_of
 from .plumbing import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits, assemble_app, handled_route
-from .task_routes import task_routes
 
 __all__ = [
     "BODY_ROUTES",
@@ -34,61 +30,38 @@ __all__ = [
     "wrong_kind_message",
 ]
 
-#: routes whose model is named in the JSON body -> the endpoint kind of
-#: :func:`~ortbatch.serve.served.text_tasks.served_endpoints` (a repository dispatches them
-#: by that name: :mod:`.repository_routes`)
-BODY_ROUTES = {
-    "/v1/embeddings": "embeddings",
-    "/embed": "embeddings",
-    "/embed_sparse": "embed_sparse",
-    "/v1/rerank": "rerank",
-    "/rerank": "rerank",
-    "/v1/classify": "classify",
-    "/tokenize": "tokenize",
-    "/detokenize": "tokenize",
-    "/v1/completions": "completions",
-    "/v1/chat/completions": "completions",
-}
+
+def wrong_kind_message(path: str, name: str, kind: ModelKind) -> str:
+    """What body-routed endpoint ``path`` of another kind answers (400) for a model of
+    ``kind``, the same with the model alone and in a repository (:mod:`.repository_routes`)."""
+    return kind.refusal(path, name, owner_of(BODY_ROUTES[path]))
 
 
-def wrong_kind_message(path: str, name: str, generator: bool) -> str:
-    """What a body-routed endpoint of the other kind of export answers (400), the same with
-    the model alone and in a repository (:mod:`.repository_routes`)."""
-    if generator:
-        return f"{path}: model {name!r} is a text-generation export: it serves /v1/completions"
-    return f"{path}: model {name!r} is not a text-generation export"
-
-
-def _wrong_kind_routes(served: ServedModel | ServedGenerator) -> list[Any]:
-    """The other kind's body-routed endpoints, each refused with :func:`wrong_kind_message`
+def _wrong_kind_routes(served: Any, kind: ModelKind) -> list[Any]:
+    """The other kinds' body-routed endpoints, each refused with :func:`wrong_kind_message`
     (not "no route")."""
-    generator = isinstance(served, ServedGenerator)
 
     async def refuse(request: Any) -> Any:
-        raise InvalidInputError(wrong_kind_message(request.url.path, served.name, generator), input_name="model")
+        raise InvalidInputError(wrong_kind_message(request.url.path, served.name, kind), input_name="model")
 
-    paths = [p for p, kind in BODY_ROUTES.items() if (kind == "completions") != generator]
+    paths = [p for p in BODY_ROUTES if p not in kind.body_routes]
     return [handled_route(p, refuse, "POST") for p in paths]
 
 
-def routes_for(served: ServedModel | ServedGenerator, body: BodyLimits) -> list[Any]:
+def routes_for(served: Any, body: BodyLimits) -> list[Any]:
     """The protocol routes serving ``served`` (without health, ``/v1/models`` and
     ``/metrics``, which :func:`~ortbatch.serve.http.plumbing.assemble_app` adds)."""
-    if isinstance(served, ServedGenerator):
-        return [*completion_routes(served, body), *generation_routes(served, body), *_wrong_kind_routes(served)]
-    own = [*kserve_routes(served, body), *embedding_routes(served, body), *task_routes(served, body)]
-    return [*own, *_wrong_kind_routes(served)]
+    kind = kind_of(served)
+    return [*kind.http_routes(served, body), *_wrong_kind_routes(served, kind)]
 
 
-def metrics_for(served: ServedModel | ServedGenerator) -> ServerMetrics:
+def metrics_for(served: Any) -> ServerMetrics:
     """A registry with the HTTP instruments and ``served``'s runtime counters."""
-    if isinstance(served, ServedGenerator):
-        return ServerMetrics(generator_stats=served.generator.stats)
-    return ServerMetrics(served.session.stats)
+    return kind_of(served).metrics(served)
 
 
 def build_app(
-    served: ServedModel | ServedGenerator,
+    served: Any,
     body: BodyLimits | None = None,
     *,
     close_on_shutdown: bool = True,
@@ -104,14 +77,15 @@ def build_app(
 
 
 def create_app(
-    served: ServedModel | ServedGenerator,
+    served: Any,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     close_model_on_shutdown: bool = True,
     body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
 ) -> Any:
     """:func:`build_app` with the body limits spelled out: KServe v2 and ``/v1/embeddings``
-    for a :class:`ServedModel`, ``/v1/completions`` and chat for a :class:`ServedGenerator`."""
+    for a ServedModel, ``/v1/completions`` and chat for a ServedGenerator (what its kind
+    declares)."""
     return build_app(served, BodyLimits(max_body_bytes, body_timeout_s), close_on_shutdown=close_model_on_shutdown)
 
 

@@ -23,12 +23,10 @@ from typing import Any
 
 from ... import __version__
 from ..._extras import require
-from ..served.generator import ServedGenerator
+from ..served.kinds import BODY_ROUTES, registered
 from ..served.lookup import Entries
-from ..served.model import ServedModel
 from ..served.repository import ModelRepository
-from ..served.text_tasks import served_endpoints
-from .app import BODY_ROUTES, routes_for
+from .app import routes_for
 from .openapi_schemas import OPERATIONS, SCHEMAS, Operation
 from .plumbing import BodyLimits, handled_route, json_response
 
@@ -91,19 +89,6 @@ class ApiFacts:
         self.refused.setdefault(op, reason)
 
 
-def _refusal(served: ServedModel | ServedGenerator, method: str, path: str, endpoints: Mapping[str, str]) -> str:
-    """Why ``served``'s app mounts ``method path`` only to refuse it ("" when it serves it)."""
-    kind = BODY_ROUTES.get(path)
-    generator = isinstance(served, ServedGenerator)
-    if generator and path.endswith("/infer"):
-        return "a text-generation export is served by /v1/completions (gRPC: ModelStreamInfer)"
-    if generator and path == "/v1/chat/completions" and getattr(served, "chat_template", None) is None:
-        return "this model has no chat template"
-    if kind is None or (kind == "completions") == generator:
-        return "" if kind is None or generator else endpoints.get(kind, "")
-    return "served by a text-generation export" if kind == "completions" else "not served by a text-generation export"
-
-
 def _infer_example(meta: Mapping[str, Any]) -> dict[str, Any]:
     """A v2 infer request for the entry whose metadata is ``meta``: one row, length 4."""
     inputs = []
@@ -121,25 +106,24 @@ def _infer_example(meta: Mapping[str, Any]) -> dict[str, Any]:
     return {"inputs": inputs}
 
 
-def model_facts(
-    served: ServedModel | ServedGenerator, routes: Iterable[Any], facts: ApiFacts | None = None
-) -> ApiFacts:
+def model_facts(served: Any, routes: Iterable[Any], facts: ApiFacts | None = None) -> ApiFacts:
     """The facts of one model's app over its mounted ``routes`` (added to ``facts``, as a
-    repository gathers its models')."""
+    repository gathers its models'): what its kind serves and refuses
+    (:meth:`~ortbatch.serve.served.kinds.ModelKind.openapi_refusal`) and its entries'
+    KServe v2 infer examples."""
     facts = facts if facts is not None else ApiFacts(f"ortbatch: {served.name}")
     entries = Entries(served)
+    kind = entries.kind
     names = [served.name] + ([entries.text_view.name] if entries.text_view is not None else [])
-    endpoints = served_endpoints(served) if isinstance(served, ServedModel) else {}
+    endpoints = kind.endpoints(served)
     for method, path in mounted(routes):
-        reason = _refusal(served, method, path, endpoints)
+        reason = kind.openapi_refusal(served, method, path, endpoints)
         if reason:
             facts.refuse((method, path), reason)
         else:
             facts.list((method, path), names)
-    if isinstance(served, ServedModel):
-        facts.infer_examples[served.name] = _infer_example(served.metadata())
-        if entries.text_view is not None:
-            facts.infer_examples[entries.text_view.name] = _infer_example(entries.text_view.metadata())
+    for name, meta in kind.kserve_metadata(served, entries).items():
+        facts.infer_examples[name] = _infer_example(meta)
     return facts
 
 
@@ -190,7 +174,7 @@ def _named(example: Any, model: str) -> Any:
 
 
 def _operation(method: str, path: str, names: list[str], facts: ApiFacts, auth: bool) -> dict[str, Any]:
-    spec = OPERATIONS.get((method, path))
+    spec = OPERATIONS.get((method, path)) or _kind_operations().get((method, path))
     op_id = re.sub(r"[^A-Za-z0-9]+", "_", f"{method.lower()}{path}").strip("_")
     if spec is None:  # mounted, but nobody said what it is: tests/serve/test_openapi.py fails on it
         spec = Operation(f"{method} {path}", "Undocumented")
@@ -225,6 +209,14 @@ def _operation(method: str, path: str, names: list[str], facts: ApiFacts, auth: 
     return op
 
 
+def _kind_operations() -> dict[tuple[str, str], Operation]:
+    """The operations the registered model kinds describe besides :data:`OPERATIONS`."""
+    out: dict[tuple[str, str], Operation] = {}
+    for kind in registered():
+        out.update(kind.operations())
+    return out
+
+
 def document(facts: ApiFacts, auth: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the operations ``facts`` lists; ``auth``: the server
     wants a bearer key (each operation but the health checks says so)."""
@@ -236,7 +228,7 @@ def document(facts: ApiFacts, auth: bool = False) -> dict[str, Any]:
         lines = [f"- `{m} {p}`: {why}" for (m, p), why in sorted(facts.refused.items())]
         description += " Also mounted, and refused for what this server serves:\n\n" + "\n".join(lines)
     components: dict[str, Any] = {
-        "schemas": copy.deepcopy(SCHEMAS),
+        "schemas": copy.deepcopy({**SCHEMAS, **{n: s for k in registered() for n, s in k.schemas().items()}}),
         "responses": {
             "Error": {
                 "description": "An error (400 bad input, 401 no key, 404 unknown model, 413 too large, 429 queue "
@@ -349,7 +341,7 @@ def docs_routes(facts: Callable[[list[Any]], ApiFacts], routes: list[Any]) -> li
     ]
 
 
-def model_docs(served: ServedModel | ServedGenerator) -> Callable[[list[Any]], list[Any]]:
+def model_docs(served: Any) -> Callable[[list[Any]], list[Any]]:
     """The ``docs`` of :func:`~.app.build_app` for one model's app."""
     return lambda routes: docs_routes(lambda mounted_routes: model_facts(served, mounted_routes), routes)
 

@@ -28,9 +28,8 @@ from typing import Any
 from ... import __version__
 from ..._extras import require
 from ...errors import InvalidInputError, ModelNotFoundError, ModelUnavailableError
-
-# the one-model collectors, reused per model (their families relabelled with the model)
-from ..metrics import GeneratorCollector, ServerMetrics, SessionCollector
+from ..metrics import ServerMetrics
+from ..served.kinds import kind_of
 from ..served.protocol import loads_json
 from ..served.repository import LOAD_PARAMETERS, UNLOAD_PARAMETERS, Loaded, ModelRepository, check_parameters
 from .app import BODY_ROUTES, build_app, wrong_kind_message
@@ -63,10 +62,10 @@ class _ModelsCollector:
         families: dict[str, Any] = {}
         for name, loaded in self.repository.loaded():
             served = loaded.served
-            if loaded.kind() == "generator":
-                source: Any = GeneratorCollector(served.generator.stats)
-            else:
-                source = SessionCollector(served.session.stats)
+            # the one-model collector of its kind, reused per model (its families relabelled)
+            source = kind_of(served).collector(served)
+            if source is None:
+                continue
             for fam in source.collect():
                 merged = families.get(fam.name)
                 if merged is None:
@@ -133,9 +132,8 @@ class _Dispatch:
             if reason:
                 repository.release(loaded)
                 if reason == "no":  # the other kind of export: what it answers alone (app.py)
-                    raise InvalidInputError(
-                        wrong_kind_message(path, name, endpoint != "completions"), input_name="model"
-                    )
+                    message = wrong_kind_message(path, name, kind_of(loaded.served))
+                    raise InvalidInputError(message, input_name="model")
                 raise InvalidInputError(f"{path}: {reason}", input_name="model")
             return loaded
         candidates = repository.serving(endpoint)

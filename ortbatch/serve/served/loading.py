@@ -12,8 +12,7 @@ from ...errors import ValidationError
 from ...manifest import MANIFEST_NAME, Manifest
 from .. import tracing
 from ..config import ServeConfig
-from .generator import ServedGenerator, is_generation_export
-from .model import ServedModel
+from .kinds import kind_for_export
 
 __all__ = ["load_served", "refuse_unvalidated"]
 
@@ -39,34 +38,16 @@ def load_served(
     name: str | None,
     config: ServeConfig,
     session_options: Callable[[bool], Any] | None = None,
-) -> ServedModel | ServedGenerator:
-    """What ``directory`` holds, ready to serve: a ServedGenerator for a decoder-with-past
-    export, else a ServedModel, built with ``config``'s settings. ``session_options(generation)``,
+) -> Any:
+    """What ``directory`` holds, ready to serve, as its kind loads it
+    (:func:`~.kinds.kind_for_export`: a ServedGenerator for a decoder-with-past export, a
+    ServedModel for an encoder), built with ``config``'s settings. ``session_options(generation)``,
     when given, makes the ONNX Runtime session options (``ortbatch.ray`` sizes threads to a
-    replica's CPUs). An export whose accuracy checks failed is refused
+    replica's CPUs). An export no kind serves is refused
+    (:class:`~.kinds.UnservedExportError`), and one whose accuracy checks failed
     (:func:`refuse_unvalidated`) unless ``config.allow_unvalidated``."""
+    kind = kind_for_export(directory)
     refuse_unvalidated(directory, config.allow_unvalidated)
-    served: ServedModel | ServedGenerator
-    if is_generation_export(directory):
-        gen_kw = config.generator_kwargs()
-        if session_options is not None:
-            gen_kw["session_options"] = session_options(True)
-        served = ServedGenerator.load(
-            directory, name=name, generator_kwargs=gen_kw, lenient_params=config.lenient_params
-        )
-        tracing.observe(served, tracing.active())  # when tracing is on (ortbatch.serve.tracing)
-        return served
-    kw = config.session_kwargs()
-    if session_options is not None:
-        kw["session_options"] = session_options(False)
-    served = ServedModel.load(
-        directory,
-        name=name,
-        session_kwargs=kw,
-        normalize_embeddings=config.normalize_embeddings,
-        max_text_chars=config.max_text_chars,
-        truncate=config.truncate,
-        lenient_params=config.lenient_params,
-    )
-    tracing.observe(served, tracing.active())
+    served = kind.load(Path(directory), name, config, session_options)
+    tracing.observe(served, tracing.active())  # when tracing is on (ortbatch.serve.tracing)
     return served

@@ -13,9 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ModelNotFoundError
-from .generator import ServedGenerator
-from .model import ServedModel
-from .textview import TextModelView
+from .kinds import kind_of
 
 __all__ = ["GENERATOR_VERSION", "Entries"]
 
@@ -26,11 +24,11 @@ GENERATOR_VERSION = "1"
 class Entries:
     """The entries of one served model, by name (the text view is made once)."""
 
-    def __init__(self, served: ServedModel | ServedGenerator) -> None:
+    def __init__(self, served: Any) -> None:
         self.served = served
-        self.text_view: TextModelView | None = None
-        if isinstance(served, ServedModel) and served.text_model_name is not None:
-            self.text_view = TextModelView(served)
+        self.kind = kind_of(served)
+        #: the ``{name}_text`` entry beside it (a ServedModel's :class:`~.textview.TextModelView`)
+        self.text_view: Any = self.kind.text_view(served)
 
     def find(self, name: str, version: str | None = None) -> Any:
         """The model (or text view, or generator) answering ``name`` at ``version``
@@ -42,7 +40,7 @@ class Entries:
             found = served
         else:
             raise ModelNotFoundError(f"unknown model {name!r}; this server serves {served.name!r}")
-        served_version = GENERATOR_VERSION if isinstance(served, ServedGenerator) else found.version
+        served_version = self.kind.version(served, found)
         if version and version != served_version:
             raise ModelNotFoundError(f"unknown version {version!r} of model {name!r}; served: {served_version!r}")
         return found

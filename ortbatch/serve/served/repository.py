@@ -50,17 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ...errors import InvalidInputError, ModelLoadFailedError, ModelNotFoundError, ModelUnavailableError, OrtBatchError
 from ...manifest import MANIFEST_NAME
 from ..config import ServeConfig
-from .generator import ServedGenerator
+from .kinds import kind_of
 from .loading import load_served
-from .model import TEXT_MODEL_SUFFIX, ServedModel
-from .protocol import DATATYPES
+from .model import TEXT_MODEL_SUFFIX
 from .servable import Servable
-from .text_tasks import served_endpoints
 
 __all__ = [
     "LOADING",
@@ -162,7 +158,8 @@ class Loaded:
     on_retired: Callable[[], None] | None = None
 
     def kind(self) -> str:
-        return "generator" if isinstance(self.served, ServedGenerator) else "model"
+        """What the startup lines call it (its kind's ``index_label``: ``model``, ``generator``)."""
+        return kind_of(self.served).index_label
 
 
 @dataclass(eq=False)
@@ -232,8 +229,7 @@ class ModelRepository:
 
     def _wrap(self, served: Any) -> Loaded:
         """``served`` as a loaded model, with the endpoints it serves."""
-        endpoints = served_endpoints(served) if isinstance(served, ServedModel) else {"completions": ""}
-        return Loaded(served, endpoints)
+        return Loaded(served, kind_of(served).endpoints(served))
 
     def load_all(self) -> list[tuple[str, str]]:
         """Load every model (blocking, at startup); returns ``(name, reason)`` for each that
@@ -488,15 +484,7 @@ async def _in_thread(fn: Callable[[str], None], name: str) -> None:
 
 
 def _warm_up(served: Any) -> None:
-    """Run one smallest request, so the model reports ready only after ONNX Runtime has
-    run it once (and a broken export fails here, at load, not on a user's request)."""
-    if isinstance(served, ServedGenerator):
-        served.generator.generate([0], max_new_tokens=1)
-        return
-    feed = {}
-    for m in served.inputs:
-        dtype = DATATYPES.get(m.datatype)
-        if dtype is None or dtype.kind == "O":
-            return  # nothing generic to send
-        feed[m.name] = np.zeros(tuple(d if d > 0 else 1 for d in m.shape), dtype=dtype)
-    served.session.run(None, feed)
+    """Run one smallest request (its kind's ``warm_up``), so the model reports ready only after
+    ONNX Runtime has run it once (and a broken export fails here, at load, not on a user's
+    request)."""
+    kind_of(served).warm_up(served)
