@@ -395,4 +395,20 @@ def _is_seq2seq(export: ExportFacts) -> bool:
     return "encoder_model.onnx" in files and any(f.startswith("decoder_") for f in files)
 
 
+#: a speech-recognition export's task (Whisper: ``ortbatch export`` writes the with-past one)
+SPEECH_TASKS = frozenset({"automatic-speech-recognition", "automatic-speech-recognition-with-past"})
+
+
+def _is_speech(export: ExportFacts) -> bool:
+    """A speech-recognition export (Whisper): its manifest's task or family says so, or its
+    ``config.json`` is a Whisper model's."""
+    return (
+        export.task in SPEECH_TASKS
+        or export.source.get("family") == "speech-seq2seq"
+        or export.config.get("model_type") == "whisper"
+    )
+
+
+# asked in this order: a Whisper export is also an encoder-decoder one, and its refusal says more
+declare_unserved("a speech-recognition (Whisper) export", "speech recognition", _is_speech)
 declare_unserved("an encoder-decoder (seq2seq) export", "encoder-decoder generation", _is_seq2seq)
