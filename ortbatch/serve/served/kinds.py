@@ -191,6 +191,12 @@ class ModelKind:
         """``ortbatch generate DIR PROMPT...`` (its exit code); the default refuses."""
         raise UnservedExportError(f"{directory} is {self.description}: `ortbatch generate` takes {_generating()}")
 
+    def bulk_source(self, path: Path, options: Any, batch_rows: int) -> Any:
+        """The rows ``ortbatch run`` reads from ``path`` when the kind reads inputs of its own
+        (a folder of images: a :class:`~ortbatch.bulk.sources.Source`-like object); None: the
+        ordinary JSONL/CSV/Parquet source."""
+        return None
+
     def make_bulk_task(self, export_dir: Path, options: Any) -> Any:
         """The ``ortbatch run`` task of a kind that brings its own (None: the bulk task family
         :attr:`bulk_task` names, built by ``ortbatch.bulk``)."""
