@@ -306,3 +306,56 @@ def test_run_over_a_folder_of_images_and_resume(exported, checkpoint, pics, tmp_
     assert sorted(json.dumps(r, sort_keys=True) for r in _records(out)) == sorted(
         json.dumps(r, sort_keys=True) for r in recs
     )
+
+
+def test_grpc_infer_by_tritonclient(exported, checkpoint, pics):
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    want = _hf_image_features(checkpoint("clip"), pics[:2])
+    config = ServeConfig(port=0, grpc_port=0, access_log=False, log_level="warning")
+    with BackgroundServer(IMAGE.load(exported("clip").directory, "clip", config), config) as srv:
+        client = grpcclient.InferenceServerClient(srv.grpc.address)
+        meta = client.get_model_metadata("clip", as_json=True)
+        assert [m["name"] for m in meta["inputs"]] == ["image", "pixel_values"]
+        inp = grpcclient.InferInput("image", [2], "BYTES")
+        inp.set_data_from_numpy(np.array(pics[:2], dtype=object))
+        out = client.infer("clip", [inp]).as_numpy(meta["outputs"][0]["name"])
+        assert _cosines(out, want).min() >= COSINE
+        bad = grpcclient.InferInput("image", [1], "BYTES")
+        bad.set_data_from_numpy(np.array([b"<svg/>"], dtype=object))
+        with pytest.raises(Exception, match="not an image"):
+            client.infer("clip", [bad])
+        client.close()
+
+
+def test_cli_serve_an_image_export_and_a_repository(exported, pics, tmp_path):
+    """``ortbatch serve DIR`` of a CLIP export, then a repository of a classifier beside it:
+    each body route reaches the model its body names."""
+    import httpx
+
+    from tests.serve.conftest import ServeProcess
+
+    srv = ServeProcess([str(exported("clip").directory)], tmp_path / "one.log")
+    try:
+        assert "images: /v1/embeddings" in srv.text()
+        r = httpx.post(srv.url + "/v1/embeddings", json={"input": [_uri(pics[0])], "modality": "image"}, timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        srv.stop()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "clip").symlink_to(exported("clip").directory)
+    (repo / "vit").symlink_to(exported("vit").directory)
+    srv = ServeProcess(["--repository", str(repo)], tmp_path / "repo.log")
+    try:
+        r = httpx.post(srv.url + "/v1/classify", json={"model": "vit", "input": [_uri(pics[0])]}, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == "vit", r.text
+        r = httpx.post(
+            srv.url + "/v1/classify",
+            json={"model": "clip", "input": [_uri(pics[0])], "labels": ["a", "b"]},
+            timeout=60,
+        )
+        assert r.status_code == 200 and len(r.json()["data"][0]["probs"]) == 2, r.text
+        r = httpx.post(srv.url + "/v1/embeddings", json={"model": "vit", "input": [_uri(pics[0])]}, timeout=60)
+        assert r.status_code == 400 and "image classifier" in r.text
+    finally:
+        srv.stop()
