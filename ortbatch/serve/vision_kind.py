@@ -84,6 +84,8 @@ class ServedImages:
         self.output = face.output if self.embedder else "logits"
         self._closed = False
         self._lock = threading.Lock()
+        #: what closes with it besides the face (a front end's stand-in for the engine's session)
+        self.also_close: list[Any] = []
 
     @classmethod
     def load(cls, directory: Path, name: str, **session_kwargs: Any) -> ServedImages:
@@ -108,6 +110,8 @@ class ServedImages:
                 return
             self._closed = True
         self.face.close()
+        for other in self.also_close:
+            other.close(drain=drain)
 
     def _open(self) -> None:
         if self._closed:
@@ -218,6 +222,25 @@ class ServedImages:
 
             out = normalize(out)
         return out
+
+
+class _Submitting:
+    """A front end's stand-in for the engine's session with the one call the faces make,
+    ``submit(feed, outputs)`` (one request of ``submit_many``)."""
+
+    def __init__(self, proxy: Any) -> None:
+        self._proxy = proxy
+        self.max_batch_size = proxy.max_batch_size
+        self.max_queue = proxy.max_queue
+
+    def submit(self, feed: Mapping[str, Any], output_names: Sequence[str] | None = None, **kw: Any) -> Any:
+        return self._proxy.submit_many([feed], output_names, **kw)[0]
+
+    def stats(self) -> Any:
+        return self._proxy.stats()
+
+    def close(self, drain: bool = True) -> None:
+        self._proxy.close(drain=drain)
 
 
 def _check_count(n: int) -> None:
@@ -478,6 +501,24 @@ class ImageKind(ModelKind):
         if path in self.body_routes:
             return endpoints.get(self.body_routes[path], "")
         return super().openapi_refusal(served, method, path, endpoints)
+
+    def engine_side(self, served: ServedImages) -> tuple[Any, Any]:
+        from .frontends.proxy import SessionInfo
+
+        return served.session, SessionInfo.of(served.session)
+
+    def front_end_view(self, link: Any, key: int, info: Any, directory: Path, name: str, config: Any) -> ServedImages:
+        """The image graph's requests go to the engine's session; decoding and preprocessing
+        run in the front end (its own thread pool); a two-tower export's text tower opens in
+        the front end on its first text."""
+        from ..vision import ImageClassifier, ImageEmbedder
+
+        proxy = link.for_model(key, info)
+        vision = ExportFacts.of(directory).manifest.extra["vision"]  # type: ignore[union-attr]
+        face_type: Any = ImageClassifier if vision.get("labels") is not None else ImageEmbedder
+        served = ServedImages(face_type(directory, session=_Submitting(proxy)), name)
+        served.also_close.append(proxy)
+        return served
 
     def make_bulk_task(self, export_dir: Path, options: Any) -> Any:
         from ..bulk.images import ImageTask

@@ -359,3 +359,26 @@ def test_cli_serve_an_image_export_and_a_repository(exported, pics, tmp_path):
         assert r.status_code == 400 and "image classifier" in r.text
     finally:
         srv.stop()
+
+
+def test_cli_serve_behind_frontends(exported, checkpoint, pics, tmp_path):
+    """``--frontends 2``: the image graph runs in the engine, decoding and the text tower in
+    the front ends; the answers equal transformers'."""
+    import httpx
+
+    from tests.serve.conftest import ServeProcess
+
+    want_img = _hf_image_features(checkpoint("clip"), pics[:3])
+    want_txt = _hf_text_features(checkpoint("clip"), TEXTS[:2], siglip=False)
+    srv = ServeProcess([str(exported("clip").directory), "--frontends", "2"], tmp_path / "fe.log")
+    try:
+        mixed = [{"image": _uri(d)} for d in pics[:3]] + [{"text": t} for t in TEXTS[:2]]
+        for _ in range(4):  # more requests than front ends: both answer
+            r = httpx.post(srv.url + "/v1/embeddings", json={"input": mixed}, timeout=60)
+            assert r.status_code == 200, r.text
+            got = np.array([d["embedding"] for d in r.json()["data"]])
+            assert _cosines(got, np.concatenate([want_img, want_txt])).min() >= COSINE
+        r = httpx.post(srv.url + "/v1/embeddings", json={"input": ["data:image/png;base64,!!"], "modality": "image"})
+        assert r.status_code == 400 and "base64" in r.text
+    finally:
+        srv.stop()
