@@ -382,3 +382,31 @@ def test_cli_serve_behind_frontends(exported, checkpoint, pics, tmp_path):
         assert r.status_code == 400 and "base64" in r.text
     finally:
         srv.stop()
+
+
+def test_run_over_a_parquet_column_of_paths_and_uris(exported, checkpoint, pics, tmp_path):
+    """A Parquet file whose ``path`` column holds image paths and data: URIs: the CLIP export's
+    image vectors (L2-normalized, as ``ortbatch run`` writes embeddings) equal transformers'."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    files = []
+    for i, d in enumerate(pics[:3]):
+        f = tmp_path / f"p{i}.img"
+        f.write_bytes(d)
+        files.append(str(f))
+    column = [*files, *(_uri(d) for d in pics[3:])]
+    pq.write_table(pa.table({"path": column}), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    args = ["run", str(exported("clip").directory), str(tmp_path / "in.parquet"), "-o", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "ortbatch.cli", *args, "--format", "jsonl", "--text-column", "path"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    got = np.array([r["embedding"] for r in sorted(_records(out), key=lambda r: r["row"])])
+    want = _hf_image_features(checkpoint("clip"), pics)
+    assert _cosines(got, want).min() >= COSINE
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
