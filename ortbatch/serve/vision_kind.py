@@ -43,7 +43,7 @@ from .served.embeddings import embedding_json
 from .served.kinds import ExportFacts, ModelKind, register
 from .served.protocol import InferRequest
 
-__all__ = ["IMAGE", "MAX_IMAGES_PER_REQUEST", "ImageKind", "ServedImages", "is_image_export"]
+__all__ = ["IMAGE", "MAX_IMAGES_PER_REQUEST", "REQUEST_FIELDS", "ImageKind", "ServedImages", "is_image_export"]
 
 #: images (and texts) one request may carry; more is a 400 naming the limit
 MAX_IMAGES_PER_REQUEST = 256
@@ -490,6 +490,73 @@ class ImageKind(ModelKind):
     def http_routes(self, served: ServedImages, body: Any) -> list[Any]:
         model: Any = served  # the v2 routes read metadata(), triton_config(), ready and infer() of it
         return [*kserve_routes(model, body), *image_routes(served, body)]
+
+    def operations(self) -> Mapping[tuple[str, str], Any]:
+        """How an image export's own ``/openapi.json`` describes its two body routes (a
+        repository's document keeps the shared ones)."""
+        from .http.openapi_schemas import Operation
+
+        uri = "data:image/png;base64,iVBORw0KGgo..."
+        return {
+            ("POST", "/v1/embeddings"): Operation(
+                "Embeddings of images and texts (OpenAI, Infinity's modality)",
+                "OpenAI",
+                "ImageEmbeddingRequest",
+                "EmbeddingResponse",
+                {"input": [uri], "modality": "image", "model": "{model}"},
+                description="Images as data: URIs with modality image; texts through a CLIP/SigLIP text tower; a "
+                "mixed list of {image: URI} / {text: TEXT} objects, answered in order. Remote URLs are refused.",
+            ),
+            ("POST", "/v1/classify"): Operation(
+                "Classify images (a classifier's labels, or zero-shot over candidate labels)",
+                "Tasks (rerank, classify, tokenize)",
+                "ImageClassifyRequest",
+                "ClassifyResponse",
+                {"input": [uri], "model": "{model}"},
+            ),
+        }
+
+    def schemas(self) -> Mapping[str, Any]:
+        text = {"type": "string"}
+        item = {
+            "oneOf": [
+                text,
+                {"type": "object", "properties": {"image": text}, "required": ["image"], "additionalProperties": False},
+                {"type": "object", "properties": {"text": text}, "required": ["text"], "additionalProperties": False},
+            ]
+        }
+        many = {"type": "array", "maxItems": MAX_IMAGES_PER_REQUEST, "minItems": 1}
+        return {
+            "ImageEmbeddingRequest": {
+                "type": "object",
+                "properties": {
+                    "input": {"oneOf": [item, {**many, "items": item}]},
+                    "model": text,
+                    "modality": {"type": "string", "enum": ["text", "image"], "default": "text"},
+                    "encoding_format": {"type": "string", "enum": list(_ENCODINGS), "default": "float"},
+                    "user": text,
+                },
+                "required": ["input"],
+                "additionalProperties": False,
+            },
+            "ImageClassifyRequest": {
+                "type": "object",
+                "properties": {
+                    "input": {"oneOf": [text, {**many, "items": text}], "description": "data: URIs of images"},
+                    "model": text,
+                    "labels": {
+                        "type": "array",
+                        "items": text,
+                        "minItems": 1,
+                        "description": "candidate labels (zero-shot, CLIP/SigLIP exports only)",
+                    },
+                    "template": {"type": "string", "default": "a photo of {}."},
+                    "user": text,
+                },
+                "required": ["input"],
+                "additionalProperties": False,
+            },
+        }
 
     def metrics(self, served: ServedImages) -> ServerMetrics:
         return ServerMetrics(served.session.stats)

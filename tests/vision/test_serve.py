@@ -26,7 +26,7 @@ pytest.importorskip("PIL")
 
 from ortbatch.serve import BackgroundServer, ServeConfig
 from ortbatch.serve.served.kinds import kind_for_export, kind_of
-from ortbatch.serve.vision_kind import IMAGE, MAX_IMAGES_PER_REQUEST, ServedImages
+from ortbatch.serve.vision_kind import IMAGE, MAX_IMAGES_PER_REQUEST, REQUEST_FIELDS, ServedImages
 from tests.vision.models import TEXTS
 from tests.vision.pictures import drawing, encode, pictures
 from tests.vision.test_export import _cosines, _hf_image_features, _hf_images, _hf_text_features
@@ -237,6 +237,15 @@ def test_metrics_and_openapi(clip_server):
     assert "/v1/embeddings" in doc["paths"] and "/v1/classify" in doc["paths"]
     assert "/v2/models/{name}/infer" in doc["paths"]
     assert not any(op.get("x-ortbatch-undocumented") for p in doc["paths"].values() for op in p.values())
+    # the image export's own request schemas, referred to and present
+    request = doc["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]
+    assert request["schema"]["$ref"].endswith("/ImageEmbeddingRequest") and request["example"]["modality"] == "image"
+    assert set(doc["components"]["schemas"]["ImageEmbeddingRequest"]["properties"]) == {"model"} | set(
+        REQUEST_FIELDS["/v1/embeddings"]
+    )
+    assert set(doc["components"]["schemas"]["ImageClassifyRequest"]["properties"]) == {"model"} | set(
+        REQUEST_FIELDS["/v1/classify"]
+    )
 
 
 def test_served_images_kind_of(exported):
