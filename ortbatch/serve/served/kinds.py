@@ -210,11 +210,14 @@ class ModelKind:
 
     def operations(self) -> Mapping[tuple[str, str], Any]:
         """``(METHOD, path)`` -> its OpenAPI ``Operation`` (``http.openapi_schemas``), for
-        routes the shared table does not describe."""
+        routes the shared table does not describe; in the document of a model of this kind
+        alone, they describe its routes in place of the shared table's (an image export's
+        ``/v1/embeddings``)."""
         return {}
 
     def schemas(self) -> Mapping[str, Any]:
-        """OpenAPI schemas :meth:`operations` refer to, by name."""
+        """OpenAPI schemas :meth:`operations` refer to, by name (in the documents of servers
+        holding a model of this kind)."""
         return {}
 
     def metrics(self, served: Any) -> Any:
