@@ -232,7 +232,8 @@ def test_too_many_images_and_bad_fields(clip_server, pics):
 def test_metrics_and_openapi(clip_server):
     import httpx
 
-    assert "ortbatch_http_requests" in httpx.get(clip_server.url + "/metrics").text
+    metrics = httpx.get(clip_server.url + "/metrics").text
+    assert "ortbatch_http_requests" in metrics and "ortbatch_batches" in metrics  # the image session's counters
     doc = httpx.get(clip_server.url + "/openapi.json").json()
     assert "/v1/embeddings" in doc["paths"] and "/v1/classify" in doc["paths"]
     assert "/v2/models/{name}/infer" in doc["paths"]
@@ -419,3 +420,24 @@ def test_run_over_a_parquet_column_of_paths_and_uris(exported, checkpoint, pics,
     want = _hf_image_features(checkpoint("clip"), pics)
     assert _cosines(got, want).min() >= COSINE
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_concurrent_clients_get_their_own_rows_in_order(clip_server, checkpoint, pics):
+    """16 clients at once, each its own order of the pictures: every answer is its own rows,
+    in its order (the image requests of all clients share the session's batches)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    want = _hf_image_features(checkpoint("clip"), pics)
+    rng = np.random.default_rng(0)
+    orders = [rng.permutation(len(pics))[: 2 + i % 4] for i in range(16)]
+
+    def one(order: np.ndarray) -> float:
+        body = {"input": [_uri(pics[i]) for i in order], "modality": "image"}
+        r = httpx.post(clip_server.url + "/v1/embeddings", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return float(_cosines(np.array([d["embedding"] for d in r.json()["data"]]), want[order]).min())
+
+    with ThreadPoolExecutor(16) as pool:
+        assert min(pool.map(one, orders)) >= COSINE
