@@ -13,6 +13,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
 from .errors import OrtBatchError
@@ -26,8 +27,19 @@ def _commands() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a mistake is said first: argparse prints the usage (30 lines
+    for ``serve``) and then the error, so the "did you mean" scrolled off above the fold."""
+
+    def error(self, message: str) -> NoReturn:
+        usage = self.format_usage()
+        if usage.count("\n") > 4:  # a long usage: one line pointing at --help instead
+            usage = f"usage: {self.prog} [options] ...  (`{self.prog} --help` lists them)\n"
+        self.exit(2, f"{self.prog}: error: {message}\n{usage}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ortbatch",
         description="Export Hugging Face models to ONNX, validate them, and serve them batched.",
     )

@@ -28,6 +28,7 @@ the line, so a resumed job writes the same bytes).
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -223,6 +224,7 @@ class BatchApiTask(Task):
         ``/v1/embeddings`` takes, checked by the same code) and ``(truncate, prompt)``."""
         from ..embed import ops
         from ..serve.served.completions import text_or_ids
+        from ..serve.served.model import check_texts
         from ..serve.served.task_fields import check_task_fields, truncate_field
 
         assert self.inner is not None
@@ -236,6 +238,8 @@ class BatchApiTask(Task):
             # absent: the job's --truncate, as `serve --truncate` sets the field's default
             truncate = truncate_field(body, self.inner.options.truncate)
             texts = isinstance(inputs[0], str)
+            if texts:  # a lone surrogate ("\ud800"): serve's 400, word for word, not the tokenizer's TypeError
+                check_texts([x for x in inputs if isinstance(x, str)], "input", None, sys.maxsize)
             if not texts and options.asks_prompt is not None:
                 raise InvalidInputError(
                     f"'{options.asks_prompt}' needs text inputs: token ids are sent to the model as they are",

@@ -98,6 +98,7 @@ def run(
         shards = prepared.outdir.open(job, config.restart)
         return _run(task, prepared, job, shards, out_stream)
     finally:
+        prepared.outdir.release()  # the folder's lock, taken by open()
         task.close()
 
 
@@ -107,6 +108,7 @@ def _run(task: Task, prepared: Prepared, job: dict[str, Any], shards: list[Shard
     done = {int(s["shard"]): s for s in shards}
     resumed = sum(int(s["end"]) - int(s["start"]) for s in shards)
     progress = make_progress(prepared, resumed, stream)
+    task.on_progress = progress.advance  # shown from the first batch, not the first window
     t0 = time.monotonic()
     tokens = 0
     with_id = config.id_column is not None

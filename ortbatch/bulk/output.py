@@ -50,7 +50,9 @@ __all__ = ["OUTPUT_FORMATS", "OutputDir", "OutputError", "ShardFiles", "ShardInf
 OUTPUT_FORMATS = ("parquet", "jsonl")
 _PART = re.compile(r"^part-(\d{6})\.(parquet|jsonl)$")
 _SHARD = re.compile(r"^(\d{6})\.json$")
-_OURS = ("_job.json", "_manifest.json", "_errors.jsonl", "_shards", "_errors")
+_OURS = ("_job.json", "_manifest.json", "_errors.jsonl", "_shards", "_errors", "_lock")
+#: the file a running job holds locked (flock): a second run on the same output is refused
+_LOCK = "_lock"
 
 
 class OutputError(OrtBatchError):
@@ -160,9 +162,56 @@ class OutputDir:
             names.append(p.name)
         return sorted(names)
 
+    def _lock(self) -> None:
+        """Hold the folder's lock until :meth:`release` (or this process ends): two runs on one
+        output would compute the same shards twice, and one could clear what the other wrote."""
+        if getattr(self, "_lock_file", None) is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # no flock here (Windows): unlocked, as before
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        f = open(self.path / _LOCK, "a+")  # noqa: SIM115 - held open until release()
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip()
+            f.close()
+            raise OutputError(
+                f"output {self.path} is in use by another `ortbatch run`{f' ({holder})' if holder else ''}; "
+                "wait for it to finish, or choose another folder"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}\n")
+        f.flush()
+        self._lock_file: IO[str] | None = f
+
+    def release(self) -> None:
+        """Let go of the folder's lock (calling it again is harmless)."""
+        f, self._lock_file = getattr(self, "_lock_file", None), None
+        if f is not None:
+            f.close()
+
+    def _strays(self) -> list[str]:
+        """What this folder holds that a run of ours writes only after ``_job.json``: without
+        that file, such files are someone else's (or a job's whose record was removed)."""
+        names = []
+        for p in self.path.iterdir():
+            if p.name == _LOCK or (p.name.startswith(".") and p.name.endswith(".tmp")):
+                continue
+            if p.name in ("_shards", "_errors") and p.is_dir() and not any(p.iterdir()):
+                continue  # made before _job.json: a run killed in between left them empty
+            names.append(p.name)
+        return sorted(names)
+
     def open(self, job: dict[str, Any], restart: bool) -> list[ShardInfo]:
-        """Make the folder ready for ``job``; returns the shards already committed (none
-        after ``restart`` or for a new folder). Refuses a folder holding other files, or
+        """Make the folder ready for ``job`` and lock it for this run (see :meth:`release`);
+        returns the shards already committed (none after ``restart`` or for a new folder).
+        Refuses a folder another run holds, a folder holding other files (shard-named files
+        without the ``_job.json`` a run writes before them included: never deleted), or
         another job's output unless ``restart``."""
         if self.path.exists():
             foreign = self._foreign()
@@ -171,17 +220,24 @@ class OutputDir:
                     f"output {self.path} holds files `ortbatch run` did not write ({', '.join(foreign[:3])}"
                     f"{', ...' if len(foreign) > 3 else ''}); choose an empty or new folder"
                 )
-            old = self._read_json(self.path / "_job.json")
-            if restart:
-                self.clear()
-            elif old is not None and old != job:
-                diff = sorted(k for k in set(old) | set(job) if old.get(k) != job.get(k))
-                raise OutputError(
-                    f"output {self.path} holds a run with different {', '.join(diff)}; rerun the same command "
-                    "to resume it, or pass --restart to start over"
-                )
-            elif old is None and any(self.path.iterdir()):
-                self.clear()  # only our leftovers, from a run killed before it wrote _job.json
+        self._lock()
+        old = self._read_json(self.path / "_job.json")
+        if old is None and (strays := self._strays()):
+            self.release()
+            raise OutputError(
+                f"output {self.path} holds {', '.join(strays[:3])}{', ...' if len(strays) > 3 else ''} but no "
+                "_job.json, which `ortbatch run` writes before any of them: they are not this job's, and it "
+                "deletes nothing it did not write; move them away or choose an empty or new folder"
+            )
+        if restart:
+            self.clear()
+        elif old is not None and old != job:
+            self.release()
+            diff = sorted(k for k in set(old) | set(job) if old.get(k) != job.get(k))
+            raise OutputError(
+                f"output {self.path} holds a run with different {', '.join(diff)}; rerun the same command "
+                "to resume it, or pass --restart to start over"
+            )
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "_shards").mkdir(exist_ok=True)
         (self.path / "_errors").mkdir(exist_ok=True)
@@ -192,6 +248,8 @@ class OutputDir:
     def clear(self) -> None:
         """Delete what ``ortbatch run`` wrote here (and nothing else)."""
         for p in list(self.path.iterdir()):
+            if p.name == _LOCK:
+                continue  # held by this run
             if p.name in ("_shards", "_errors"):
                 shutil.rmtree(p)
             elif p.name in _OURS or _PART.match(p.name) or (p.name.startswith(".") and p.name.endswith(".tmp")):

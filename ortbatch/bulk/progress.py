@@ -3,6 +3,7 @@ terminal or a plain line every few seconds otherwise (both engines)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TextIO
 
@@ -10,25 +11,52 @@ from .plan import Prepared
 
 __all__ = ["Progress", "make_progress"]
 
+_REDRAW_S = 0.2  # a terminal bar: redrawn at most this often
+
 
 class Progress:
-    """Rows/s, tokens/s, ETA and errors: a bar redrawn in place on a terminal, otherwise a
-    plain line every ``every_s`` seconds."""
+    """Rows/s, tokens/s, ETA and errors: a bar redrawn in place on a terminal (at most
+    ``_REDRAW_S`` apart), otherwise a plain line every ``every_s`` seconds; both from the
+    first batch computed, not the first window committed (a window is thousands of rows).
+
+    :meth:`advance` counts rows as their batches finish (not yet committed: a kill loses
+    them); :meth:`update` counts a committed window, replacing what ``advance`` counted of it.
+    """
 
     def __init__(self, total: int | None, done: int, stream: TextIO, tty: bool, every_s: float, enabled: bool) -> None:
         self.total, self.start_rows = total, done
         self.stream, self.tty, self.every_s, self.enabled = stream, tty, every_s, enabled
-        self.t0 = self.last = time.monotonic()
-        self.rows = done
+        self.t0 = time.monotonic()
+        self.last: float | None = None  # when a line was last shown (None: never)
+        self.rows = done  # committed (resumed ones included) + computed in the open window
         self.tokens = 0
         self.errors = 0
+        self._open_rows = self._open_tokens = 0  # counted by advance() in the window not committed
+        self._shown_rows: int | None = None  # the rows the last line showed
+        self._lock = threading.Lock()  # advance() may come from the task's threads
+
+    def advance(self, rows: int, tokens: int) -> None:
+        """``rows`` (of ``tokens`` real tokens) computed, their window not yet committed."""
+        with self._lock:
+            self._open_rows += rows
+            self._open_tokens += tokens
+            self.rows += rows
+            self.tokens += tokens
+            self._maybe_show()
 
     def update(self, rows: int, tokens: int, errors: int) -> None:
-        self.rows += rows
-        self.tokens += tokens
-        self.errors += errors
+        """A window of ``rows`` committed (``tokens``, ``errors``: its totals)."""
+        with self._lock:
+            self.rows += rows - self._open_rows
+            self.tokens += tokens - self._open_tokens
+            self._open_rows = self._open_tokens = 0
+            self.errors += errors
+            self._maybe_show()
+
+    def _maybe_show(self) -> None:
         now = time.monotonic()
-        if self.enabled and (self.tty or now - self.last >= self.every_s):
+        gap = _REDRAW_S if self.tty else self.every_s
+        if self.enabled and (self.last is None or now - self.last >= gap):
             self.last = now
             self._show(now)
 
@@ -41,6 +69,7 @@ class Progress:
             parts.append(f"ETA {_duration(max(self.total - self.rows, 0) / rate)}")
         parts.append(f"{self.errors} errors")
         text = ", ".join(parts)
+        self._shown_rows = self.rows
         if self.tty:
             bar = ""
             if self.total:
@@ -52,8 +81,15 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled and self.tty:
-            self._show(time.monotonic(), final=True)
+        """The last state: the bar's final form on a terminal; otherwise a last line, unless
+        the last one shown already said it."""
+        with self._lock:
+            if not self.enabled:
+                return
+            if self.tty:
+                self._show(time.monotonic(), final=True)
+            elif self._shown_rows != self.rows:
+                self._show(time.monotonic())
 
 
 def _duration(seconds: float) -> str:

@@ -36,7 +36,7 @@ import abc
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +147,9 @@ class Task(abc.ABC):
 
     #: real tokens (not padding) the last :meth:`run` used, for the progress line
     last_tokens: int = 0
+    #: told ``(rows, tokens)`` as each batch of a :meth:`run` finishes (the progress display
+    #: of a local ``ortbatch run``: progress from the first batch, not the first window)
+    on_progress: Callable[[int, int], None] | None = None
 
     def record(self, row: Row, result: dict[str, Any], with_id: bool) -> dict[str, Any]:
         """The output record of a row that succeeded: ``row`` (its number in the input),
@@ -333,9 +336,15 @@ class Encoder:
             feed["prompt_length"] = np.array([prompt_length], dtype=self._dtypes["prompt_length"])
         return feed
 
-    def infer(self, items: Sequence[_Encoded | RowFailure], names: list[str]) -> list[list[np.ndarray] | RowFailure]:
+    def infer(
+        self,
+        items: Sequence[_Encoded | RowFailure],
+        names: list[str],
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> list[list[np.ndarray] | RowFailure]:
         """Run every encoded item (failures pass through): per item, its outputs
-        (``names`` order, trimmed to its own length) or why it failed."""
+        (``names`` order, trimmed to its own length) or why it failed. ``on_batch`` is told
+        ``(rows, tokens)`` of each batch as its outputs are collected."""
         out: list[list[np.ndarray] | RowFailure | None] = [None] * len(items)
         collator = self.session.collator
         prepared: dict[int, Any] = {}
@@ -352,6 +361,8 @@ class Encoder:
         pending = [(chunk, self._submit(chunk, prepared, names)) for chunk in chunks]
         for chunk, fut in pending:
             self._collect(chunk, fut, prepared, names, out)
+            if on_batch is not None:
+                on_batch(len(chunk), sum(getattr(items[i], "tokens", 0) for i in chunk))
         return [o if o is not None else RowFailure("inference", "no result") for o in out]
 
     def _chunks(self, order: list[int], prepared: dict[int, Any]) -> list[list[int]]:
@@ -679,7 +690,7 @@ class EncoderTask(Task):
         encoded = iter(self.encoder.encode(texts, self.options.truncate, self.head.prompt))
         enc: list[_Encoded | RowFailure] = [x if isinstance(x, RowFailure) else next(encoded) for x in items]
         self.last_tokens = sum(e.tokens for e in enc if isinstance(e, _Encoded))
-        outs = self.encoder.infer(enc, [self.head.output])
+        outs = self.encoder.infer(enc, [self.head.output], self.on_progress)
         results: list[Outcome] = []
         for row, item, res in zip(rows, enc, outs, strict=True):
             if isinstance(res, RowFailure):
@@ -816,6 +827,8 @@ class GenerationTask(Task):
                 out[i] = RowFailure("inference", str(exc))
                 continue
             tokens += c.prompt_tokens + c.completion_tokens
+            if self.on_progress is not None:
+                self.on_progress(1, c.prompt_tokens + c.completion_tokens)
             out[i] = {
                 "text": c.text,
                 "finish_reason": c.finish_reason,

@@ -34,5 +34,11 @@ def export_target(path: str, *, onnx_file: bool = False, need_manifest: bool = F
         raise TargetError(f"{path} is not a directory; {hint}")
     if (p / MANIFEST_NAME).is_file() or (not need_manifest and (p / "model.onnx").is_file()):
         return p
+    if (p / "config.json").is_file():  # a model checkpoint: exporting *into* it is not the fix
+        out = Path("exports") / (p.resolve().name or "model")
+        raise TargetError(
+            f"{path} is a model checkpoint (config.json), not an export; export it first: "
+            f"`ortbatch export {path} -o {out}`, then point this command at {out}"
+        )
     missing = MANIFEST_NAME if need_manifest else f"{MANIFEST_NAME} nor model.onnx"
     raise TargetError(f"{path} is not an export: it has no {missing}; {hint}")

@@ -34,12 +34,15 @@ from typing import Any
 import numpy as np
 
 from .._extras import require
-from ..errors import InvalidInputError, SessionClosedError, UnsupportedError
+from ..errors import InferenceError, InvalidInputError, SessionClosedError, UnsupportedError
 
 __all__ = [
     "CONSTRAINT_FIELDS",
+    "MAX_CHOICES",
+    "MAX_JSON_DEPTH",
     "CompiledGrammar",
     "Constraint",
+    "GrammarFailedError",
     "GrammarCompiler",
     "RowGrammar",
     "mask_rows",
@@ -51,6 +54,17 @@ CONSTRAINT_FIELDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 EXTRA = "structured"
 #: Longest engine message quoted in an error.
 _MAX_MESSAGE = 400
+#: Most strings a ``choice`` constraint takes (the engine's grammar has at most 65,525 symbols).
+MAX_CHOICES = 10_000
+#: Deepest nesting of a JSON schema (or of JSON given as a string where a schema or tool-call
+#: arguments go): deeper is refused before parsing costs a recursion, or the engine its stack.
+MAX_JSON_DEPTH = 64
+#: What every integer bound of a schema must lie within: the engine enforces 64-bit integers
+#: only (beyond, it clamps, and a schema's ``minimum: 10**300`` gave ``9223372036854775807``).
+_INT64 = (-(2**63), 2**63 - 1)
+#: Tokens a fresh grammar is walked at compile time (see :func:`_walk`).
+_PROBE_STEPS = 8
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
 @dataclass(frozen=True)
@@ -75,19 +89,38 @@ class Constraint:
         return str(ll.grammar_from("choice" if self.kind == "choice" else "grammar", self.source))
 
 
+def engine_message(message: str) -> str:
+    """The engine's message as a client may read it: its first part only (never the parser
+    state or the whole grammar it appends), and no Rust panic or backtrace."""
+    text = str(message)
+    if "panic" in text or "backtrace" in text.lower():
+        return "the grammar engine cannot build it (too large or too complex)"
+    text = text.split("<state>", 1)[0].split("<grammar>", 1)[0].strip() or "the grammar failed"
+    if len(text) > _MAX_MESSAGE:
+        text = text[:_MAX_MESSAGE] + " ..."
+    return text
+
+
 def _invalid(constraint: Constraint, message: str) -> InvalidInputError:
-    message = message.strip()
-    if len(message) > _MAX_MESSAGE:
-        message = message[:_MAX_MESSAGE] + " ..."
-    return InvalidInputError(f"{constraint.kind} cannot be compiled: {message}", input_name=constraint.kind)
+    return InvalidInputError(
+        f"{constraint.kind} cannot be compiled: {engine_message(message)}", input_name=constraint.kind
+    )
+
+
+class GrammarFailedError(InferenceError, InvalidInputError):
+    """A request's grammar compiled but the engine gave up on it while decoding (too complex
+    past some token): the request's own error, so a 400 (an :class:`InvalidInputError`) on
+    every transport, and still an :class:`InferenceError` for the row that failed."""
 
 
 class RowGrammar:
     """One row's place in its grammar: which tokens may come next, and advancing by one."""
 
-    def __init__(self, matcher: Any, words: int) -> None:
+    def __init__(self, matcher: Any, words: int, kind: str | None = None) -> None:
         self._matcher = matcher
         self.words = words
+        #: the constraint's kind (the field its errors name)
+        self.kind = kind
 
     def fill(self, bits: np.ndarray) -> str | None:
         """Write the allowed-token bitmask into ``bits`` (``int32[words]``, bit ``i % 32`` of
@@ -95,7 +128,7 @@ class RowGrammar:
         if not self._matcher.is_error():
             self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         if self._matcher.is_error():
-            return str(self._matcher.get_error()) or "the grammar failed"
+            return engine_message(self._matcher.get_error())
         if not bits.any():
             return "the grammar allows no token here"
         return None
@@ -125,7 +158,7 @@ class CompiledGrammar:
     def row(self) -> RowGrammar:
         """A fresh matcher at the grammar's start, for one row."""
         with self._lock:  # the template is shared by every submitting thread
-            return RowGrammar(self._template.deep_copy(), self.words)
+            return RowGrammar(self._template.deep_copy(), self.words, self.constraint.kind)
 
 
 class GrammarCompiler:
@@ -223,6 +256,9 @@ class GrammarCompiler:
                 ) from exc
         return ll, self._tokenizer
 
+    def _probe(self, constraint: Constraint, matcher: Any, words: int) -> None:
+        _walk(constraint, matcher, words, self._eos)
+
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         import time
 
@@ -236,9 +272,33 @@ class GrammarCompiler:
         if matcher.is_error():
             raise _invalid(constraint, matcher.get_error())
         words = (int(tokenizer.vocab_size) + 31) // 32
+        self._probe(constraint, matcher.deep_copy(), words)
         with self._lock:
             self.compiles += 1
         return CompiledGrammar(constraint, matcher, words, time.perf_counter() - t0)
+
+
+def _walk(constraint: Constraint, matcher: Any, words: int, eos: Sequence[int]) -> None:
+    """Walk the first :data:`_PROBE_STEPS` tokens of one path through a fresh matcher (the
+    lowest allowed token that is not eos, each step): a grammar that compiles and then fails
+    at once (a regex repeated a million times, a ``$ref`` cycle, a megabyte constant: the
+    engine's lexer gives up on the first mask or the first token) is the request's error,
+    found here, not a failed step."""
+    bits = np.zeros(words, np.int32)
+    for step in range(_PROBE_STEPS):
+        bits[:] = 0
+        matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if matcher.is_error():
+            raise _invalid(constraint, matcher.get_error())
+        allowed = np.flatnonzero(np.unpackbits(bits.astype("<i4", copy=False).view(np.uint8), bitorder="little"))
+        if step == 0 and not len(allowed):
+            raise _invalid(constraint, "the grammar allows no token to begin with")
+        nxt = next((int(t) for t in allowed[: len(eos) + 1] if int(t) not in eos), None)
+        if nxt is None or matcher.is_stopped():
+            return
+        matcher.consume_token(nxt)
+        if matcher.is_error():
+            raise _invalid(constraint, matcher.get_error())
 
 
 def mask_rows(logits: np.ndarray, grammars: Sequence[RowGrammar]) -> list[str | None]:
@@ -262,14 +322,12 @@ def constraint_source(kind: str, value: Any) -> str:
     :class:`InvalidInputError` naming ``kind`` otherwise); used by ``SamplingParams``."""
     if kind == "json_schema":
         if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise InvalidInputError(f"json_schema is not valid JSON: {exc}", input_name=kind) from exc
+            value = loads_bounded(value, kind)
         if not isinstance(value, (dict, bool)):
             raise InvalidInputError(
                 f"json_schema must be a JSON schema (an object), got {type(value).__name__}", input_name=kind
             )
+        _check_schema(value, kind)
         try:
             return json.dumps(value, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -277,9 +335,76 @@ def constraint_source(kind: str, value: Any) -> str:
     if kind == "choice":
         if isinstance(value, str) or not isinstance(value, Sequence) or not value:
             raise InvalidInputError("choice must be a non-empty list of strings", input_name=kind)
+        if len(value) > MAX_CHOICES:
+            raise InvalidInputError(
+                f"choice has {len(value)} strings; at most {MAX_CHOICES} are taken", input_name=kind
+            )
         if any(not isinstance(c, str) or not c for c in value):
             raise InvalidInputError(f"choice must hold non-empty strings, got {list(value)!r}", input_name=kind)
         return json.dumps(list(value), ensure_ascii=False)
     if not isinstance(value, str) or not value.strip():
         raise InvalidInputError(f"{kind} must be a non-empty string, got {value!r}", input_name=kind)
     return value
+
+
+def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep ``value`` (parsed JSON) nests, counted without recursion up to ``limit + 1``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def loads_bounded(text: str, field: str) -> Any:
+    """JSON given as a string (a schema, tool-call arguments), parsed: not JSON, or nested
+    deeper than :data:`MAX_JSON_DEPTH`, is an :class:`InvalidInputError` naming ``field``
+    (never a ``RecursionError``)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise InvalidInputError(
+            f"{field} is nested too deeply (at most {MAX_JSON_DEPTH} levels)", input_name=field
+        ) from None
+    except ValueError as exc:
+        raise InvalidInputError(f"{field} is not valid JSON: {exc}", input_name=field) from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise InvalidInputError(f"{field} is nested too deeply (at most {MAX_JSON_DEPTH} levels)", input_name=field)
+    return value
+
+
+def _check_schema(schema: Any, kind: str) -> None:
+    """Refuse what the engine would not enforce as written: nesting beyond :data:`MAX_JSON_DEPTH`,
+    and integer bounds outside 64 bits (the engine clamps them, so ``minimum: 10**300`` would
+    yield ``9223372036854775807``: valid by construction means valid or refused)."""
+    if json_depth(schema) > MAX_JSON_DEPTH:
+        raise InvalidInputError(f"{kind} is nested too deeply (at most {MAX_JSON_DEPTH} levels)", input_name=kind)
+    low, high = _INT64
+    stack = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        types = item.get("type")
+        integer = types == "integer" or (isinstance(types, list) and "integer" in types)
+        for key in _BOUNDS:
+            bound = item.get(key)
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+                continue
+            if (integer or (isinstance(bound, int) and types is None)) and not low <= bound <= high:
+                shown = str(bound)
+                shown = shown if len(shown) <= 24 else f"{shown[:12]}...({len(shown)} digits)"
+                raise InvalidInputError(
+                    f"{kind}: {key} {shown} is outside the 64-bit integer range [{low}, {high}] that structured "
+                    "output can enforce",
+                    input_name=kind,
+                )
+        stack.extend(item.values())

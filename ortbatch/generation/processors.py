@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InferenceError
-from .constrained import RowGrammar, mask_rows
+from .constrained import GrammarFailedError, RowGrammar, mask_rows
 from .sampling import SamplingParams, choose_token
 
 __all__ = ["RowState", "TokenLogprob", "choose_rows", "log_softmax", "top_logprobs"]
@@ -167,8 +167,8 @@ def _mask_constrained(raw: np.ndarray, states: Sequence[RowState]) -> dict[int, 
         errors = mask_rows(sub, grammars)
         raw[constrained] = sub
     return {
-        k: InferenceError(f"the request's grammar failed: {e}")
-        for k, e in zip(constrained, errors, strict=True)
+        k: GrammarFailedError(f"{g.kind or 'the grammar'} failed while decoding: {e}", input_name=g.kind)
+        for k, g, e in zip(constrained, grammars, errors, strict=True)
         if e is not None
     }
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from .chat import ChatTemplate
-from .constrained import Constraint, GrammarCompiler
+from .constrained import MAX_JSON_DEPTH, Constraint, GrammarCompiler, json_depth
 from .sampling import SamplingParams
 
 __all__ = [
@@ -104,6 +104,8 @@ def _parse_tool(i: int, tool: Any) -> Tool:
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise _bad(f"{where}.function.strict", "must be a bool")
+    if json_depth(parameters) > MAX_JSON_DEPTH:
+        raise _bad(f"{where}.function.parameters", f"is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
     try:
         json.dumps(parameters, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -165,6 +167,10 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     return out
 
 
+#: tool-call arguments whose JSON nests past Python's recursion limit
+_TOO_DEEP = object()
+
+
 def _template_call(where: str, call: Any) -> dict[str, Any]:
     if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
         raise _bad(where, 'must be {"id": ..., "type": "function", "function": {"name": ..., "arguments": ...}}')
@@ -173,8 +179,12 @@ def _template_call(where: str, call: Any) -> dict[str, Any]:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
+        except RecursionError:
+            args = _TOO_DEEP  # refused below
         except ValueError as exc:
             raise _bad(f"{where}.function.arguments", f"is not JSON: {exc}") from exc
+        if args is _TOO_DEEP or json_depth(args) > MAX_JSON_DEPTH:
+            raise _bad(f"{where}.function.arguments", f"is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
     if not isinstance(args, Mapping):
         raise _bad(f"{where}.function.arguments", "must be a JSON object")
     fn["arguments"] = dict(args)

@@ -143,10 +143,12 @@ class BatchedSession:
             ``cores // workers`` threads each. It holds its own copy of the weights.
             ``None`` (default): built when this session is built here on CPU with fewer
             threads per worker than cores and the model is at most 1 GiB.
-        warmup: run a small grid of shapes (rows 1, 8, max_batch_size x lengths 1, 16,
-            128, the maximum and the TensorRT profile's opt lengths) before the
-            constructor returns, so the first real request never pays for an engine build
-            or algorithm search (see :mod:`ortbatch.runtime.warmup`). ``ortbatch serve``
+        warmup: before the constructor returns, run what makes the first real request
+            as fast as the next ones (see :mod:`ortbatch.runtime.warmup`): on a GPU
+            provider a small grid of shapes (rows 1, 8, max_batch_size x lengths 1, 16,
+            128, the maximum and the TensorRT profile's opt lengths), so no request pays
+            for an engine build or algorithm search; on the CPU provider alone, one
+            smallest request (more buys nothing there, measured). ``ortbatch serve``
             turns it on. A shape the model refuses is logged and skipped.
         observer: told of each request queued and each batch run (its id, rows, padded
             tokens, timings and requests): a :class:`~ortbatch._observe.BatchObserver`,
@@ -203,6 +205,8 @@ class BatchedSession:
         #: most requests that may wait at once (a larger group is refused by submit_many)
         self.max_queue = max_queue
         self._build_scheduling(limits)
+        #: what the warm-up ran, in words ("" without warm-up); see :mod:`.warmup`
+        self.warmup_plan = ""
         #: seconds the warm-up took (0.0 without warm-up)
         self.warmup_s = self._warm_up() if warmup else 0.0
         self._state = _OPEN
@@ -506,12 +510,17 @@ class BatchedSession:
 
     # -- internals -------------------------------------------------------------------------
     def _warm_up(self) -> float:
-        from .warmup import warmup_feeds
+        from .warmup import describe_grid, warmup_feeds, warmup_grid
 
         providers = self.manifest.providers if self.manifest is not None else ()
-        feeds = warmup_feeds(self.signature, self.max_batch_size, providers)
+        active = self.get_providers()
+        feeds = warmup_feeds(self.signature, self.max_batch_size, providers, active)
         t0 = time.perf_counter()
         runners = [self._executor] + ([self._alone_executor] if self._alone_executor is not self._executor else [])
+        if feeds:
+            grid = describe_grid(warmup_grid(self.signature, self.max_batch_size, providers, active))
+            self.warmup_plan = f"{grid} on {len(runners)} session(s), {', '.join(active)}"
+            log.info("warm-up: %s", self.warmup_plan)
         for runner in runners:
             binding = runner.binding()
             for feed in feeds:

@@ -169,6 +169,9 @@ class ExitCounts:
     abandoned: int = 0
     grpc_accepted: int = 0
     grpc_answered: int = 0
+    #: requests a front end held when it was killed (--frontends): neither answered nor cancelled by a timeout
+    lost: int = 0
+    grpc_lost: int = 0
 
 
 def exit_report(counts: ExitCounts, *, started: bool, grace: float | None, grpc: bool, by_front_end: str = "") -> int:
@@ -177,22 +180,25 @@ def exit_report(counts: ExitCounts, *, started: bool, grace: float | None, grpc:
     the gRPC counts; ``by_front_end``: the requests each front end took."""
     rpc = f"; gRPC accepted={counts.grpc_accepted} answered={counts.grpc_answered}" if grpc else ""
     per = f"; by front end: {by_front_end}" if by_front_end else ""
+    lost = f" lost with a killed front end={counts.lost}" if counts.lost else ""
     say(
         f"stopped; requests accepted={counts.accepted} answered={counts.answered} "
-        f"abandoned by their clients={counts.abandoned}{rpc}{per}"
+        f"abandoned by their clients={counts.abandoned}{lost}{rpc}{per}"
     )
     if not started:
         return 1
-    if counts.grpc_answered < counts.grpc_accepted:
+    if counts.grpc_answered + counts.grpc_lost < counts.grpc_accepted:
         say(
-            f"{counts.grpc_accepted - counts.grpc_answered} gRPC request(s) were cancelled unanswered "
+            f"{counts.grpc_accepted - counts.grpc_answered - counts.grpc_lost} gRPC request(s) were cancelled "
+            "unanswered "
             f"(--graceful-timeout-s {grace} exceeded)"
         )
         return 1
-    if counts.answered + counts.abandoned < counts.accepted:
+    if counts.answered + counts.abandoned + counts.lost < counts.accepted:
         # only a graceful-shutdown timeout cancels requests: say so in the exit code
         say(
-            f"{counts.accepted - counts.answered - counts.abandoned} request(s) were cancelled unanswered "
+            f"{counts.accepted - counts.answered - counts.abandoned - counts.lost} request(s) were cancelled "
+            "unanswered "
             f"(--graceful-timeout-s {grace} exceeded)"
         )
         return 1

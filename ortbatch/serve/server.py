@@ -32,6 +32,7 @@ from .assembly import (
     exit_report,
     grpc_server_for,
     load_app,
+    say,
     served_summary,
     with_grpc,
 )
@@ -64,11 +65,17 @@ def serve(directory: str | Path | ModelRepository, config: ServeConfig | None = 
     warn_if_exposed(config)
     # bound before loading: a port in use is said at once, not after the model has loaded
     sock = bind_socket(config.host, config.port, config.backlog)
+    say(f"loading {directory}")  # startup that speaks: each stage as it happens
+    loading = time.monotonic()
     try:
         served, app = load_app(directory, config)
     except BaseException:
         sock.close()
         raise
+    session: Any = getattr(served, "session", None)  # a repository's models say their own state
+    plan = getattr(session, "warmup_plan", "")
+    warm = f" (warm-up: {plan}, {session.warmup_s:.2f}s)" if plan else ""
+    say(f"loaded in {time.monotonic() - loading:.1f}s{warm}")
     server, grpc_server = _start(served, app, sock, config)
     received: list[int] = []
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ortbatch import BatchedSession
 from ortbatch._ort import binding as binding_module
-from ortbatch.runtime.warmup import warmup_grid
+from ortbatch.runtime.warmup import describe_grid, warmup_grid
 
 
 def test_warmup_runs_the_grid_before_ready_and_is_not_counted(echo_path, monkeypatch):
@@ -23,7 +23,9 @@ def test_warmup_runs_the_grid_before_ready_and_is_not_counted(echo_path, monkeyp
     monkeypatch.setattr(binding_module.DeviceRunner, "run", spy)
     with BatchedSession(str(echo_path), max_batch_size=4, warmup=True, latency_session=False) as bs:
         assert bs.ready and bs.warmup_s > 0
-        assert set(shapes) == {(r, n) for r in (1, 4) for n in (1, 16, 128)}
+        # on the CPU provider alone: the one smallest request (the grid buys nothing there)
+        assert shapes == [(1, 1)]
+        assert bs.warmup_plan == "1 shape (1x1 rows x tokens) on 1 session(s), CPUExecutionProvider"
         stats = bs.stats()
         assert stats.batches == 0 and stats.completed == 0  # warm-up is not traffic
         feed = {
@@ -48,6 +50,30 @@ def test_grid_includes_the_tensorrt_profile_opt_length(echo_path):
         trt = [["TensorrtExecutionProvider", {"trt_profile_opt_shapes": "input_ids:32x64,attention_mask:32x64"}]]
         grid = warmup_grid(bs.signature, 32, trt)
     assert (32, 64) in grid and (1, 1) in grid and (8, 16) in grid
+
+
+def test_a_gpu_provider_gets_the_grid_and_the_cpu_alone_one_smallest_request(echo_path):
+    with BatchedSession(str(echo_path), max_batch_size=4) as bs:
+        gpu = warmup_grid(bs.signature, 4, (), ["CUDAExecutionProvider", "CPUExecutionProvider"])
+        cpu = warmup_grid(bs.signature, 4, (), ["CPUExecutionProvider"])
+    assert gpu == [(r, n) for r in (1, 4) for n in (1, 16, 128)]
+    assert cpu == [(1, 1)]
+    assert describe_grid(gpu) == "6 shapes (rows 1, 4 x lengths 1, 16, 128)"
+
+
+def test_the_latency_session_is_warmed_too(echo_path, monkeypatch):
+    runners = []
+    real = binding_module.DeviceRunner.run
+
+    def spy(self, binding, feed, names):
+        runners.append(id(self))
+        return real(self, binding, feed, names)
+
+    monkeypatch.setattr(binding_module.DeviceRunner, "run", spy)
+    with BatchedSession(str(echo_path), max_batch_size=4, warmup=True, latency_session=True) as bs:
+        assert bs.latency_session is not None
+        assert len(set(runners)) == 2 and len(runners) == 2, runners
+        assert "on 2 session(s)" in bs.warmup_plan
 
 
 def test_serve_warms_up_and_readiness_waits_for_it():

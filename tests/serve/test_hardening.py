@@ -487,12 +487,13 @@ def test_a_slow_body_is_408(adder_path):
 
 def test_connections_beyond_the_limit_get_503(adder_path):
     model = ServedModel.load(adder_path)
-    with BackgroundServer(model, quiet(limit_concurrency=2)) as srv:
+    with BackgroundServer(model, quiet(limit_concurrency=2, keep_alive_s=60)) as srv:
         held = [_connect(srv.url) for _ in range(2)]
-        # each has begun a request: a connection that has sent nothing does not count (issue 26)
+        # each has had a request answered and is kept alive: a connection that has sent nothing
+        # (issue 26), or whose request is still arriving (issue 47), does not count
         for s in held:
-            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
-        time.sleep(0)  # the server registers connections as it accepts them
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
         r = httpx.get(srv.url + "/v2/health/live", timeout=30)
         for s in held:
             s.close()

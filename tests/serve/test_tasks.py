@@ -215,7 +215,9 @@ def test_the_server_default_truncates_when_told(task_dirs):
         ("reranker", "/v1/rerank", {"query": "a", "documents": ["b"], "top_n": 0}, "'top_n'"),
         ("reranker", "/v1/rerank", {"query": "a", "documents": ["b"], "top_n": True}, "'top_n'"),
         ("reranker", "/v1/rerank", {"query": "a", "documents": ["b"], "truncate": "yes"}, "'truncate'"),
-        ("reranker", "/rerank", {"query": "a", "documents": ["b"]}, "'texts' is required"),
+        ("reranker", "/rerank", {"query": "a"}, "'texts' is required"),
+        # Cohere's field on TEI's endpoint: named, not reported as a missing 'texts'
+        ("reranker", "/rerank", {"query": "a", "documents": ["b"]}, "supplied: documents"),
         ("sentiment", "/v1/classify", {}, "'input' is required"),
         ("sentiment", "/v1/classify", {"input": [["a"]]}, "'input'[0]"),
         ("embedder", "/tokenize", {"inputs": 3}, "'inputs'"),
@@ -224,6 +226,11 @@ def test_the_server_default_truncates_when_told(task_dirs):
         ("embedder", "/detokenize", {"ids": ["x"]}, "'ids'"),
         ("embedder", "/detokenize", {"tokens": "x"}, "'tokens'"),
         ("embedder", "/v1/embeddings", {"input": "a", "truncate": 1}, "'truncate'"),
+        # a misspelled field is named as such, not reported as the one it was meant to be, missing
+        ("embedder", "/v1/embeddings", {"inputs": "a"}, "supplied: inputs (/v1/embeddings reads 'input')"),
+        ("embedder", "/embed", {"input": "a"}, "supplied: input (/embed reads 'inputs')"),
+        ("sentiment", "/v1/classify", {"inputs": ["a"]}, "supplied: inputs (/v1/classify reads 'input')"),
+        ("reranker", "/v1/rerank", {"query": "a", "document": ["b"]}, "supplied: document (/v1/rerank reads"),
     ],
 )
 def test_bad_requests_get_a_400_naming_what_was_wrong(servers, name, path, body, message):

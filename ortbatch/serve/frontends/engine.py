@@ -91,6 +91,8 @@ class FrontEndLink:
         self.ready = threading.Event()
         self.pid: int | None = None
         self.counts: dict[str, Any] | None = None
+        #: the front end's latest tally of its counts (its "bye" may never come: a SIGKILL)
+        self.tally: dict[str, Any] | None = None
         self.closed = threading.Event()
         self._drop_lock = threading.Lock()
         #: requests still in the engine when the front end went away (dropped or discarded)
@@ -156,6 +158,8 @@ class FrontEndLink:
             self.ready.set()
         elif kind == "bye":
             self.counts = msg[1]
+        elif kind == "tally":
+            self.tally = msg[1]
         elif self.on_control is not None:
             self.on_control(self, msg)
 
@@ -585,12 +589,11 @@ def _supervise(slots: list[_FrontEnd], stopping: threading.Event) -> None:
             if s.restart_at is None and s.process.exitcode is not None:
                 code = s.process.exitcode
                 how = f"signal {-code}" if code < 0 else f"exit code {code}"
-                if s.link is not None and s.link.counts is not None:
-                    s.counts.append(s.link.counts)
                 s.failures = 0 if now - s.started_at > _HEALTHY_AFTER_S else s.failures + 1
                 delay = min(_BACKOFF_S[0] * 2 ** max(s.failures - 1, 0), _BACKOFF_S[1])
                 if s.link is not None:
                     s.link.drop()
+                    s.counts += _final_counts(s.link)
                 dropped = s.link.dropped if s.link is not None else 0
                 say(
                     f"front end {s.index} (pid {s.process.pid}) died ({how}); {dropped} request(s) it held "
@@ -623,10 +626,27 @@ def _stop_all(slots: list[_FrontEnd], grace: float | None) -> None:
             s.process.join(5)
         if s.link is not None:
             s.link.closed.wait(5)  # its reader has seen the end of the stream (and the counts)
-            if s.link.counts is not None and s.restart_at is None:
-                s.counts.append(s.link.counts)
             s.link.drop()
+            if s.restart_at is None:
+                s.counts += _final_counts(s.link)
         s.close_channel()
+
+
+def _final_counts(link: FrontEndLink) -> list[dict[str, Any]]:
+    """A front end's share of the exit report once it is gone: its "bye", or when it died
+    without one (killed), its last tally, with the requests the engine dropped for it (and any
+    it had not answered) counted as lost with it."""
+    if link.counts is not None:
+        return [link.counts]
+    if link.tally is None:
+        return []
+    last = dict(link.tally)
+    settled = int(last.get("answered", 0)) + int(last.get("abandoned", 0))
+    lost = max(int(last.get("accepted", 0)) - settled, link.dropped)
+    last["accepted"] = settled + lost
+    last["lost"] = lost
+    last["grpc_lost"] = int(last.get("grpc_accepted", 0)) - int(last.get("grpc_answered", 0))
+    return [last]
 
 
 def _report(slots: list[_FrontEnd], grace: float | None) -> int:

@@ -156,13 +156,34 @@ def _run(spec: FrontEndSpec) -> int:
         if server.started:
             proxy.notify([("ready", os.getpid())])
 
+    def tally() -> None:
+        # the counts so far, told to the engine as they change: a front end killed before its
+        # "bye" still has its requests in the exit report (up to the last tally)
+        told = None
+        while not stop.event.wait(_TALLY_S):
+            now = _counts(server, app, grpc_server)
+            if now != told:
+                proxy.notify([("tally", now)])
+                told = now
+
     threading.Thread(target=say_ready, name="ortbatch-frontend-ready", daemon=True).start()
+    threading.Thread(target=tally, name="ortbatch-frontend-tally", daemon=True).start()
     server.run(sockets=[])
     if grpc_server is not None:
         grpc_server.stop(spec.config.graceful_timeout_s)
+    proxy.shutdown([("bye", _counts(server, app, grpc_server))])
+    return 0
+
+
+#: seconds between a front end's tallies of its counts to the engine (when they changed)
+_TALLY_S = 0.5
+
+
+def _counts(server: Any, app: Any, grpc_server: Any) -> dict[str, Any]:
+    """What this front end took and settled so far (its exit report's share)."""
     counts = app.state.counts
     rpc = grpc_server.counts if grpc_server is not None else None
-    bye = {
+    return {
         "started": bool(server.started),
         "accepted": counts.accepted,
         "answered": counts.answered,
@@ -170,8 +191,6 @@ def _run(spec: FrontEndSpec) -> int:
         "grpc_accepted": rpc.accepted if rpc else 0,
         "grpc_answered": rpc.answered if rpc else 0,
     }
-    proxy.shutdown([("bye", bye)])
-    return 0
 
 
 def _assemble(spec: FrontEndSpec, proxy: ProxySession, updates: queue.SimpleQueue[Any], stop: _Stop) -> Any:

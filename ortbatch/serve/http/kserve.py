@@ -29,6 +29,7 @@ from .plumbing import (
     Reply,
     asgi_route,
     error_response,
+    event_stream_response,
     handled_route,
     json_response,
     offload,
@@ -160,12 +161,10 @@ def generation_routes(served: Any, body: BodyLimits | None = None) -> list[Any]:
         return json_response(_generate_body(m, [answer.values(p) for p in pieces], answer.req.n > 1))
 
     async def generate_stream(request: Any) -> Any:
-        from starlette.responses import StreamingResponse
-
         m = find_model(request)
         # a refused request (a bad field, a full queue) is a JSON error, before the stream
         answer = await m.answer(*await _generate_request(request, limits), stream=True)
-        return StreamingResponse(_generate_events(m, answer), media_type="text/event-stream")
+        return event_stream_response(_generate_events(m, answer), on_stall=answer.cancel)
 
     routes = []
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):

@@ -75,6 +75,7 @@ from .plumbing import (
     asgi_route,
     disconnected,
     error_response,
+    event_stream_response,
     handled_route,
     json_response,
     offload,
@@ -173,14 +174,12 @@ class _CompletionsEndpoint:
         return json_response(shape.whole(whole_pieces(req, prompts, results)))
 
     async def _stream(self, request: Any, req: CompletionRequest, prompts: Prompts, shape: OpenAIAnswer) -> Any:
-        from starlette.responses import StreamingResponse
-
         stream = PieceStream(self.generator, req, prompts)
         # Submission errors (bad prompt, queue full) are answered as JSON errors, before
         # any byte of the stream is sent.
         await stream.start()
         events = _stream_events(request, stream, shape)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return event_stream_response(events, on_stall=stream.stop, headers={"Cache-Control": "no-cache"})
 
 
 def _event(data: dict[str, Any]) -> bytes:

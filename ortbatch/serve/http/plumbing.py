@@ -40,6 +40,8 @@ from ..metrics import ServerMetrics
 from ..served.protocol import dumps_json
 
 __all__ = [
+    "STREAM_WRITE_TIMEOUT_S",
+    "event_stream_response",
     "DEFAULT_BODY_TIMEOUT_S",
     "DEFAULT_MAX_BODY_BYTES",
     "AsgiEndpoint",
@@ -221,6 +223,47 @@ def openai_error(status: int, message: str, param: str | None = None) -> dict[st
     the ``openai`` package reads into its exceptions' ``message``, ``type`` and ``param``."""
     kind = _OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+#: seconds one write of a streamed answer may wait for the client to take bytes: a client that
+#: stopped reading (its socket full) has its stream cut, its requests cancelled and its
+#: connection closed, instead of holding them (and a graceful shutdown) for as long as it likes
+STREAM_WRITE_TIMEOUT_S = 15.0
+
+
+def event_stream_response(
+    events: Any, *, on_stall: Callable[[], None] | None = None, headers: dict[str, str] | None = None
+) -> Any:
+    """A ``text/event-stream`` Starlette ``StreamingResponse`` of ``events`` whose every write
+    gives up after :data:`STREAM_WRITE_TIMEOUT_S`: then ``on_stall()`` (cancel the stream's
+    requests), the events are closed, and the app returns unfinished, which uvicorn answers by
+    closing the connection."""
+    from starlette.responses import StreamingResponse
+
+    timeout_s = STREAM_WRITE_TIMEOUT_S
+
+    class _Stalled(Exception):
+        pass
+
+    class BoundedWrites(StreamingResponse):
+        async def stream_response(self, send: Any) -> None:
+            async def write(message: Any) -> None:
+                try:
+                    await asyncio.wait_for(send(message), timeout_s)
+                except asyncio.TimeoutError:
+                    raise _Stalled from None
+
+            try:
+                await super().stream_response(write)
+            except _Stalled:
+                log.warning("a stream's client took no bytes for %g s: its requests are cancelled", timeout_s)
+                if on_stall is not None:
+                    on_stall()
+                close = getattr(self.body_iterator, "aclose", None)
+                if close is not None:
+                    await close()
+
+    return BoundedWrites(events, media_type="text/event-stream", headers=headers)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Any:

@@ -7,11 +7,13 @@ and ``/embed_sparse`` (:mod:`ortbatch.serve.served.embeddings`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..served.embeddings import embed_answer, embed_sparse_answer
 from ..served.model import ServedModel
+from ..served.protocol import dumps_json
 from ..served.text_tasks import (
     classify_answer,
     detokenize_answer,
@@ -32,8 +34,14 @@ _RUN = {
     "/embed": embed_answer,
     "/embed_sparse": embed_sparse_answer,
 }
-#: path -> an answer with no model run (computed at once, on the event loop)
+#: path -> an answer with no model run (computed in a thread: bounded by the core's caps, yet
+#: thousands of id lists or a megabyte of text must not hold the event loop, health included)
 _AT_ONCE = {"/tokenize": tokenize_answer, "/detokenize": detokenize_answer}
+
+
+def _encoded(answer: Callable[[ServedModel, dict[str, Any]], Any], model: ServedModel, doc: dict[str, Any]) -> bytes:
+    """The answer's JSON, made and encoded on the calling thread."""
+    return dumps_json(answer(model, doc))
 
 
 def task_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
@@ -48,7 +56,11 @@ def task_routes(model: ServedModel, body: BodyLimits) -> list[Any]:
 
     def at_once(answer: Callable[[ServedModel, dict[str, Any]], Any]) -> Any:
         async def endpoint(request: Any) -> Any:
-            return json_response(answer(model, await read_openai_body(request, body, model.name)))
+            from starlette.responses import Response
+
+            doc = await read_openai_body(request, body, model.name)
+            encoded = await run_or_abandon(request.receive, asyncio.to_thread(_encoded, answer, model, doc))
+            return Response(encoded, media_type="application/json")
 
         return endpoint
 

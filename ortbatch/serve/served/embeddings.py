@@ -55,9 +55,9 @@ def _tei_request(model: ServedModel, doc: dict[str, Any], endpoint: str, output:
     reads; returns ``truncate`` (with ``truncation_direction`` checked against it)."""
     if output is None:
         raise InvalidInputError(f"model {model.name!r} does not serve {endpoint}: {why_not}")
+    check_task_fields(doc, endpoint, model.policy)
     if "inputs" not in doc:
         raise InvalidInputError("'inputs' is required: a string, a list of strings, or token ids", input_name="inputs")
-    check_task_fields(doc, endpoint, model.policy)
     truncate = truncate_field(doc, model.truncate)
     truncation_direction(doc, truncate)
     return truncate
@@ -73,8 +73,8 @@ def embedding_json(row: np.ndarray, encoding_format: str) -> Any:
 
 async def embeddings_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, Any]:
     """``/v1/embeddings``: the model's embeddings of ``input``, as the request's options ask."""
-    inputs = text_or_ids(doc.get("input"), "input")
     check_task_fields(doc, "/v1/embeddings", model.policy)
+    inputs = text_or_ids(doc.get("input"), "input")
     options = model.embed_options(doc, ops.ENCODING_FORMATS)
     options.refuse_for_dense()
     prompt = model.resolve_prompt(options, texts=isinstance(inputs[0], str))

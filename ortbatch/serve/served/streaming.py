@@ -7,6 +7,7 @@ all read them (:mod:`ortbatch.serve.http.openai_api`, :mod:`ortbatch.serve.serve
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from functools import partial
@@ -15,10 +16,29 @@ from typing import Any
 from .answers import Piece, opening, stop_reason
 from .completions import CompletionRequest, Prompts, admitted, submit_all
 
-__all__ = ["PieceStream"]
+__all__ = ["MAX_PENDING", "MAX_PENDING_TOTAL", "PieceStream", "pending_pieces"]
 
 # queue item index meaning: the consumer is gone (the client disconnected)
 _GONE = -1
+#: most tokens one stream holds for a consumer that does not keep up (a client that stopped
+#: reading): beyond, its requests are cancelled and what it held is dropped
+MAX_PENDING = 4096
+#: most tokens every stream of this process holds together (the same, for the stream that adds one more)
+MAX_PENDING_TOTAL = 65536
+_total_lock = threading.Lock()
+_total = 0
+
+
+def _count(delta: int) -> int:
+    global _total
+    with _total_lock:
+        _total += delta
+        return _total
+
+
+def pending_pieces() -> int:
+    """Tokens held by every stream of this process, not yet taken by their consumers."""
+    return _total
 
 
 class PieceStream:
@@ -37,12 +57,49 @@ class PieceStream:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.futures: list[Future[Any]] = []
+        #: tokens in the queue (counted in the process's total)
+        self._held = 0
+        #: the consumer is gone, or fell too far behind: tokens are dropped on arrival
+        self._closed = False
+        #: the stream was cut because its consumer fell :data:`MAX_PENDING` tokens behind
+        self.stalled = False
 
     def _put(self, item: tuple[int, Any]) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._deliver, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+    def _deliver(self, item: tuple[int, Any]) -> None:
+        """Queue ``item`` (on the loop's thread), unless the consumer is gone or too far behind."""
+        if self._closed:
+            return
+        if item[1] is not None and item[0] != _GONE:
+            if self._held >= MAX_PENDING or pending_pieces() >= MAX_PENDING_TOTAL:
+                self._stall()
+                return
+            self._held += 1
+            _count(1)
+        self._queue.put_nowait(item)
+
+    def _stall(self) -> None:
+        self.stalled = True
+        self.stop()
+
+    def stop(self) -> None:
+        """The consumer stopped taking tokens (a client that does not read): cancel every request,
+        drop what the queue holds and end :meth:`pieces`, so the memory goes now, not when the
+        socket closes (from the event loop's thread)."""
+        self._release()
+        self.cancel()
+        self._queue.put_nowait((_GONE, None))
+
+    def _release(self) -> None:
+        self._closed = True
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        _count(-self._held)
+        self._held = 0
 
     def _on_token(self, prompt: int) -> Callable[[Any], None]:
         runs = self.req.runs
@@ -58,7 +115,8 @@ class PieceStream:
             fut.add_done_callback(partial(lambda k, _fut: self._put((k, None)), k))
 
     def abandon(self) -> None:
-        """End :meth:`pieces` (from the event loop's thread)."""
+        """End :meth:`pieces` (from the event loop's thread), dropping what it has not taken."""
+        self._release()
         self._queue.put_nowait((_GONE, None))
 
     def cancel(self) -> None:
@@ -76,6 +134,9 @@ class PieceStream:
                 k, tok = await self._queue.get()
                 if k == _GONE:
                     return
+                if tok is not None:
+                    self._held -= 1
+                    _count(-1)
                 if tok is None:
                     still_open -= 1
                     piece = self._last(k, started[k], sent[k], counts[k])
@@ -96,6 +157,7 @@ class PieceStream:
                 if piece.text or piece.entries or req.return_token_ids:
                     yield piece
         finally:  # the consumer left (or every choice ended): free any row still held
+            self._release()
             self.cancel()
 
     def _last(self, k: int, started: bool, sent: str, count: int) -> Piece | None:

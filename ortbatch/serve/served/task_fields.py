@@ -13,6 +13,7 @@ every body-routed endpoint (a repository dispatches on it).
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,10 +51,19 @@ REFUSED: dict[str, dict[str, str]] = {
 
 def check_task_fields(doc: Mapping[str, Any], endpoint: str, policy: ParameterPolicy) -> None:
     """Refuse (or, when ``policy`` is lenient, log once) each field of ``doc`` that
-    ``endpoint`` does not read; refuse a field of :data:`REFUSED` that is not null."""
+    ``endpoint`` does not read, naming the field it reads when one is close (``inputs`` for
+    ``input``); refuse a field of :data:`REFUSED` that is not null. Call it before checking
+    that a required field is there, so a misspelled field is named as such rather than
+    reported as the one it was meant to be, missing."""
     known = TASK_FIELDS[endpoint]
     for name in doc:
         if name != "model" and name not in known:
+            close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.75)
+            if close and not policy.lenient:  # "inputs" for "input": say which one was meant
+                raise InvalidInputError(
+                    f"Unrecognized request argument supplied: {name} ({endpoint} reads '{close[0]}')",
+                    input_name=str(name),
+                )
             policy.unknown(str(name))
     for name, why in REFUSED.get(endpoint, {}).items():
         if doc.get(name) is not None:

@@ -36,13 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, RequestTooLargeError
 from ...heads import Heads, activate, read_heads
-from .model import ServedModel
+from .model import ServedModel, check_texts
 from .task_fields import check_task_fields, truncate_field, truncation_direction
 
 __all__ = [
     "CLASSIFY_TASKS",
+    "MAX_TOKENIZE_CHARS",
+    "MAX_TOKENIZE_ITEMS",
     "RERANK_TASKS",
     "classify",
     "classify_answer",
@@ -58,6 +60,12 @@ __all__ = [
 RERANK_TASKS = frozenset({"text-classification"})
 #: export tasks that answer /v1/classify
 CLASSIFY_TASKS = frozenset({"text-classification", "token-classification"})
+#: most texts one /tokenize, or id lists one /detokenize, takes (more: 413)
+MAX_TOKENIZE_ITEMS = 1024
+#: most characters (/tokenize, all texts together) or token ids (/detokenize, all lists
+#: together) one request takes (more: 413): what a request costs, the answer's size with it,
+#: stays bounded (a 20 MB body once took 6.5 GB to tokenize)
+MAX_TOKENIZE_CHARS = 1 << 20
 
 
 def _task(model: ServedModel) -> str | None:
@@ -284,17 +292,6 @@ def _tokens_tei(model: ServedModel, text: str, enc: Any) -> list[dict[str, Any]]
     ]
 
 
-def _decode(model: ServedModel, ids: list[int], skip_special: bool, key: str) -> str:
-    tok = model.tokenizer
-    assert tok is not None
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    bad = [t for t in ids if not 0 <= t < vocab]
-    if bad:
-        raise InvalidInputError(f"'{key}': id {bad[0]} is outside the vocabulary [0, {vocab})", input_name=key)
-    text: str = tok.decode(ids, skip_special_tokens=skip_special)
-    return text
-
-
 def _usage(tokens: int) -> dict[str, int]:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
@@ -305,8 +302,8 @@ async def _reranked(
     """The texts of a rerank request, their scores (the cross-encoder's activation, as
     sentence-transformers' ``CrossEncoder.predict`` applies it, unless ``raw_scores``), the
     order to answer them in, whether to return the texts, and the tokens it took."""
-    query, texts, top_n = _parse_rerank(doc, texts_key)
     check_task_fields(doc, "/rerank" if texts_key == "texts" else "/v1/rerank", model.policy)
+    query, texts, top_n = _parse_rerank(doc, texts_key)
     truncate = truncate_field(doc, model.truncate)
     if texts_key == "texts":  # TEI's shape
         truncation_direction(doc, truncate)
@@ -349,9 +346,9 @@ async def rerank_tei_answer(model: ServedModel, doc: dict[str, Any]) -> list[dic
 
 async def classify_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, Any]:
     """``/v1/classify`` (vLLM shape): a label distribution, or entity spans, per input."""
+    check_task_fields(doc, "/v1/classify", model.policy)
     if "input" not in doc:
         raise InvalidInputError("'input' is required: a string or a list of strings", input_name="input")
-    check_task_fields(doc, "/v1/classify", model.policy)
     texts = _text_list(doc.get("input"), "input")
     data, tokens = await classify(model, texts, truncate_field(doc, model.truncate))
     return {
@@ -367,12 +364,12 @@ async def classify_answer(model: ServedModel, doc: dict[str, Any]) -> dict[str, 
 def tokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
     """``/tokenize``: vLLM's shape (``prompt`` -> its ids) or TEI's (``inputs`` -> tokens)."""
     _require(model, "tokenize")
+    check_task_fields(doc, "/tokenize", model.policy)
     if "prompt" not in doc and "inputs" not in doc:
         raise InvalidInputError(
             "send 'inputs' (a string or a list of strings, TEI's shape) or 'prompt' (a string, vLLM's)",
             input_name="inputs",
         )
-    check_task_fields(doc, "/tokenize", model.policy)
     special = _flag(doc, "add_special_tokens", True)
     tok = model.tokenizer
     assert tok is not None
@@ -380,12 +377,30 @@ def tokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
         prompt = doc["prompt"]
         if not isinstance(prompt, str):
             raise InvalidInputError("'prompt' must be a string", input_name="prompt")
+        (prompt,) = _bounded_texts(model, [prompt], "prompt")
         ids = tok.encode(prompt, add_special_tokens=special).ids
         limit = model.manifest.max_sequence_length if model.manifest is not None else None
         return {"count": len(ids), "max_model_len": limit, "tokens": ids}
-    texts = _text_list(doc["inputs"], "inputs")
+    texts = _bounded_texts(model, _text_list(doc["inputs"], "inputs"), "inputs")
     encodings = tok.encode_batch(texts, add_special_tokens=special)
     return [_tokens_tei(model, t, e) for t, e in zip(texts, encodings, strict=True)]
+
+
+def _bounded_texts(model: ServedModel, texts: list[str], key: str) -> list[str]:
+    """``texts`` to tokenize whole: at most :data:`MAX_TOKENIZE_ITEMS`, each within the
+    model's ``max_text_chars`` and all within :data:`MAX_TOKENIZE_CHARS` (else 413), valid
+    Unicode (else 400)."""
+    if len(texts) > MAX_TOKENIZE_ITEMS:
+        raise RequestTooLargeError(
+            f"'{key}' has {len(texts)} texts; /tokenize takes at most {MAX_TOKENIZE_ITEMS}", input_name=key
+        )
+    texts = check_texts(texts, key, None, model.max_text_chars)
+    total = sum(map(len, texts))
+    if total > MAX_TOKENIZE_CHARS:
+        raise RequestTooLargeError(
+            f"'{key}' has {total} characters; /tokenize takes at most {MAX_TOKENIZE_CHARS} in all", input_name=key
+        )
+    return texts
 
 
 def detokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
@@ -396,10 +411,35 @@ def detokenize_answer(model: ServedModel, doc: dict[str, Any]) -> Any:
             "send 'ids' (token ids or a list of such lists, TEI's shape) or 'tokens' (vLLM's)", input_name="ids"
         )
     check_task_fields(doc, "/detokenize", model.policy)
+    tok = model.tokenizer
+    assert tok is not None
+    # once per request: the tokenizer counts its added tokens afresh on every call
+    vocab = tok.get_vocab_size(with_added_tokens=True)
     if "tokens" in doc:  # vLLM's shape
-        ids = _ids(doc["tokens"], "tokens")
-        return {"prompt": _decode(model, ids, False, "tokens")}
+        (ids,) = _bounded_ids([doc["tokens"]], "tokens", vocab)
+        return {"prompt": tok.decode(ids, skip_special_tokens=False)}
     skip = _flag(doc, "skip_special_tokens", True)
     value = doc["ids"]
     rows = value if isinstance(value, list) and value and all(isinstance(r, list) for r in value) else [value]
-    return [_decode(model, _ids(r, "ids"), skip, "ids") for r in rows]
+    texts: list[str] = tok.decode_batch(_bounded_ids(rows, "ids", vocab), skip_special_tokens=skip)
+    return texts
+
+
+def _bounded_ids(rows: list[Any], key: str, vocab: int) -> list[list[int]]:
+    """Token id lists to decode: at most :data:`MAX_TOKENIZE_ITEMS` lists and
+    :data:`MAX_TOKENIZE_CHARS` ids in all (else 413), each id in the vocabulary (else 400)."""
+    if len(rows) > MAX_TOKENIZE_ITEMS:
+        raise RequestTooLargeError(
+            f"'{key}' has {len(rows)} lists of ids; /detokenize takes at most {MAX_TOKENIZE_ITEMS}", input_name=key
+        )
+    out = [_ids(r, key) for r in rows]
+    total = sum(map(len, out))
+    if total > MAX_TOKENIZE_CHARS:
+        raise RequestTooLargeError(
+            f"'{key}' has {total} token ids; /detokenize takes at most {MAX_TOKENIZE_CHARS} in all", input_name=key
+        )
+    for ids in out:
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidInputError(f"'{key}': id {bad} is outside the vocabulary [0, {vocab})", input_name=key)
+    return out
