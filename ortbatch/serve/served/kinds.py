@@ -191,6 +191,12 @@ class ModelKind:
         """``ortbatch generate DIR PROMPT...`` (its exit code); the default refuses."""
         raise UnservedExportError(f"{directory} is {self.description}: `ortbatch generate` takes {_generating()}")
 
+    def bulk_source(self, path: Path, options: Any, batch_rows: int) -> Any:
+        """The rows ``ortbatch run`` reads from ``path`` when the kind reads inputs of its own
+        (a folder of images: a :class:`~ortbatch.bulk.sources.Source`-like object); None: the
+        ordinary JSONL/CSV/Parquet source."""
+        return None
+
     def make_bulk_task(self, export_dir: Path, options: Any) -> Any:
         """The ``ortbatch run`` task of a kind that brings its own (None: the bulk task family
         :attr:`bulk_task` names, built by ``ortbatch.bulk``)."""
@@ -204,11 +210,14 @@ class ModelKind:
 
     def operations(self) -> Mapping[tuple[str, str], Any]:
         """``(METHOD, path)`` -> its OpenAPI ``Operation`` (``http.openapi_schemas``), for
-        routes the shared table does not describe."""
+        routes the shared table does not describe; in the document of a model of this kind
+        alone, they describe its routes in place of the shared table's (an image export's
+        ``/v1/embeddings``)."""
         return {}
 
     def schemas(self) -> Mapping[str, Any]:
-        """OpenAPI schemas :meth:`operations` refer to, by name."""
+        """OpenAPI schemas :meth:`operations` refer to, by name (in the documents of servers
+        holding a model of this kind)."""
         return {}
 
     def metrics(self, served: Any) -> Any:
