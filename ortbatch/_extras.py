@@ -19,6 +19,7 @@ _HINTS = {
     "prometheus_client": "serve",
     "matplotlib": "bench",
     "ray": "ray",
+    "av": "audio",
     "PIL": "vision",
 }
 

@@ -28,6 +28,9 @@
 #      checkpoint of all-MiniLM-L6-v2's shape with random weights (the weights are not on the
 #      machine; rows/s do not depend on them): `ortbatch run` against sentence-transformers'
 #      encode(batch_size=32), torch and backend="onnx", 3 rounds, and the engines alone.
+#  10. images on CUDA (issue 45): a tiny random CLIP exported as two towers, in process
+#      (ImageEmbedder: images, texts, zero-shot) and served (the image model kind's
+#      /v1/embeddings) on CUDA against the same export on CPU (cosine >= 0.9999), and images/s.
 # STEPS=5,8 (say) runs only those steps after the install, the probe and the model (a rerun of a
 # few steps in a second device call).
 # Every step runs under `timeout` with the limit printed next to it, and BUDGET (default 540 s)
@@ -61,11 +64,11 @@ SITE="${ORT_GPU_SITE:-/tmp/ortgpu}"
 MODEL="$WORK/bert-base"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# step limits in seconds (without TensorRT, which does not load on the image: full 810 s,
-# quick 745 s); BUDGET (seconds, default 540) bounds the whole run: a step gets at most what is
+# step limits in seconds (without TensorRT, which does not load on the image: full 900 s,
+# quick 835 s); BUDGET (seconds, default 540) bounds the whole run: a step gets at most what is
 # left of it less 20 s for the summary, and one with under 5 s left is not started, so the
 # files come back inside a device call's 600 s even when steps run to their limits
-T_INSTALL=60 T_PROBE=20 T_COLLECT=60 T_PYTEST=180 T_MODEL=60 T_TRT=90 T_ONE=45 T_BULK=180
+T_INSTALL=60 T_PROBE=20 T_COLLECT=60 T_PYTEST=180 T_MODEL=60 T_TRT=90 T_ONE=45 T_BULK=180 T_VISION=90
 BUDGET="${BUDGET:-540}"
 DEADLINE=$(($(date +%s) + BUDGET))
 if [ "$MODE" = quick ]; then
@@ -258,7 +261,49 @@ bulk_bench() {  # bulk_bench DEVICE SIZE ROWS ROUNDS: benchmarks/bulk.py's conte
         --export "$WORK/bulk/export" --rows "$3" --peer-rows "$3" --rounds "$4" --engine-rounds "$4" --kills 0 || return
     cp "$WORK/bulk/result.json" "$WORK/bulk-$1.json"
 }
-export -f install_ort bench gen_bench time_to_ready one_client bulk_bench
+vision_check() {  # vision_check PROVIDER: a tiny CLIP's images and texts on PROVIDER against CPU, in process and served
+    "$PY" - "$1" "$WORK/vision" "$WORK/vision-$1.json" "$REPO" <<'EOF'
+import base64, json, sys, time
+from pathlib import Path
+import numpy as np
+prov, work, out, repo = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+sys.path.insert(0, repo)
+import httpx
+from ortbatch.export import export_model
+from ortbatch.serve import BackgroundServer, ServeConfig
+from ortbatch.serve.vision_kind import IMAGE
+from ortbatch.vision import ImageEmbedder
+from tests.vision.models import TEXTS, build_clip
+from tests.vision.pictures import pictures
+if not (work / "export").is_dir():
+    build_clip(work / "clip")
+    export_model(str(work / "clip"), work / "export")
+pics = [p.data for p in pictures(16, seed=3)]
+def cos(a, b):
+    return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
+with ImageEmbedder(work / "export", providers="cpu") as ref, ImageEmbedder(work / "export", providers=prov) as emb:
+    want = ref.embed_images(pics)
+    img, txt = cos(emb.embed_images(pics), want), cos(emb.embed_texts(TEXTS), ref.embed_texts(TEXTS))
+    zs = float(np.abs(emb.zero_shot(pics[:4], ["a", "b"]) - ref.zero_shot(pics[:4], ["a", "b"])).max())
+    many = pics * 8
+    t0 = time.perf_counter()
+    emb.embed_images(many)
+    rate = len(many) / (time.perf_counter() - t0)
+config = ServeConfig(port=0, access_log=False, log_level="warning", providers=prov)
+with BackgroundServer(IMAGE.load(work / "export", "clip", config), config) as srv:
+    uris = ["data:image/png;base64," + base64.b64encode(d).decode() for d in pics]
+    r = httpx.post(srv.url + "/v1/embeddings", json={"input": uris, "modality": "image"}, timeout=120)
+    served = cos(np.array([d["embedding"] for d in r.json()["data"]]), want)
+result = {"provider": prov, "image_cosine_min": img, "text_cosine_min": txt, "zero_shot_max_abs": zs,
+          "served_cosine_min": served, "images_per_s_in_process": round(rate, 1)}
+print(json.dumps(result))
+json.dump(result, open(out, "w"))
+ok = min(img, txt, served) >= 0.9999 and zs <= 1e-3
+print("images on", prov, "equal to CPU:", "yes" if ok else "NO")
+sys.exit(0 if ok else 1)
+EOF
+}
+export -f install_ort bench gen_bench time_to_ready one_client bulk_bench vision_check
 export PY WHEELS SITE WORK MODEL REPO CONC REQUESTS DURATION GEN_REQUESTS GEN_PRESET BULK_ROWS
 if [ "$MODE" = dry ]; then
     echo
@@ -276,7 +321,9 @@ if [ "$MODE" = dry ]; then
     run_step 60 "7-dry. time to ready on CPU, tiny model" time_to_ready cpu
     run_step 60 "8-dry. one client on CPU, tiny model" \
         "$PY" "$REPO/benchmarks/one_client.py" "$MODEL" --lengths 16,64 --requests 20 --json "$WORK/one-client-dry-cpu.json"
+    would_run "$T_VISION" "10. images on cuda: a tiny CLIP's towers in process and served, against CPU, and images/s"
     run_step 90 "9-dry. bulk on CPU, a tiny random checkpoint" bulk_bench cpu tiny 64 1
+    run_step "$T_VISION" "10-dry. images on CPU against CPU: a tiny CLIP in process and served" vision_check cpu
 elif [ $HAVE_CUDA -eq 1 ]; then
     run_step "$T_BENCH" "5a. bench cuda 8-16" bench cuda 8-16
     run_step "$T_BENCH" "5b. bench cuda 8-128" bench cuda 8-128
@@ -290,6 +337,7 @@ elif [ $HAVE_CUDA -eq 1 ]; then
     [ $HAVE_TRT -eq 1 ] && run_step "$T_READY" "7. time to ready on tensorrt" time_to_ready tensorrt
     run_step "$T_ONE" "8. one client on cuda" one_client
     run_step "$T_BULK" "9. bulk on cuda (ortbatch run vs sentence-transformers)" bulk_bench cuda minilm "$BULK_ROWS" 3
+    run_step "$T_VISION" "10. images on cuda (a tiny CLIP against CPU, in process and served)" vision_check cuda
 fi
 
 # -- summary + what comes back -------------------------------------------------------------------
@@ -335,6 +383,8 @@ for f in sorted(work.glob("bulk-*.json")):
         if k in d.get("median_ratios", {}) and "cpu" not in f.stem:
             got = d["median_ratios"][k]
             print(f"{f.stem}: issue 31 target {k} >= {target}x: {got:.2f}x ->", "met" if got >= target else "MISSED")
+for f in sorted(work.glob("vision-*.json")):
+    print("images:", f.read_text().strip())
 for f in sorted(work.glob("ready-*.json")):
     print("time to ready:", f.read_text().strip())
 x = work / "pytest-gpu.xml"
@@ -361,14 +411,14 @@ machine goes back after 30 s idle, so make the calls back to back):
           (ignored files a call brought stay on the warm machine)
   call 5: carry [".ortwheel/part-ae", ".ortwheel/extra"], timeout_s 600,
           command "bash scripts/gpu-check.sh"   (BUDGET 540 s bounds it; steps' limits
-          sum to 810 s without TensorRT; --quick trims the benchmarks, not the tests)
+          sum to 900 s without TensorRT; --quick trims the benchmarks, not the tests)
   one full run is all that fits: the machine's start and the five calls take 3-4 minutes
   then give_back, and copy the figures of summary.txt into docs/benchmarks-log.md#gpu (the run) and docs/benchmarks.md (the headline).
 EOF
 fi
 cat "$WORK/summary.txt"
 cp "$WORK/summary.txt" "$OUT/summary.txt"
-tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" --exclude=bert-base --exclude=gen --exclude=bulk . 2> /dev/null || true
+tar -czf "$OUT/gpu-check.tar.gz" -C "$WORK" --exclude=bert-base --exclude=gen --exclude=bulk --exclude=vision . 2> /dev/null || true
 echo "wrote $OUT/summary.txt and $OUT/gpu-check.tar.gz"
 rm -rf "$WORK"
 if [ ${#FAILED[@]} -gt 0 ]; then

@@ -241,13 +241,11 @@ def prepare(
     export_dir = Path(export)
     if not export_dir.is_dir() or not ((export_dir / MANIFEST_NAME).is_file() or (export_dir / "model.onnx").is_file()):
         raise UnsupportedModelError(f"{export_dir} is not an export directory (no {MANIFEST_NAME} or model.onnx)")
-    generation = export_kind(export_dir).bulk_task == "generation"  # refuses an export no kind serves
+    kind = export_kind(export_dir)  # refuses an export no kind serves
+    generation = kind.bulk_task == "generation"
     text_column = config.text_column or ("prompt" if generation else "text")
-    source = Source(
-        input,
-        SourceOptions(text_column, config.pair_column, config.id_column, config.input_format),
-        batch_rows=config.window,
-    )
+    options = SourceOptions(text_column, config.pair_column, config.id_column, config.input_format)
+    source = kind.bulk_source(Path(input), options, config.window) or Source(input, options, batch_rows=config.window)
     fmt = config.output_format or ("jsonl" if source.batch_api else "parquet")
     if source.batch_api and fmt != "jsonl":
         raise OutputError(

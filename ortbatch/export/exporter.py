@@ -49,7 +49,7 @@ from ..embed.pipeline import EMBEDDING_KEY, EmbeddingPipeline
 from ..errors import ExportError, OrtBatchError, UnsupportedModelError, ValidationError
 from ..heads import ST_CONFIG
 from ..manifest import Manifest, model_hash
-from . import graph, hub, st_pipeline, tasks, vision
+from . import graph, hub, st_pipeline, tasks, vision, whisper
 from .quantize import QuantizeConfig, quantize_model
 from .recipes import Recipe, load_recipe, resolve_model_ref, tolerances_for
 
@@ -296,7 +296,9 @@ def _export_checked(
             if resolved.task == "text-classification":
                 _record_cross_encoder_activation(build, st_root or resolved.model, say)
             report = None
-            if validate:
+            if validate and tasks.family(resolved.task) == "speech-seq2seq":
+                report = whisper.validate_whisper(build, reference=torch_model, progress=say)
+            elif validate:
                 from .checks import validate as run_checks
 
                 report = run_checks(build, providers=list(rcp.providers) or None, reference=torch_model, progress=say)
@@ -365,8 +367,12 @@ def _build(
 ) -> tuple[Any, Manifest]:
     """Export, optimize, convert and describe the model in ``out`` (a fresh directory)."""
     fam = tasks.family(resolved.task)
+    if fam == "speech-seq2seq":
+        whisper.check_recipe(rcp, resolved)
     say(f"exporting {resolved.model_type} for {resolved.task} with optimum-onnx")
     torch_model = _export(resolved, out, rcp, tokenizer, trust_remote_code)
+    if fam == "speech-seq2seq":  # Whisper: its own manifest sections and checks (export/whisper.py)
+        return torch_model, whisper.describe(out, resolved, rcp, tokenizer, torch_model, say)
     if resolved.task in ("text-classification", "token-classification"):
         _refuse_random_head(resolved, torch_model)
     onnx_files = list(_SEQ2SEQ_FILES) if fam == "seq2seq" else ["model.onnx"]
@@ -804,7 +810,7 @@ def _export(resolved: tasks.ResolvedModel, out: Path, rcp: Recipe, tokenizer: An
             device=rcp.device,
             do_validation=False,  # ours is stricter and never downgrades a failure to a warning
             # seq2seq: keep the plain decoder and decoder-with-past instead of the merged If-graph.
-            no_post_process=fam == "seq2seq",
+            no_post_process=fam in ("seq2seq", "speech-seq2seq"),
             preprocessors=maybe_load_preprocessors(resolved.model, trust_remote_code=trust_remote_code),
             custom_onnx_configs=_with_position_ids(model, resolved),
         )

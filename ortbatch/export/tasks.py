@@ -18,6 +18,7 @@ __all__ = [
     "DECODER_TASKS",
     "ENCODER_TASKS",
     "SEQ2SEQ_TASKS",
+    "SPEECH_TASKS",
     "SUPPORTED_TASKS",
     "ResolvedModel",
     "family",
@@ -34,15 +35,19 @@ ENCODER_TASKS = (
 )
 DECODER_TASKS = ("text-generation", "text-generation-with-past")
 SEQ2SEQ_TASKS = ("text2text-generation", "text2text-generation-with-past")
-SUPPORTED_TASKS = ENCODER_TASKS + DECODER_TASKS + SEQ2SEQ_TASKS
+# Whisper: encoder, decoder and decoder-with-past graphs, described and checked by export/whisper.py
+SPEECH_TASKS = ("automatic-speech-recognition", "automatic-speech-recognition-with-past")
+SUPPORTED_TASKS = ENCODER_TASKS + DECODER_TASKS + SEQ2SEQ_TASKS + SPEECH_TASKS
 
 
 def family(task: str) -> str:
-    """``"encoder"``, ``"decoder"`` or ``"seq2seq"``."""
+    """``"encoder"``, ``"decoder"``, ``"seq2seq"`` or ``"speech-seq2seq"``."""
     if task in DECODER_TASKS:
         return "decoder"
     if task in SEQ2SEQ_TASKS:
         return "seq2seq"
+    if task in SPEECH_TASKS:
+        return "speech-seq2seq"
     if task in ENCODER_TASKS:
         return "encoder"
     raise UnsupportedModelError(f"task {task!r} is not supported; ortbatch supports {list(SUPPORTED_TASKS)}")
@@ -165,6 +170,8 @@ def _infer_task(config: Any, library: str) -> str:
     import transformers
 
     heads = []
+    if getattr(config, "model_type", None) == "whisper":
+        return "automatic-speech-recognition"  # its ForConditionalGeneration head is speech-to-text
     for arch in config.architectures or []:
         # BART-like heads are registered for fill-mask too; generation is what they are for.
         if getattr(config, "is_encoder_decoder", False) and arch.endswith("ForConditionalGeneration"):

@@ -27,7 +27,10 @@ Importing this package is light; starlette/uvicorn are imported when an app is b
 from __future__ import annotations
 
 from ..errors import NonFiniteOutputError, RequestTooLargeError
-from . import kinds  # noqa: F401 - registers the encoder and decoder model kinds (ortbatch.serve.kinds)
+from . import (
+    kinds,  # noqa: F401 - registers the encoder and decoder model kinds (ortbatch.serve.kinds)
+    vision_kind,  # noqa: F401 - registers the image model kind, after those two
+)
 from .config import ServeConfig
 from .http.app import build_app, create_app, create_completions_app
 from .http.plumbing import DEFAULT_MAX_BODY_BYTES, BodyLimits, RequestCounts, assemble_app, error_response

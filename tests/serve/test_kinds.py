@@ -72,3 +72,23 @@ def test_the_documented_request_fields_are_fields_the_routes_read(kind) -> None:
         spec = operations[("POST", path)]
         documented = set(schemas[spec.request].get("properties", {})) - {"model"}
         assert documented <= accepted, (path, sorted(documented - accepted))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [{"task": "automatic-speech-recognition-with-past"}, {"task": "automatic-speech-recognition"}],
+)
+def test_a_speech_export_is_refused_as_speech(tmp_path: Path, source: dict) -> None:
+    """A Whisper export is an encoder-decoder one too; its refusal names speech recognition."""
+    manifest = {"format": 1, "model": "encoder_model.onnx", "source": source, "inputs": {}, "outputs": {}}
+    (tmp_path / "ortbatch.json").write_text(json.dumps(manifest))
+    with pytest.raises(UnservedExportError, match="speech-recognition \\(Whisper\\) export: speech recognition"):
+        kind_for_export(tmp_path)
+
+
+def test_a_whisper_checkpoint_layout_without_manifest_is_refused_as_speech(tmp_path: Path) -> None:
+    for f in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"):
+        (tmp_path / f).write_bytes(b"")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper"}))
+    with pytest.raises(UnservedExportError, match="speech recognition is not served yet"):
+        kind_for_export(tmp_path)

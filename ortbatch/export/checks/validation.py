@@ -83,6 +83,13 @@ def validate(
             progress=progress,
         )
     say = progress or (lambda msg: None)
+    if Manifest.load(directory).source.get("family") == "speech-seq2seq":
+        # Whisper: audio in, not texts; its own checks (export/whisper.py), on CPU
+        from ..whisper import validate_whisper
+
+        return validate_whisper(
+            directory, reference=reference, use_reference=use_reference, save=save, progress=progress
+        )
     t0 = time.perf_counter()
     plan = _plan(directory, providers, samples, tolerances)
     ref: Reference | None = None

@@ -80,6 +80,12 @@ class ApiFacts:
         self.refused: dict[tuple[str, str], str] = {}
         #: entry name -> a KServe v2 infer request for it
         self.infer_examples: dict[str, Any] = {}
+        #: (method, path) -> the Operation a model's own kind describes it by, in that model's own
+        #: document (:meth:`~ortbatch.serve.served.kinds.ModelKind.operations`: an image export's
+        #: /v1/embeddings takes images); a repository's document keeps the shared table's
+        self.own: dict[tuple[str, str], Operation] = {}
+        #: the schemas of the kinds present (their :meth:`~ortbatch.serve.served.kinds.ModelKind.schemas`)
+        self.schemas: dict[str, Any] = {}
 
     def list(self, op: tuple[str, str], names: Iterable[str]) -> None:
         known = self.listed.setdefault(op, [])
@@ -111,6 +117,7 @@ def model_facts(served: Any, routes: Iterable[Any], facts: ApiFacts | None = Non
     repository gathers its models'): what its kind serves and refuses
     (:meth:`~ortbatch.serve.served.kinds.ModelKind.openapi_refusal`) and its entries'
     KServe v2 infer examples."""
+    own = facts is None  # the model's own document (not one of a repository's models)
     facts = facts if facts is not None else ApiFacts(f"ortbatch: {served.name}")
     entries = Entries(served)
     kind = entries.kind
@@ -124,6 +131,9 @@ def model_facts(served: Any, routes: Iterable[Any], facts: ApiFacts | None = Non
             facts.list((method, path), names)
     for name, meta in kind.kserve_metadata(served, entries).items():
         facts.infer_examples[name] = _infer_example(meta)
+    facts.schemas.update(kind.schemas())
+    if own:
+        facts.own.update(kind.operations())
     return facts
 
 
@@ -136,6 +146,7 @@ def repository_facts(repository: ModelRepository, routes: Iterable[Any], body: B
     for _, loaded in repository.loaded():
         model_facts(loaded.served, routes_for(loaded.served, body), per_model)
     facts.infer_examples = per_model.infer_examples
+    facts.schemas = per_model.schemas
     for method, path in mounted(routes):
         if path == _REPOSITORY_DISPATCH:
             for (m, p), names in per_model.listed.items():
@@ -174,7 +185,7 @@ def _named(example: Any, model: str) -> Any:
 
 
 def _operation(method: str, path: str, names: list[str], facts: ApiFacts, auth: bool) -> dict[str, Any]:
-    spec = OPERATIONS.get((method, path)) or _kind_operations().get((method, path))
+    spec = facts.own.get((method, path)) or OPERATIONS.get((method, path)) or _kind_operations().get((method, path))
     op_id = re.sub(r"[^A-Za-z0-9]+", "_", f"{method.lower()}{path}").strip("_")
     if spec is None:  # mounted, but nobody said what it is: tests/serve/test_openapi.py fails on it
         spec = Operation(f"{method} {path}", "Undocumented")
@@ -228,7 +239,7 @@ def document(facts: ApiFacts, auth: bool = False) -> dict[str, Any]:
         lines = [f"- `{m} {p}`: {why}" for (m, p), why in sorted(facts.refused.items())]
         description += " Also mounted, and refused for what this server serves:\n\n" + "\n".join(lines)
     components: dict[str, Any] = {
-        "schemas": copy.deepcopy({**SCHEMAS, **{n: s for k in registered() for n, s in k.schemas().items()}}),
+        "schemas": copy.deepcopy({**SCHEMAS, **facts.schemas}),
         "responses": {
             "Error": {
                 "description": "An error (400 bad input, 401 no key, 404 unknown model, 413 too large, 429 queue "

@@ -191,6 +191,12 @@ class ModelKind:
         """``ortbatch generate DIR PROMPT...`` (its exit code); the default refuses."""
         raise UnservedExportError(f"{directory} is {self.description}: `ortbatch generate` takes {_generating()}")
 
+    def bulk_source(self, path: Path, options: Any, batch_rows: int) -> Any:
+        """The rows ``ortbatch run`` reads from ``path`` when the kind reads inputs of its own
+        (a folder of images: a :class:`~ortbatch.bulk.sources.Source`-like object); None: the
+        ordinary JSONL/CSV/Parquet source."""
+        return None
+
     def make_bulk_task(self, export_dir: Path, options: Any) -> Any:
         """The ``ortbatch run`` task of a kind that brings its own (None: the bulk task family
         :attr:`bulk_task` names, built by ``ortbatch.bulk``)."""
@@ -204,11 +210,14 @@ class ModelKind:
 
     def operations(self) -> Mapping[tuple[str, str], Any]:
         """``(METHOD, path)`` -> its OpenAPI ``Operation`` (``http.openapi_schemas``), for
-        routes the shared table does not describe."""
+        routes the shared table does not describe; in the document of a model of this kind
+        alone, they describe its routes in place of the shared table's (an image export's
+        ``/v1/embeddings``)."""
         return {}
 
     def schemas(self) -> Mapping[str, Any]:
-        """OpenAPI schemas :meth:`operations` refer to, by name."""
+        """OpenAPI schemas :meth:`operations` refer to, by name (in the documents of servers
+        holding a model of this kind)."""
         return {}
 
     def metrics(self, served: Any) -> Any:
@@ -395,4 +404,20 @@ def _is_seq2seq(export: ExportFacts) -> bool:
     return "encoder_model.onnx" in files and any(f.startswith("decoder_") for f in files)
 
 
+#: a speech-recognition export's task (Whisper: ``ortbatch export`` writes the with-past one)
+SPEECH_TASKS = frozenset({"automatic-speech-recognition", "automatic-speech-recognition-with-past"})
+
+
+def _is_speech(export: ExportFacts) -> bool:
+    """A speech-recognition export (Whisper): its manifest's task or family says so, or its
+    ``config.json`` is a Whisper model's."""
+    return (
+        export.task in SPEECH_TASKS
+        or export.source.get("family") == "speech-seq2seq"
+        or export.config.get("model_type") == "whisper"
+    )
+
+
+# asked in this order: a Whisper export is also an encoder-decoder one, and its refusal says more
+declare_unserved("a speech-recognition (Whisper) export", "speech recognition", _is_speech)
 declare_unserved("an encoder-decoder (seq2seq) export", "encoder-decoder generation", _is_seq2seq)
