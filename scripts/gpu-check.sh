@@ -413,7 +413,7 @@ machine goes back after 30 s idle, so make the calls back to back):
           command "bash scripts/gpu-check.sh"   (BUDGET 540 s bounds it; steps' limits
           sum to 900 s without TensorRT; --quick trims the benchmarks, not the tests)
   one full run is all that fits: the machine's start and the five calls take 3-4 minutes
-  then give_back, and copy the figures of summary.txt into docs/benchmarks.md (GPU).
+  then give_back, and copy the figures of summary.txt into docs/benchmarks-log.md#gpu (the run) and docs/benchmarks.md (the headline).
 EOF
 fi
 cat "$WORK/summary.txt"

@@ -9,6 +9,7 @@ The rooms: :mod:`~ortbatch.bulk.sources` (input files as numbered rows),
 export), :mod:`~ortbatch.bulk.batchapi` (OpenAI Batch API lines; their completion and chat
 lines in :mod:`~ortbatch.bulk.batch_completions`, through serve's transport-free core),
 :mod:`~ortbatch.bulk.output` (atomic shards and the manifest a resume reads),
+:mod:`~ortbatch.bulk.checkpoint` (the open window's finished batches, restored by a resume),
 :mod:`~ortbatch.bulk.plan` (what a job is, whichever engine runs it: settings, identity,
 one window → one shard, the summary), :mod:`~ortbatch.bulk.job` (the job in this process:
 windows, progress) and :mod:`~ortbatch.bulk.ray_data` (the same job on Ray Data, with

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OrtBatchError
-from .sources import _SUFFIXES, InputError, Position, Row
+from .sources import FILE_SUFFIXES, InputError, Position, Row
 from .tasks import Field, Outcome, RowFailure, Task, TaskOptions
 
 __all__ = ["IMAGE_SUFFIXES", "ImageFolderSource", "ImageTask", "image_folder_source"]
@@ -38,7 +38,7 @@ def image_folder_source(path: Path, options: Any) -> ImageFolderSource | None:
     if not path.is_dir():
         return None
     files = sorted(p for p in path.iterdir() if p.is_file())
-    if any(p.suffix.lower() in _SUFFIXES for p in files):
+    if any(p.suffix.lower() in FILE_SUFFIXES for p in files):
         return None
     images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     if not images:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from .checkpoint import JOURNAL_DIR, WindowJournal, rows_digest
 from .output import ShardInfo
 from .plan import (
     EXIT_ROW_ERRORS,
@@ -42,8 +43,10 @@ __all__ = ["EXIT_ROW_ERRORS", "KILL_ENV", "RunConfig", "RunSummary", "run"]
 
 #: test seam: ``SHARD:POINT`` makes the process SIGKILL itself at that point of that shard
 #: (POINT: ``computed`` before anything is written, ``written`` with the part file written
-#: but not yet renamed, ``renamed`` before the shard's manifest, ``committed`` after it);
-#: ``SHARD:POINT:INT`` sends SIGINT instead (Ctrl-C)
+#: but not yet renamed, ``renamed`` before the shard's manifest, ``committed`` after it;
+#: ``rows:N`` as soon as the shard's checkpoint holds N rows or more, while its other
+#: batches are still computing); ``SHARD:POINT:INT`` sends SIGINT instead (Ctrl-C), and
+#: ``SHARD:POINT:STOP`` SIGSTOP (the process waits there to be killed from outside)
 KILL_ENV = "ORTBATCH_RUN_KILL_AT"
 
 
@@ -52,10 +55,15 @@ def _kill_hook() -> Callable[[int, str], None]:
     if not target:
         return lambda shard, point: None
     shard_s, where, *how = target.split(":")
-    sig = signal.SIGINT if how == ["INT"] else signal.SIGKILL
+    if where == "rows":  # ``SHARD:rows:N``: once the shard's checkpoint holds N rows or more
+        at_least = int(how.pop(0))
+    # INT: Ctrl-C; STOP: the process stops there, for a test to SIGKILL it from outside
+    sig = {"INT": signal.SIGINT, "STOP": signal.SIGSTOP}.get(how[0] if how else "", signal.SIGKILL)
 
     def hook(shard: int, point: str) -> None:
-        if str(shard) == shard_s and point == where:
+        if str(shard) != shard_s:
+            return
+        if point == where or (where == "rows" and point.startswith("rows:") and int(point[5:]) >= at_least):
             os.kill(os.getpid(), sig)
 
     return hook
@@ -107,6 +115,7 @@ def _run(task: Task, prepared: Prepared, job: dict[str, Any], shards: list[Shard
     kill = _kill_hook()
     done = {int(s["shard"]): s for s in shards}
     resumed = sum(int(s["end"]) - int(s["start"]) for s in shards)
+    restored = 0  # rows of an open window restored from its checkpoint
     progress = make_progress(prepared, resumed, stream)
     task.on_progress = progress.advance  # shown from the first batch, not the first window
     t0 = time.monotonic()
@@ -124,12 +133,45 @@ def _run(task: Task, prepared: Prepared, job: dict[str, Any], shards: list[Shard
         if not window:
             break
         if index not in done:  # windows after a gap (a --ray run commits out of order)
-            files = compute_shard(task, window, index, with_id, prepared.format)
+            journal = _journal(task, prepared, job, window, index, kill)
+            try:
+                if journal is not None:
+                    task.restored = journal.open()
+                    task.on_outcomes = journal.append
+                    restored += len(task.restored)
+                    progress.restore(len(task.restored))
+                files = compute_shard(task, window, index, with_id, prepared.format)
+            finally:
+                task.restored = task.on_outcomes = None
+                if journal is not None:
+                    journal.close()  # durable, also when interrupted (Ctrl-C)
             kill(index, "computed")
             done[index] = prepared.outdir.write_shard(files, hook=functools.partial(kill, index))
+            if journal is not None:
+                journal.remove()  # the shard holds its rows now
             tokens += task.last_tokens
             progress.update(len(window), task.last_tokens, int(files.info["errors"]))
         index += 1
     progress.close()
     ordered = [done[k] for k in sorted(done)]
-    return finish(prepared, job, ordered, resumed, time.monotonic() - t0, tokens)
+    return finish(prepared, job, ordered, resumed, time.monotonic() - t0, tokens, restored)
+
+
+def _journal(
+    task: Task, prepared: Prepared, job: dict[str, Any], window: list[Row], index: int, kill: Callable[[int, str], None]
+) -> WindowJournal | None:
+    """The checkpoint journal of window ``index`` (None for a task without checkpoints)."""
+    if not task.checkpoints:
+        return None
+    header = {
+        "shard": index,
+        "start": window[0].index,
+        "rows": len(window),
+        "digest": rows_digest(window),
+        "task": job["task"],
+        "batching": task.batching(),
+    }
+    path = prepared.outdir.path / JOURNAL_DIR / f"{index:06d}.log"
+    journal = WindowJournal(path, header, prepared.config.checkpoint_every_s)
+    journal.on_record = lambda held: kill(index, f"rows:{held}")
+    return journal

@@ -9,6 +9,9 @@ and Polars when they read the folder as one dataset)::
                                    its counts and its files; written last, so its presence
                                    is the shard's commit
     OUTPUT/_errors/000000.jsonl    shard 0's failed rows (only when it has some)
+    OUTPUT/_journal/000001.log     the checkpoint of shard 1 while it is computed: its finished
+                                   batches, restored by a resumed run; deleted once the shard
+                                   is committed (:mod:`ortbatch.bulk.checkpoint`)
     OUTPUT/_job.json               what the job is (export, input, settings): a resume must match
     OUTPUT/_errors.jsonl           every failed row, in input order (written when the job ends)
     OUTPUT/_manifest.json          every shard's range and counts, and the summary (at the end)
@@ -50,7 +53,8 @@ __all__ = ["OUTPUT_FORMATS", "OutputDir", "OutputError", "ShardFiles", "ShardInf
 OUTPUT_FORMATS = ("parquet", "jsonl")
 _PART = re.compile(r"^part-(\d{6})\.(parquet|jsonl)$")
 _SHARD = re.compile(r"^(\d{6})\.json$")
-_OURS = ("_job.json", "_manifest.json", "_errors.jsonl", "_shards", "_errors", "_lock")
+_OURS = ("_job.json", "_manifest.json", "_errors.jsonl", "_shards", "_errors", "_journal", "_lock")
+_JOURNAL = re.compile(r"^(\d{6})\.log$")
 #: the file a running job holds locked (flock): a second run on the same output is refused
 _LOCK = "_lock"
 
@@ -202,7 +206,7 @@ class OutputDir:
         for p in self.path.iterdir():
             if p.name == _LOCK or (p.name.startswith(".") and p.name.endswith(".tmp")):
                 continue
-            if p.name in ("_shards", "_errors") and p.is_dir() and not any(p.iterdir()):
+            if p.name in ("_shards", "_errors", "_journal") and p.is_dir() and not any(p.iterdir()):
                 continue  # made before _job.json: a run killed in between left them empty
             names.append(p.name)
         return sorted(names)
@@ -250,7 +254,7 @@ class OutputDir:
         for p in list(self.path.iterdir()):
             if p.name == _LOCK:
                 continue  # held by this run
-            if p.name in ("_shards", "_errors"):
+            if p.name in ("_shards", "_errors", "_journal"):
                 shutil.rmtree(p)
             elif p.name in _OURS or _PART.match(p.name) or (p.name.startswith(".") and p.name.endswith(".tmp")):
                 p.unlink()
@@ -289,6 +293,12 @@ class OutputDir:
         for p in (self.path / "_errors").iterdir():
             if p.name.startswith(".") or (p.stem.isdigit() and int(p.stem) not in keep):
                 p.unlink()
+        journals = self.path / "_journal"
+        if journals.is_dir():  # a committed shard's checkpoint (killed before its removal)
+            for p in journals.iterdir():
+                m = _JOURNAL.match(p.name)
+                if m and int(m.group(1)) in keep:
+                    p.unlink()
         for name in ("_manifest.json", "_errors.jsonl"):
             (self.path / name).unlink(missing_ok=True)  # the job is no longer complete
 
@@ -322,6 +332,10 @@ class OutputDir:
 
         errors_path = self.path / "_errors.jsonl"
         write_atomic(errors_path, errors)
+        journals = self.path / "_journal"
+        if journals.is_dir():  # every shard is committed: a checkpoint left (by a --ray resume) is stale
+            for p in journals.iterdir():
+                p.unlink()
         doc = {"format": 1, "job": job, "shards": shards, "summary": summary}
         write_atomic(self.path / "_manifest.json", lambda f: f.write(_dumps(doc) + b"\n"))
         return errors_path

@@ -88,6 +88,10 @@ class RunConfig:
     restart: bool = False
     progress: bool | None = None  # None: a bar on a terminal, lines every progress_every_s otherwise
     progress_every_s: float = 10.0
+    #: each finished batch is appended to its window's checkpoint at once (a killed process
+    #: loses only the batches in flight); the checkpoint is fsynced at most this far apart
+    #: (what a power loss may cost)
+    checkpoint_every_s: float = 5.0
     ray: RayOptions | bool | None = None
 
     def __post_init__(self) -> None:
@@ -95,6 +99,8 @@ class RunConfig:
             raise InvalidInputError(f"window must be at least 1 row, got {self.window}")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise InvalidInputError(f"max_batch_size must be at least 1 row, got {self.max_batch_size}")
+        if not 0 <= self.checkpoint_every_s < math.inf:  # NaN fails too
+            raise InvalidInputError(f"checkpoint_every_s must be seconds >= 0, got {self.checkpoint_every_s}")
         if self.max_new_tokens < 1:
             raise InvalidInputError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.sampling is not None:
@@ -133,6 +139,8 @@ class RunSummary:
     failed: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     resumed_rows: int = 0
+    #: rows of a window not yet committed that this run restored from its checkpoint
+    restored_rows: int = 0
     shards: int = 0
     seconds: float = 0.0
     rows_per_s: float = 0.0
@@ -151,11 +159,17 @@ class RunSummary:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def _resumed(self) -> str:
+        if not (self.resumed_rows or self.restored_rows):
+            return ""
+        restored = f"; {self.restored_rows} more restored from a checkpoint" if self.restored_rows else ""
+        return f" (resumed after {self.resumed_rows} rows{restored})"
+
     def describe(self) -> str:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.failures.items()))
         lines = [
             f"{self.rows} rows: {self.succeeded} succeeded, {self.failed} failed" + (f" ({kinds})" if kinds else ""),
-            f"output: {self.output}" + (f" (resumed after {self.resumed_rows} rows)" if self.resumed_rows else ""),
+            f"output: {self.output}" + self._resumed(),
         ]
         if self.failed:
             lines.append(f"errors: {self.errors_file}")
@@ -262,10 +276,17 @@ def failure_kind(record: dict[str, Any]) -> str:
 
 
 def finish(
-    prepared: Prepared, job: dict[str, Any], shards: list[ShardInfo], resumed: int, seconds: float, tokens: int
+    prepared: Prepared,
+    job: dict[str, Any],
+    shards: list[ShardInfo],
+    resumed: int,
+    seconds: float,
+    tokens: int,
+    restored: int = 0,
 ) -> RunSummary:
     """The summary of a job whose every window is committed (``shards``, in order), written
-    with the job's errors file and manifest. ``resumed``: rows committed before this run."""
+    with the job's errors file and manifest. ``resumed``: rows committed before this run;
+    ``restored``: rows this run restored from a checkpoint instead of computing them."""
     outdir = prepared.outdir
     for k, s in enumerate(shards):
         if s["shard"] != k:  # pragma: no cover - the engines commit every window first
@@ -282,9 +303,10 @@ def finish(
         failed=sum(int(s["errors"]) for s in shards),
         failures=dict(sorted(failures.items())),
         resumed_rows=resumed,
+        restored_rows=restored,
         shards=len(shards),
         seconds=seconds,
-        rows_per_s=(total - resumed) / seconds if seconds > 0 else 0.0,
+        rows_per_s=(total - resumed - restored) / seconds if seconds > 0 else 0.0,
         tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
     )
     outdir.finish(job, shards, summary.to_dict())

@@ -44,6 +44,14 @@ class Progress:
             self.tokens += tokens
             self._maybe_show()
 
+    def restore(self, rows: int) -> None:
+        """``rows`` of the open window restored from its checkpoint: done, but not by this run
+        (so not in its rate)."""
+        with self._lock:
+            self._open_rows += rows
+            self.rows += rows
+            self.start_rows += rows
+
     def update(self, rows: int, tokens: int, errors: int) -> None:
         """A window of ``rows`` committed (``tokens``, ``errors``: its totals)."""
         with self._lock:

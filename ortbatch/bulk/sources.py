@@ -26,12 +26,13 @@ from typing import Any
 from .._extras import require
 from ..errors import InvalidInputError
 
-__all__ = ["INPUT_FORMATS", "InputError", "Position", "Row", "Source", "SourceOptions", "open_source"]
+__all__ = ["FILE_SUFFIXES", "INPUT_FORMATS", "InputError", "Position", "Row", "Source", "SourceOptions", "open_source"]
 
 #: ``--input-format`` values; ``auto`` goes by the file suffix (and a first JSONL line that
 #: holds ``custom_id``, ``url`` and ``body`` is an OpenAI Batch API file)
 INPUT_FORMATS = ("auto", "jsonl", "csv", "parquet", "openai-batch")
-_SUFFIXES = {
+#: the input files a folder is read for, by suffix -> their format (image folders tell them apart)
+FILE_SUFFIXES = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
     ".json": "jsonl",
@@ -279,9 +280,9 @@ class Source:
         if not self.path.exists():
             raise InputError(f"input {self.path} does not exist")
         if self.path.is_dir():
-            files = sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix.lower() in _SUFFIXES)
+            files = sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix.lower() in FILE_SUFFIXES)
             if not files:
-                raise InputError(f"input folder {self.path} holds no {'/'.join(sorted(_SUFFIXES))} files")
+                raise InputError(f"input folder {self.path} holds no {'/'.join(sorted(FILE_SUFFIXES))} files")
         else:
             files = [self.path]
         self.files: list[Path] = files
@@ -294,7 +295,7 @@ class Source:
     def _kind(self, path: Path) -> str:
         fmt = self.options.input_format
         if fmt == "auto":
-            fmt = _SUFFIXES.get(path.suffix.lower(), "")
+            fmt = FILE_SUFFIXES.get(path.suffix.lower(), "")
             if not fmt:
                 raise InputError(
                     f"cannot tell the format of {path} from its suffix; pass --input-format "

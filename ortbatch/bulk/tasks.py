@@ -36,7 +36,7 @@ import abc
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,21 @@ class Task(abc.ABC):
     #: told ``(rows, tokens)`` as each batch of a :meth:`run` finishes (the progress display
     #: of a local ``ortbatch run``: progress from the first batch, not the first window)
     on_progress: Callable[[int, int], None] | None = None
+    #: whether the task honours :attr:`restored` and :attr:`on_outcomes` (checkpoints inside a
+    #: window, :mod:`ortbatch.bulk.checkpoint`); a task that does not is resumed per window
+    checkpoints: bool = False
+    #: outcomes already known for the next :meth:`run` (positions in its rows -> outcome),
+    #: restored from a checkpoint: a task that :attr:`checkpoints` returns them as they are
+    #: and computes the other rows in the very batches it would have computed them in
+    restored: Mapping[int, Outcome] | None = None
+    #: told ``(positions, outcomes)`` as each batch of a :meth:`run` finishes, before
+    #: :attr:`on_progress`, so the rows the progress shows done are already checkpointed
+    on_outcomes: Callable[[list[int], list[Outcome]], None] | None = None
+
+    def batching(self) -> dict[str, Any]:
+        """What the task's batches depend on besides the rows (a checkpoint written under other
+        settings is not restored: its outcomes came from other batches, so other bytes)."""
+        return {}
 
     def record(self, row: Row, result: dict[str, Any], with_id: bool) -> dict[str, Any]:
         """The output record of a row that succeeded: ``row`` (its number in the input),
@@ -341,10 +356,16 @@ class Encoder:
         items: Sequence[_Encoded | RowFailure],
         names: list[str],
         on_batch: Callable[[int, int], None] | None = None,
+        skip: Container[int] = (),
+        on_chunk: Callable[[list[int], list[Any]], None] | None = None,
     ) -> list[list[np.ndarray] | RowFailure]:
         """Run every encoded item (failures pass through): per item, its outputs
         (``names`` order, trimmed to its own length) or why it failed. ``on_batch`` is told
-        ``(rows, tokens)`` of each batch as its outputs are collected."""
+        ``(rows, tokens)`` of each batch as its outputs are collected, after ``on_chunk``
+        (the batch's item positions and the list of every item's outputs so far). A batch
+        whose every item is in ``skip`` (known from a checkpoint) is not run: its items'
+        places say ``RowFailure("inference", "no result")`` for the caller to fill; the
+        batches are cut as if it ran, so the others are the very batches they would be."""
         out: list[list[np.ndarray] | RowFailure | None] = [None] * len(items)
         collator = self.session.collator
         prepared: dict[int, Any] = {}
@@ -358,9 +379,12 @@ class Encoder:
                 out[i] = RowFailure("invalid_input", str(exc))
         order = sorted(prepared, key=lambda i: (prepared[i].length, i))
         chunks = self._chunks(order, prepared)
-        pending = [(chunk, self._submit(chunk, prepared, names)) for chunk in chunks]
+        todo = [chunk for chunk in chunks if not all(i in skip for i in chunk)]
+        pending = [(chunk, self._submit(chunk, prepared, names)) for chunk in todo]
         for chunk, fut in pending:
             self._collect(chunk, fut, prepared, names, out)
+            if on_chunk is not None:
+                on_chunk(chunk, out)
             if on_batch is not None:
                 on_batch(len(chunk), sum(getattr(items[i], "tokens", 0) for i in chunk))
         return [o if o is not None else RowFailure("inference", "no result") for o in out]
@@ -665,6 +689,8 @@ def _span(span: dict[str, Any], scores: list[float], text: str) -> dict[str, Any
 class EncoderTask(Task):
     """An encoder export's task (embeddings, scores, labels or spans) over an :class:`Encoder`."""
 
+    checkpoints = True
+
     def __init__(self, encoder: Encoder, head: Head, kind: str, options: TaskOptions) -> None:
         self.encoder = encoder
         self.head = head
@@ -690,18 +716,40 @@ class EncoderTask(Task):
         encoded = iter(self.encoder.encode(texts, self.options.truncate, self.head.prompt))
         enc: list[_Encoded | RowFailure] = [x if isinstance(x, RowFailure) else next(encoded) for x in items]
         self.last_tokens = sum(e.tokens for e in enc if isinstance(e, _Encoded))
-        outs = self.encoder.infer(enc, [self.head.output], self.on_progress)
-        results: list[Outcome] = []
-        for row, item, res in zip(rows, enc, outs, strict=True):
-            if isinstance(res, RowFailure):
-                results.append(res)
-                continue
-            assert isinstance(item, _Encoded)
-            try:
-                results.append(self.head.value(res[0], item, row))
-            except OrtBatchError as exc:
-                results.append(RowFailure("inference", str(exc)))
-        return results
+        restored = self.restored or {}
+        done: dict[int, Outcome] = dict(restored)
+        on_outcomes = self.on_outcomes
+
+        def finished(chunk: list[int], outs: list[Any]) -> None:
+            outcomes = [self._outcome(rows[i], enc[i], outs[i]) for i in chunk]
+            done.update(zip(chunk, outcomes, strict=True))
+            if on_outcomes is not None:
+                on_outcomes(chunk, outcomes)
+
+        outs = self.encoder.infer(enc, [self.head.output], self.on_progress, restored, finished)
+        return [
+            done[i] if i in done else self._outcome(row, item, res)
+            for i, (row, item, res) in enumerate(zip(rows, enc, outs, strict=True))
+        ]
+
+    def _outcome(self, row: Row, item: _Encoded | RowFailure, res: list[np.ndarray] | RowFailure) -> Outcome:
+        if isinstance(res, RowFailure):
+            return res
+        assert isinstance(item, _Encoded)
+        try:
+            return self.head.value(res[0], item, row)
+        except OrtBatchError as exc:
+            return RowFailure("inference", str(exc))
+
+    def batching(self) -> dict[str, Any]:
+        # the rows sorted by length are cut into batches by these two limits alone; the
+        # providers' kernels (CUDA's, CPU's) round differently, so they are named too
+        session = self.encoder.session
+        return {
+            "max_batch_size": session.max_batch_size,
+            "max_batch_tokens": self.encoder.max_batch_tokens,
+            "providers": session.get_providers(),
+        }
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "truncate": self.options.truncate, "normalize": self.options.normalize}
@@ -786,6 +834,8 @@ class GenerationTask(Task):
     ``finish_reason``, ``prompt_tokens``, ``completion_tokens``."""
 
     kind = "generation"
+    # each row generates what it would alone, so a restored row changes no other row's text
+    checkpoints = True
 
     def __init__(self, export_dir: Path, options: TaskOptions) -> None:
         self.params = job_sampling(options.sampling, options.max_new_tokens)
@@ -805,7 +855,14 @@ class GenerationTask(Task):
     def run(self, rows: Sequence[Row]) -> list[Outcome]:
         out: list[Outcome | None] = [None] * len(rows)
         prompts: dict[int, list[int]] = {}
+        tokens = 0
+        for i, outcome in (self.restored or {}).items():
+            out[i] = outcome
+            if isinstance(outcome, dict):
+                tokens += int(outcome["prompt_tokens"]) + int(outcome["completion_tokens"])
         for i, r in enumerate(rows):
+            if out[i] is not None:
+                continue
             if r.error is not None:
                 out[i] = RowFailure(*r.error)
             elif not r.text:
@@ -819,7 +876,6 @@ class GenerationTask(Task):
             except InvalidInputError as exc:
                 kind = "too_long" if "long" in str(exc) or "context" in str(exc) else "invalid_input"
                 out[i] = RowFailure(kind, str(exc))
-        tokens = 0
         for i, fut in futures.items():
             try:
                 c = fut.result()
@@ -827,14 +883,16 @@ class GenerationTask(Task):
                 out[i] = RowFailure("inference", str(exc))
                 continue
             tokens += c.prompt_tokens + c.completion_tokens
-            if self.on_progress is not None:
-                self.on_progress(1, c.prompt_tokens + c.completion_tokens)
-            out[i] = {
+            out[i] = outcome = {
                 "text": c.text,
                 "finish_reason": c.finish_reason,
                 "prompt_tokens": c.prompt_tokens,
                 "completion_tokens": c.completion_tokens,
             }
+            if self.on_outcomes is not None:
+                self.on_outcomes([i], [outcome])
+            if self.on_progress is not None:
+                self.on_progress(1, c.prompt_tokens + c.completion_tokens)
         self.last_tokens = tokens
         return [o if o is not None else RowFailure("inference", "no result") for o in out]
 

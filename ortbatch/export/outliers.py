@@ -2,7 +2,8 @@
 
 Dynamic int8 (``MatMulInteger`` after ``DynamicQuantizeLinear``) takes one activation
 scale per tensor. Two things set that scale on an encoder, and both crush the precision
-of everything else in the tensor (measured on all-MiniLM-L6-v2, docs/benchmarks.md):
+of everything else in the tensor (measured on all-MiniLM-L6-v2: docs/export.md, and the
+``ortbatch tune`` runs in docs/benchmarks-log.md, "ortbatch tune on MiniLM"):
 
 - **Outlier channels.** A few hidden units of a trained transformer carry values 20-45x
   the median unit's (MiniLM's units 63, 99, 157, 223 after LayerNorm; some GELU outputs),

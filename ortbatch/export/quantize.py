@@ -17,7 +17,8 @@ nodes kept in float: by name, or ``keep_float="edges"`` for the first and last
 transformer layers (the usual first thing to try when int8 costs too much accuracy). On
 encoders, ``outlier_ratio`` and ``mask_padding`` (:mod:`ortbatch.export.outliers`) keep
 the few outlier hidden units in float and padding out of the dynamic scale: what takes
-all-MiniLM-L6-v2 from cosine 0.96 to above 0.99 (docs/benchmarks.md). ``smooth_alpha``
+all-MiniLM-L6-v2 from cosine 0.96 to above 0.99 (docs/export.md; the ``ortbatch tune`` runs in
+docs/benchmarks-log.md). ``smooth_alpha``
 (SmoothQuant-style scaling of the LayerNorm-fed MatMul inputs) tames most outliers with
 one elementwise Mul, or none, instead of a float MatMul each, so far fewer need the split.
 

@@ -6,7 +6,7 @@ A caller on an event loop could wrap a :class:`concurrent.futures.Future` per re
 futures, and wake the loop with its own ``call_soon_threadsafe`` (a write to the loop's
 self-pipe) when its batch is done, and each ``put`` would wake a worker for a batch of
 one. On a server whose requests cost ~1 ms of CPU in all, that was a quarter of it
-(docs/benchmarks.md, "The gRPC path"). Instead:
+(docs/benchmarks-log.md, "The gRPC path"). Instead:
 
 * **Submission** (:class:`Outbox`): requests started in one turn of the loop are queued
   together at the start of its next turn (one lock, one worker wake-up), so

@@ -122,6 +122,27 @@ def test_a_sampled_job_sigkilled_then_rerun_gives_the_uninterrupted_bytes(gpt2: 
     assert other.returncode == 2 and "different task" in other.stderr  # another job: resume refuses it
 
 
+def test_a_generation_window_sigkilled_mid_way_restores_its_finished_rows(gpt2: Path, tmp_path: Path) -> None:
+    from tests.generation.conftest import CORPUS
+
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": CORPUS[i % 4][: 4 + 3 * i]} for i in range(12)])
+    args = (str(gpt2), str(src), "-n", "6", "--sampling", json.dumps({"temperature": 1.0, "seed": 3}))
+    whole = cli(*args, "-o", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    # one window of 12 rows: SIGKILL once its checkpoint holds 5 finished rows
+    killed = cli(*args, "-o", str(tmp_path / "out"), env={"ORTBATCH_RUN_KILL_AT": "0:rows:5"})
+    assert killed.returncode == -9, killed.stderr
+    from ortbatch.bulk.checkpoint import journal_rows
+
+    held = journal_rows(tmp_path / "out" / "_journal" / "000000.log")
+    assert 5 <= held < 12
+    again = cli(*args, "-o", str(tmp_path / "out"))
+    assert again.returncode == 0, again.stderr
+    assert f"resumed after 0 rows; {held} more restored from a checkpoint" in again.stderr, again.stderr
+    assert output_bytes(tmp_path / "out") == output_bytes(tmp_path / "whole")
+    assert not list((tmp_path / "out" / "_journal").iterdir())
+
+
 def test_bad_sampling_is_a_one_line_cli_error(gpt2: Path, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hi"}])
     for value, said in [

@@ -14,7 +14,7 @@ FLOOR = " (sentence_embedding, reference_parity; floor 0.99)"
 
 
 def _result(tmp_path: Path) -> TuneResult:
-    """The rows of a real MiniLM run (18:00 UTC, docs/benchmarks.md's kind), every status."""
+    """The rows of a real MiniLM run (18:00 UTC, docs/benchmarks-log.md's kind), every status."""
     setting = RuntimeSetting(workers=2, max_batch_size=16, max_batch_tokens=2048)
     fp32 = VariantResult("fp32", "passed", "cosine=1.0000 (token_embeddings, shape_generalisation; floor 0.9999)")
     fp32.throughput, fp32.p50_ms, fp32.p99_ms, fp32.setting, fp32.speedup = 33.8, 1310.8, 3131.2, setting, 1.0

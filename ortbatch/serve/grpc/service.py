@@ -556,7 +556,7 @@ class GrpcServer:
             for the next call only once it has started the last one, so one server
             starts one RPC per turn of the event loop and its RPCs reach the
             BatchedSession one by one; several take calls in parallel on the same loop,
-            which is both cheaper per RPC and lets them batch (docs/benchmarks.md). They
+            which is both cheaper per RPC and lets them batch (docs/benchmarks-log.md). They
             share the port through SO_REUSEPORT; unless ``reuse_port``, the port is first
             checked to be free, so a port in use is still an error.
     """
