@@ -22,9 +22,10 @@ from typing import Any
 
 from ..errors import InvalidInputError, UnsupportedModelError
 from ..manifest import MANIFEST_NAME
+from .dispatch import kind_source, task_for
 from .output import OutputDir, OutputError, ShardFiles, ShardInfo, encode_shard
 from .sources import Row, Source, SourceOptions
-from .tasks import EncoderTask, RowFailure, Task, TaskOptions, export_kind, job_sampling, task_for
+from .tasks import EncoderTask, RowFailure, Task, TaskOptions, export_kind, job_sampling
 
 __all__ = [
     "EXIT_ROW_ERRORS",
@@ -245,7 +246,7 @@ def prepare(
     generation = kind.bulk_task == "generation"
     text_column = config.text_column or ("prompt" if generation else "text")
     options = SourceOptions(text_column, config.pair_column, config.id_column, config.input_format)
-    source = kind.bulk_source(Path(input), options, config.window) or Source(input, options, batch_rows=config.window)
+    source = kind_source(kind, Path(input), options, config.window) or Source(input, options, batch_rows=config.window)
     fmt = config.output_format or ("jsonl" if source.batch_api else "parquet")
     if source.batch_api and fmt != "jsonl":
         raise OutputError(

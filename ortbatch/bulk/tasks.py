@@ -59,8 +59,8 @@ __all__ = [
     "RowFailure",
     "Task",
     "TaskOptions",
+    "encoder_task",
     "export_kind",
-    "task_for",
 ]
 
 EMBEDDING_TASKS = frozenset({"feature-extraction", "sentence-similarity", "sentence-embeddings"})
@@ -936,7 +936,7 @@ def export_kind(export_dir: Path) -> Any:
     return kind_for_export(export_dir)
 
 
-def _encoder_task(path: Path, options: TaskOptions) -> Task:
+def encoder_task(path: Path, options: TaskOptions) -> Task:
     """An encoder export's task, by its manifest's task: embeddings, scores, labels or spans."""
     task = export_task(path)
     encoder = Encoder(path, options)
@@ -957,21 +957,3 @@ def _encoder_task(path: Path, options: TaskOptions) -> Task:
     except BaseException:
         encoder.close()
         raise
-
-
-#: a model kind's ``bulk_task`` -> the task computing it (a kind may bring its own instead:
-#: ``ModelKind.make_bulk_task``)
-BULK_TASKS: dict[str, Any] = {"encoder": _encoder_task, "generation": lambda p, o: GenerationTask(p, o)}
-
-
-def task_for(export_dir: str | Path, options: TaskOptions) -> Task:
-    """The :class:`Task` the export's model kind asks for (:func:`export_kind`)."""
-    path = Path(export_dir)
-    kind = export_kind(path)
-    own = kind.make_bulk_task(path, options)
-    if own is not None:
-        return own
-    make = BULK_TASKS.get(kind.bulk_task)
-    if make is None:
-        raise UnsupportedModelError(f"`ortbatch run` does not compute {kind.description} ({path}) yet")
-    return make(path, options)

@@ -447,6 +447,8 @@ class ImageKind(ModelKind):
     description = "an image export"
     served_type = ServedImages
     body_routes = MappingProxyType({"/v1/embeddings": "embeddings", "/v1/classify": "classify"})
+    #: ``ortbatch run``: ``bulk.images.ImageTask``, over a folder of images or a column of paths
+    bulk_task = "image"
 
     def recognises(self, export: ExportFacts) -> bool:
         return is_image_export(export)
@@ -586,16 +588,6 @@ class ImageKind(ModelKind):
         served = ServedImages(face_type(directory, session=_Submitting(proxy)), name)
         served.also_close.append(proxy)
         return served
-
-    def make_bulk_task(self, export_dir: Path, options: Any) -> Any:
-        from ..bulk.images import ImageTask
-
-        return ImageTask(export_dir, options)
-
-    def bulk_source(self, path: Path, options: Any, batch_rows: int) -> Any:
-        from ..bulk.images import image_folder_source
-
-        return image_folder_source(path, options)
 
 
 #: registered after the encoder and decoder: its routes are theirs (no new path), so what

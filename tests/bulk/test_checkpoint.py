@@ -209,7 +209,8 @@ def test_the_rows_digest_sees_every_field() -> None:
 def test_a_resumed_window_runs_exactly_the_batches_not_restored(encoder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny model's vectors do not change with their batch, so the bytes alone would not see a
     resumed window cut into other batches: the batches are compared here."""
-    from ortbatch.bulk.tasks import Encoder, TaskOptions, task_for
+    from ortbatch.bulk.dispatch import task_for
+    from ortbatch.bulk.tasks import Encoder, TaskOptions
 
     submitted: list[list[int]] = []
     real = Encoder._submit

@@ -138,7 +138,7 @@ class ModelKind:
     body_routes: ClassVar[Mapping[str, str]] = {}
     #: the word the repository's startup lines use for a loaded model of this kind
     index_label: ClassVar[str] = "model"
-    #: the ``ortbatch run`` task family that computes it (``bulk.tasks.task_for``), None: not run
+    #: the ``ortbatch run`` task family that computes it (``bulk.dispatch.task_for``), None: not run
     bulk_task: ClassVar[str | None] = None
 
     # -- recognising and loading --------------------------------------------------------------
