@@ -113,6 +113,7 @@ def build_seq2seq(kind: str, d: Path) -> Path:
             pad_token="<pad>",
             unk_token="<unk>",
             mask_token="<mask>",
+            model_input_names=["input_ids", "attention_mask"],
         )
         cfg = tf.BartConfig(
             vocab_size=len(fast),
@@ -168,7 +169,13 @@ def build_seq2seq(kind: str, d: Path) -> Path:
     elif kind == "marian":
         tok = _bpe(["</s>", "<unk>", "<pad>"])
         _eos_template(tok, "</s>", 0)
-        fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+        fast = tf.PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            eos_token="</s>",
+            unk_token="<unk>",
+            pad_token="<pad>",
+            model_input_names=["input_ids", "attention_mask"],
+        )
         cfg = tf.MarianConfig(
             vocab_size=len(fast),
             pad_token_id=2,
