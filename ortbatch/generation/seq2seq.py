@@ -136,6 +136,9 @@ class Seq2SeqGenerator:
         self._closed = False
         self._drain = True
         self._cohorts: list[Cohort] = []
+        # answers of this iteration, settled once their rows have left (so a caller that sees
+        # its future done sees stats() without its rows)
+        self._answers: list[tuple[Future[Completion], Completion]] = []
         self._thread = threading.Thread(target=self._loop, name="ortbatch-seq2seq", daemon=True)
         self._thread.start()
         track_live(self)
@@ -410,7 +413,9 @@ class Seq2SeqGenerator:
             while self._queue and self._queue[0].rows <= free:
                 req = self._queue.popleft()
                 if not req.live():
-                    self._stats.outcome("cancelled")
+                    for f in req.futures:
+                        if f.cancelled():
+                            self._stats.outcome("cancelled")
                     continue
                 admitted.append(req)
                 free -= req.rows
@@ -424,25 +429,39 @@ class Seq2SeqGenerator:
                     break
                 self._reap()
                 for cohort in list(self._cohorts):
-                    self._step(cohort)
+                    if cohort.rows:
+                        self._step(cohort)
                 if admitted:
                     self._start(admitted)
                 self._cohorts = [c for c in self._cohorts if c.rows]
                 self._stats.active(self._rows(), 0, max((c.length for c in self._cohorts), default=0))
+                self._settle_answers()
         except BaseException as exc:  # never leave a caller hanging, whatever broke
             error = InferenceError(f"the seq2seq generator failed: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             self._fail_all(error)
         finally:
-            self._fail_all(SessionClosedError("the generator was closed before the request ran"))
-            self._cohorts = []
+            self._cohorts, cohorts = [], self._cohorts
             self._stats.active(0, 0, 0)
+            self._settle_answers()
+            self._fail_all(SessionClosedError("the generator was closed before the request ran"), cohorts)
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _answer(self, future: Future[Completion], completion: Completion) -> None:
+        self._answers.append((future, completion))
+
+    def _settle_answers(self) -> None:
+        answers, self._answers = self._answers, []
+        for future, completion in answers:
+            if settle(future, result=completion):
+                self._stats.outcome("completed")
+            elif future.cancelled():
+                self._stats.outcome("cancelled")
+
+    def _fail_all(self, error: BaseException, cohorts: list[Cohort] | None = None) -> None:
         with self._lock:
             queued = list(self._queue)
             self._queue.clear()
-        owners = {id(o): o for c in self._cohorts for o in c.owners}
+        owners = {id(o): o for c in (self._cohorts if cohorts is None else cohorts) for o in c.owners}
         for req in [*queued, *owners.values()]:
             self._settle_error(req, error)
 
@@ -578,10 +597,7 @@ class Seq2SeqGenerator:
                     reason = ("stop" if hyp.ended_on_eos else "length") if last else None
                     _tell(req.on_token, StreamToken(t, text, n, reason))
             reason = "stop" if hyp.ended_on_eos else "length"
-            if settle(req.futures[k], result=req.completion(k, hyp.tokens, reason, now)):
-                self._stats.outcome("completed")
-            elif req.futures[k].cancelled():
-                self._stats.outcome("cancelled")
+            self._answer(req.futures[k], req.completion(k, hyp.tokens, reason, now))
 
     def _sample_step(self, req: Seq2SeqRequest, logits: np.ndarray) -> None:
         cfg = req.decoding
@@ -606,10 +622,7 @@ class Seq2SeqGenerator:
                 _tell(req.on_token, StreamToken(token, text, len(history) - 2, reason, choice=j))
             if reason is not None:
                 req.ended[j] = reason
-                if settle(req.futures[j], result=req.completion(j, history[1:], reason)):
-                    self._stats.outcome("completed")
-                elif req.futures[j].cancelled():
-                    self._stats.outcome("cancelled")
+                self._answer(req.futures[j], req.completion(j, history[1:], reason))
         if len(req.ended) == logits.shape[0]:
             req.done = True
 

@@ -121,7 +121,6 @@ def build_seq2seq(kind: str, d: Path) -> Path:
             bos_token_id=0,
             eos_token_id=2,
             decoder_start_token_id=2,
-            forced_bos_token_id=0,
             forced_eos_token_id=2,
             **bart_like,
         )
