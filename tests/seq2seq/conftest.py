@@ -218,6 +218,27 @@ def build_seq2seq(kind: str, d: Path) -> Path:
             "suppress_tokens": [3],
             "begin_suppress_tokens": [5],
         }
+    elif kind == "pegasus":
+        tok = _bpe(["<pad>", "</s>", "<unk>"])
+        _eos_template(tok, "</s>", 1)
+        fast = tf.PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            eos_token="</s>",
+            unk_token="<unk>",
+            pad_token="<pad>",
+            model_input_names=["input_ids", "attention_mask"],
+        )
+        cfg = tf.PegasusConfig(
+            vocab_size=len(fast),
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+            forced_eos_token_id=1,
+            scale_embedding=True,
+            **bart_like,
+        )
+        model = tf.PegasusForConditionalGeneration(cfg)
+        gen = {"max_length": 20, "num_beams": 2, "length_penalty": 0.8}
     else:  # pragma: no cover - a typo in a test
         raise ValueError(kind)
     model.eval()

@@ -167,7 +167,9 @@ def test_mixed_requests_match_generate_alone(
         assert stats.cancelled >= 2
 
 
-def test_stream_and_completion_fields(seq2seq_export: Callable[[str], Any], reference: Callable[[str], Reference]) -> None:
+def test_stream_and_completion_fields(
+    seq2seq_export: Callable[[str], Any], reference: Callable[[str], Reference]
+) -> None:
     import asyncio
 
     exported = seq2seq_export("t5")
@@ -242,7 +244,7 @@ def test_languages_per_request(seq2seq_export: Callable[[str], Any], reference: 
             got = gen.generate(text, src_lang=src, tgt_lang=tgt, num_beams=2)
             assert got.token_ids == ref.cut(out[0].tolist()[1:])
             assert got.token_ids[0] == forced
-        with pytest.raises(InvalidInputError, match="xx_Unknown.*accepted: .*deu_Latn") as info:
+        with pytest.raises(InvalidInputError, match=r"xx_Unknown.*accepted: .*deu_Latn") as info:
             gen.submit(text, tgt_lang="xx_Unknown")
         assert info.value.input_name == "tgt_lang"
         with pytest.raises(InvalidInputError) as info:
