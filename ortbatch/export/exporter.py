@@ -1017,6 +1017,8 @@ def _write_manifest(
     )
     if resolved.task == "text-generation-with-past":  # what BatchedGenerator serves
         manifest.generation = _generation_section(out)
+    elif resolved.task == "text2text-generation-with-past":  # what Seq2SeqGenerator serves
+        manifest.generation = _generation_section(out, seq2seq=True)
     manifest.save(out)
     return manifest
 
@@ -1030,14 +1032,15 @@ def _default_check_providers(providers: list[Any]) -> list[str]:
     return [CPU] + [n for n in names if n in probe_providers((n, CPU))[0]]
 
 
-def _generation_section(out: Path) -> dict[str, Any]:
+def _generation_section(out: Path, seq2seq: bool = False) -> dict[str, Any]:
     try:
         from ortbatch.generation.layout import generation_section
+        from ortbatch.generation.seq2seq_layout import seq2seq_section
     except ImportError:
         log.info("ortbatch.generation is not available; the manifest has no generation section")
         return {}
     try:
-        return dict(generation_section(out))
+        return dict(seq2seq_section(out) if seq2seq else generation_section(out))
     except OrtBatchError:
         raise
     except Exception as exc:

@@ -7,6 +7,7 @@ used; when that fails (no weights offline, deleted directory, missing extra),
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,24 +47,30 @@ class Reference:
             out = self.model(**args, use_cache=False)
         return out.logits.float().numpy()
 
-    def encoder_hidden(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def _encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Any:
         import torch
 
         args = self._t({"input_ids": input_ids, "attention_mask": attention_mask})
+        encoder = self.model.get_encoder()
+        # T5's encoder is a T5Stack that reads use_cache from its config (which the export may
+        # have turned on) and refuses it unless it is a decoder: ask for no cache where it takes the flag
+        if "use_cache" in inspect.signature(encoder.forward).parameters:
+            args["use_cache"] = False
         with torch.inference_mode():
-            out = self.model.get_encoder()(**args)
-        return out.last_hidden_state.float().numpy()
+            return encoder(**args, return_dict=True)
+
+    def encoder_hidden(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        return self._encode(input_ids, attention_mask).last_hidden_state.float().numpy()
 
     def seq2seq_logits(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, decoder_input_ids: np.ndarray
     ) -> np.ndarray:
         import torch
 
-        args = self._t(
-            {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids}
-        )
+        encoded = self._encode(input_ids, attention_mask)
+        args = self._t({"attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids})
         with torch.inference_mode():
-            out = self.model(**args, use_cache=False)
+            out = self.model(**args, encoder_outputs=encoded, use_cache=False)
         return out.logits.float().numpy()
 
     def greedy(

@@ -131,7 +131,14 @@ def resolve_model(model: str, task: str = "auto", *, trust_remote_code: bool = F
     try:
         # sentence-transformers checkpoints are exported through one generic config.
         lookup = "transformer" if library == "sentence_transformers" else model_type
-        model_tasks = TasksManager.get_supported_tasks_for_model_type(lookup, "onnx", library_name=library)
+        try:
+            model_tasks = TasksManager.get_supported_tasks_for_model_type(lookup, "onnx", library_name=library)
+        except KeyError:  # optimum registers some under the config's own spelling (m2m_100)
+            if lookup == config.model_type:
+                raise
+            model_tasks = TasksManager.get_supported_tasks_for_model_type(
+                config.model_type, "onnx", library_name=library
+            )
     except KeyError:
         raise UnsupportedModelError(
             f"architecture {model_type!r} is not supported by the ONNX exporter (optimum-onnx). "

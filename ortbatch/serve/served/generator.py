@@ -24,8 +24,8 @@ def is_generation_export(directory: str | Path) -> bool:
         return False
     if (path / MANIFEST_NAME).is_file():
         manifest = Manifest.load(path)
-        if manifest.generation:
-            return True
+        if manifest.generation:  # the encoder-decoder engine's section is not a decoder's
+            return manifest.generation.get("kind") != "seq2seq"
         return any(name.startswith("past_key_values") for name in manifest.inputs)
     if not (path / "model.onnx").is_file():
         return False
