@@ -302,20 +302,10 @@ def _export_checked(
                 from .checks import validate as run_checks
 
                 report = run_checks(build, providers=list(rcp.providers) or None, reference=torch_model, progress=say)
-            installed = report is None or bool(report.passed) or keep_failed
-            dest = out if installed else out.with_name(out.name + ".failed")
-            if report is not None:  # validation.json names where the files will be
-                report.directory = os.fspath(dest)
-                report.save(build / "validation.json")
-            if installed and replaces:
-                say(f"replacing {replaces}")
-            _install(build, dest)
         except BaseException:
             shutil.rmtree(build, ignore_errors=True)
             raise
-    manifest = Manifest.load(dest)
-    say(f"wrote {dest} in {time.perf_counter() - t0:.1f}s")
-    return ExportResult(directory=dest, manifest=manifest, report=report, installed=installed)
+        return _install_checked(build, out, report, replaces, keep_failed, say, t0)
 
 
 def _export_image(
@@ -339,9 +329,28 @@ def _export_image(
             from .checks import validate as run_checks
 
             report = run_checks(build, providers=list(rcp.providers) or None, reference=torch_model, progress=say)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    return _install_checked(build, out, report, replaces, keep_failed, say, t0)
+
+
+def _install_checked(
+    build: Path,
+    out: Path,
+    report: Any,
+    replaces: str | None,
+    keep_failed: bool,
+    say: Progress,
+    t0: float,
+) -> ExportResult:
+    """Install the checked ``build`` at ``out`` (at ``OUT.failed`` when its checks failed and
+    ``keep_failed`` is off), its ``validation.json`` naming where the files went; ``report``: its
+    ValidationReport, None when unchecked. The staging folder is removed when installing fails."""
+    try:
         installed = report is None or bool(report.passed) or keep_failed
         dest = out if installed else out.with_name(out.name + ".failed")
-        if report is not None:
+        if report is not None:  # validation.json names where the files will be
             report.directory = os.fspath(dest)
             report.save(build / "validation.json")
         if installed and replaces:
