@@ -136,6 +136,8 @@ class Seq2SeqGenerator:
         self._closed = False
         self._drain = True
         self._cohorts: list[Cohort] = []
+        # requests taken off the queue and not yet in a cohort (while _start runs)
+        self._starting: list[Seq2SeqRequest] = []
         # answers of this iteration, settled once their rows have left (so a caller that sees
         # its future done sees stats() without its rows)
         self._answers: list[tuple[Future[Completion], Completion]] = []
@@ -288,7 +290,7 @@ class Seq2SeqGenerator:
             decoding=cfg,
             sampling=sampling,
             rngs=rngs,
-            futures=[Future() for _ in range(returned)],
+            futures=[_request_future() for _ in range(returned)],
             trackers=[TextTracker(decode, stops) for _ in range(max(rows, returned))],
             deadline=None if timeout is None else now + timeout,
             on_token=on_token,
@@ -432,7 +434,9 @@ class Seq2SeqGenerator:
                     if cohort.rows:
                         self._step(cohort)
                 if admitted:
+                    self._starting = admitted
                     self._start(admitted)
+                    self._starting = []
                 self._cohorts = [c for c in self._cohorts if c.rows]
                 self._stats.active(self._rows(), 0, max((c.length for c in self._cohorts), default=0))
                 self._settle_answers()
@@ -445,6 +449,7 @@ class Seq2SeqGenerator:
             self._stats.active(0, 0, 0)
             self._settle_answers()
             self._fail_all(SessionClosedError("the generator was closed before the request ran"), cohorts)
+            self._starting = []
 
     def _answer(self, future: Future[Completion], completion: Completion) -> None:
         self._answers.append((future, completion))
@@ -462,6 +467,8 @@ class Seq2SeqGenerator:
             queued = list(self._queue)
             self._queue.clear()
         owners = {id(o): o for c in (self._cohorts if cohorts is None else cohorts) for o in c.owners}
+        # a request whose start broke is in no cohort yet, but its caller waits all the same
+        owners.update((id(r), r) for r in self._starting)
         for req in [*queued, *owners.values()]:
             self._settle_error(req, error)
 
@@ -625,6 +632,28 @@ class Seq2SeqGenerator:
                 self._answer(req.futures[j], req.completion(j, history[1:], reason))
         if len(req.ended) == logits.shape[0]:
             req.done = True
+
+
+def _request_future() -> Future[Completion]:
+    """A request's future, whose ``cancel()`` wakes ``concurrent.futures.wait`` and ``as_completed``.
+
+    ``Future.cancel()`` alone does not: those waiters learn of a cancel only when
+    ``set_running_or_notify_cancel()`` moves the future from CANCELLED to CANCELLED_AND_NOTIFIED
+    (an executor's call before it runs the work), and until then ``wait`` does not count the
+    future as done even if it was cancelled before the call. This loop never moves its futures
+    to RUNNING (a caller may cancel a request mid-way), so the cancel itself notifies, once.
+    """
+    future: Future[Completion] = Future()
+    future.add_done_callback(_notify_cancelled)
+    return future
+
+
+def _notify_cancelled(future: Future[Completion]) -> None:
+    if future.cancelled():
+        try:
+            future.set_running_or_notify_cancel()
+        except RuntimeError:  # someone else notified already
+            pass
 
 
 def _tell(on_token: Callable[[StreamToken], None], token: StreamToken) -> None:
