@@ -4,7 +4,8 @@ Pure Python, no ONNX Runtime. What is here is what both repeat otherwise:
 
 * the live-instance set and the one ``atexit`` hook that closes what is still open, so
   a process that never calls ``close()`` still exits without stranded callers;
-* settling a future exactly once (it may have been cancelled, or settled, meanwhile);
+* settling a future exactly once (it may have been cancelled, or settled, meanwhile), and a
+  request future whose cancel wakes ``concurrent.futures.wait``;
 * the checks of constructor arguments.
 """
 
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from concurrent.futures import InvalidStateError
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Protocol
 
-__all__ = ["check_positive", "check_timeout", "forget_live", "settle", "track_live"]
+__all__ = ["check_positive", "check_timeout", "forget_live", "request_future", "settle", "track_live"]
 
 
 class _Closeable(Protocol):
@@ -60,6 +61,28 @@ def settle(fut: Any, *, result: Any = None, error: BaseException | None = None) 
     except InvalidStateError:
         return False
     return True
+
+
+def request_future() -> Future[Any]:
+    """A request's future, whose ``cancel()`` wakes ``concurrent.futures.wait`` and ``as_completed``.
+
+    ``Future.cancel()`` alone does not: those waiters learn of a cancel only when
+    ``set_running_or_notify_cancel()`` moves the future from CANCELLED to CANCELLED_AND_NOTIFIED
+    (an executor's call before it runs the work), and until then ``wait`` does not count the
+    future as done even if it was cancelled before the call. The generators never move their
+    futures to RUNNING (a caller may cancel a request mid-way), so the cancel itself notifies, once.
+    """
+    future: Future[Any] = Future()
+    future.add_done_callback(_notify_cancelled)
+    return future
+
+
+def _notify_cancelled(future: Future[Any]) -> None:
+    if future.cancelled():
+        try:
+            future.set_running_or_notify_cancel()
+        except RuntimeError:  # notified already
+            pass
 
 
 def check_positive(name: str, value: Any) -> None:

@@ -24,6 +24,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from .._extras import require
+from .._lifecycle import request_future
 from ..errors import InvalidInputError
 from .constrained import CompiledGrammar, GrammarCompiler
 from .processors import RowState, TokenLogprob
@@ -318,7 +319,7 @@ class RequestFactory:
                 params=params,
                 rng=rng,
                 tracker=TextTracker(self.tokenizer.decode_fn(params.skip_special_tokens), stops, include),
-                future=Future(),
+                future=request_future(),
                 deadline=None if timeout is None else now + timeout,
                 on_token=on_token,
                 submitted_at=now,

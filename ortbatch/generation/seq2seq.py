@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .._lifecycle import check_positive, check_timeout, forget_live, settle, track_live
+from .._lifecycle import check_positive, check_timeout, forget_live, request_future, settle, track_live
 from ..errors import (
     InferenceError,
     InvalidInputError,
@@ -290,7 +290,7 @@ class Seq2SeqGenerator:
             decoding=cfg,
             sampling=sampling,
             rngs=rngs,
-            futures=[_request_future() for _ in range(returned)],
+            futures=[request_future() for _ in range(returned)],
             trackers=[TextTracker(decode, stops) for _ in range(max(rows, returned))],
             deadline=None if timeout is None else now + timeout,
             on_token=on_token,
@@ -632,28 +632,6 @@ class Seq2SeqGenerator:
                 self._answer(req.futures[j], req.completion(j, history[1:], reason))
         if len(req.ended) == logits.shape[0]:
             req.done = True
-
-
-def _request_future() -> Future[Completion]:
-    """A request's future, whose ``cancel()`` wakes ``concurrent.futures.wait`` and ``as_completed``.
-
-    ``Future.cancel()`` alone does not: those waiters learn of a cancel only when
-    ``set_running_or_notify_cancel()`` moves the future from CANCELLED to CANCELLED_AND_NOTIFIED
-    (an executor's call before it runs the work), and until then ``wait`` does not count the
-    future as done even if it was cancelled before the call. This loop never moves its futures
-    to RUNNING (a caller may cancel a request mid-way), so the cancel itself notifies, once.
-    """
-    future: Future[Completion] = Future()
-    future.add_done_callback(_notify_cancelled)
-    return future
-
-
-def _notify_cancelled(future: Future[Completion]) -> None:
-    if future.cancelled():
-        try:
-            future.set_running_or_notify_cancel()
-        except RuntimeError:  # someone else notified already
-            pass
 
 
 def _tell(on_token: Callable[[StreamToken], None], token: StreamToken) -> None:

@@ -153,6 +153,24 @@ def test_cancel_while_queued(fake_dir: Path, no_thread_leak: None) -> None:
         assert gen.stats().prompt_tokens == 1  # the cancelled prompt never ran
 
 
+def test_cancelled_requests_wake_wait_and_as_completed(fake_dir: Path, no_thread_leak: None) -> None:
+    """``Future.cancel()`` alone does not wake ``concurrent.futures.wait``: a cancelled request,
+    mid-way or queued, must count as done there at once, as its ``done()`` says."""
+    from concurrent.futures import as_completed, wait
+
+    with BatchedGenerator(fake_dir, max_batch_size=4) as gen:
+        gate = Gate(at=2)
+        mid = gen.submit([5, 6], 40, on_token=gate)
+        gate.hold()
+        queued = gen.submit([7], 10)
+        assert mid.cancel() and queued.cancel()
+        done, not_done = wait([mid, queued], timeout=0)
+        assert not not_done and done == {mid, queued}
+        assert set(as_completed([mid, queued], timeout=0)) == {mid, queued}
+        gate.release.set()
+        wait_until(lambda: gen.stats().active_rows == 0)
+
+
 def test_stream_yields_tokens_and_text(fake_dir: Path, no_thread_leak: None) -> None:
     p = prompts([6], seed=4)[0]
 
