@@ -25,6 +25,7 @@ from typing import Any, cast
 import numpy as np
 
 from .._extras import require
+from .._ort.providers import CPU
 from ..errors import InvalidInputError, ManifestError
 from ..manifest import Manifest
 from .decode import SAMPLING_RATE, AudioSource, load_audio
@@ -77,7 +78,7 @@ class WhisperGraphs:
         self.features = FeatureSettings.from_dict(extra[FEATURES_KEY], f"{self.directory}/ortbatch.json: features")
         components = extra.get("components") or {}
         options = ort.SessionOptions()
-        chosen = list(providers or ["CPUExecutionProvider"])
+        chosen = list(providers or [CPU])
 
         def session(name: str) -> Any:
             if name not in components:
