@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from .output import fsync_dir
 from .sources import Row
 from .tasks import Outcome, RowFailure
 
@@ -183,7 +184,7 @@ class WindowJournal:
             if valid == 0:
                 os.write(fd, _record(self.header))
                 os.fsync(fd)
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
         except BaseException:
             os.close(fd)
             raise
@@ -224,16 +225,3 @@ class WindowJournal:
         if fd is not None:
             os.close(fd)
         self.path.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)

@@ -48,7 +48,16 @@ from .._extras import require
 from ..errors import OrtBatchError
 from .tasks import Field
 
-__all__ = ["OUTPUT_FORMATS", "OutputDir", "OutputError", "ShardFiles", "ShardInfo", "encode_shard", "write_atomic"]
+__all__ = [
+    "OUTPUT_FORMATS",
+    "OutputDir",
+    "OutputError",
+    "ShardFiles",
+    "ShardInfo",
+    "encode_shard",
+    "fsync_dir",
+    "write_atomic",
+]
 
 OUTPUT_FORMATS = ("parquet", "jsonl")
 _PART = re.compile(r"^part-(\d{6})\.(parquet|jsonl)$")
@@ -69,7 +78,8 @@ class OutputError(OrtBatchError):
 ShardInfo = dict[str, Any]
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (where directories can be fsynced)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
@@ -96,7 +106,7 @@ def write_atomic(
     if before_rename is not None:
         before_rename()
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _dumps(doc: Any) -> bytes:

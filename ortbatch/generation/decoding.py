@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInputError, ModelContractError
+from .defaults import read_generation_config_json
 
 __all__ = [
     "DECODING_FIELDS",
@@ -253,14 +254,9 @@ def read_generation_config(directory: Path, use: bool = True) -> ModelGeneration
     its token ids (eos, decoder start, pad), none of its decoding settings (``--generation-config
     ignore``). A setting ortbatch cannot honour is a :class:`ModelContractError` naming it."""
     path = directory / "generation_config.json"
-    if not path.is_file():
+    config = read_generation_config_json(directory)
+    if config is None:
         return ModelGeneration()
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelContractError(f"{path}: not readable JSON ({exc})") from exc
-    if not isinstance(config, Mapping):
-        raise ModelContractError(f"{path}: not a JSON object")
     eos = config.get("eos_token_id")
     eos_ids = None if eos is None else tuple(int(i) for i in ([eos] if isinstance(eos, int) else eos))
     start = config.get("decoder_start_token_id")

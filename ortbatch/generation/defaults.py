@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import ModelContractError
 
-__all__ = ["UNSUPPORTED", "ModelDefaults", "model_defaults", "read_model_defaults"]
+__all__ = ["UNSUPPORTED", "ModelDefaults", "model_defaults", "read_generation_config_json", "read_model_defaults"]
 
 #: generation_config.json settings that change ``generate``'s tokens and that ortbatch cannot
 #: honour, each with the values that ask for nothing (transformers' defaults).
@@ -87,15 +87,24 @@ def model_defaults(config: Mapping[str, Any], where: str = "generation_config.js
     return ModelDefaults(repetition_penalty=float(penalty))
 
 
-def read_model_defaults(directory: Path) -> ModelDefaults:
-    """:func:`model_defaults` of ``directory/generation_config.json`` (none: no defaults)."""
+def read_generation_config_json(directory: Path) -> Mapping[str, Any] | None:
+    """``directory/generation_config.json`` as a mapping (None: there is none); a file that is
+    not a JSON object is a :class:`ModelContractError` naming it."""
     path = directory / "generation_config.json"
     if not path.is_file():
-        return ModelDefaults()
+        return None
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelContractError(f"{path}: not readable JSON ({exc})") from exc
     if not isinstance(config, Mapping):
         raise ModelContractError(f"{path}: not a JSON object")
-    return model_defaults(config, str(path))
+    return config
+
+
+def read_model_defaults(directory: Path) -> ModelDefaults:
+    """:func:`model_defaults` of ``directory/generation_config.json`` (none: no defaults)."""
+    config = read_generation_config_json(directory)
+    if config is None:
+        return ModelDefaults()
+    return model_defaults(config, str(directory / "generation_config.json"))
