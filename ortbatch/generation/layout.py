@@ -44,6 +44,7 @@ __all__ = [
     "layout_from_io",
     "load_layout",
     "read_io",
+    "read_json",
     "token_text",
 ]
 
@@ -213,9 +214,9 @@ def generation_section(
     if not path.is_file():
         raise ModelContractError(f"{path}: no such model file in the export directory")
     inputs, outputs = read_io(path)
-    config = _read_json(d / "config.json")
-    gen_config = _read_json(d / "generation_config.json")
-    tok_config = _read_json(d / "tokenizer_config.json")
+    config = read_json(d / "config.json")
+    gen_config = read_json(d / "generation_config.json")
+    tok_config = read_json(d / "tokenizer_config.json")
     tokenizer = "tokenizer.json" if (d / "tokenizer.json").is_file() else None
     layout = layout_from_io(
         inputs,
@@ -223,7 +224,7 @@ def generation_section(
         config=config,
         generation_config=gen_config,
         tokenizer_config=tok_config,
-        tokenizer_json=_read_json(d / tokenizer) if tokenizer else {},
+        tokenizer_json=read_json(d / tokenizer) if tokenizer else {},
         where=str(path),
         max_context_length=max_context_length,
     )
@@ -464,7 +465,9 @@ def _token_id(tokenizer_json: Mapping[str, Any], token: str) -> int | None:
     return None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of an export ({} when absent or not an object; unreadable JSON is a
+    ModelContractError naming the file)."""
     if not path.is_file():
         return {}
     try:

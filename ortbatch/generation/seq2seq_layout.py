@@ -22,7 +22,6 @@ way from its files). It records:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from typing import Any
 
 from ..errors import ModelContractError
 from ..manifest import MANIFEST_NAME, Manifest
-from .layout import read_io
+from .layout import read_io, read_json
 
 __all__ = ["Languages", "Seq2SeqLayout", "load_seq2seq_layout", "seq2seq_section"]
 
@@ -146,16 +145,6 @@ class Seq2SeqLayout:
             ) from exc
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelContractError(f"{path}: cannot read JSON: {exc}") from exc
-    return data if isinstance(data, dict) else {}
-
-
 def _first_int(*values: Any) -> int | None:
     for v in values:
         if isinstance(v, bool):
@@ -181,7 +170,7 @@ def _languages(d: Path, tokenizer_config: Mapping[str, Any]) -> Languages | None
     cls = str(tokenizer_config.get("tokenizer_class") or "")
     if not any(cls.startswith(p) for p in ("Nllb", "M2M100", "MBart")):
         return None
-    tok = _read_json(d / "tokenizer.json")
+    tok = read_json(d / "tokenizer.json")
     added = {str(t.get("content")): int(t.get("id")) for t in tok.get("added_tokens", []) if "content" in t}
     extra = tokenizer_config.get("additional_special_tokens") or []
     codes: dict[str, int] = {}
@@ -214,9 +203,9 @@ def seq2seq_section(export_dir: str | Path) -> dict[str, Any]:
             raise ModelContractError(
                 f"{d}: no {f}: not an encoder-decoder export with past (text2text-generation-with-past)"
             )
-    config = _read_json(d / "config.json")
-    gen = _read_json(d / "generation_config.json")
-    tok_config = _read_json(d / "tokenizer_config.json")
+    config = read_json(d / "config.json")
+    gen = read_json(d / "generation_config.json")
+    tok_config = read_json(d / "tokenizer_config.json")
     enc_in, _ = read_io(d / _FILES["encoder"])
     past_in, _ = read_io(d / _FILES["decoder_with_past"])
     _, first_out = read_io(d / _FILES["decoder"])
